@@ -1,0 +1,24 @@
+# The two commands of the README. Both build .venv on first use.
+VENV := .venv
+PY := $(VENV)/bin/python
+
+.PHONY: run test lint setup
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+run: setup
+	$(VENV)/bin/pgqueue up
+
+lint: setup
+	$(VENV)/bin/ruff check src tests bench examples
+	$(VENV)/bin/ruff format --check src tests bench examples
+	$(VENV)/bin/mypy
+
+test: setup lint
+	$(VENV)/bin/pytest

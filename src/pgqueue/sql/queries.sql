@@ -1,0 +1,307 @@
+-- Every statement pgqueue sends, one named block each. The loader in
+-- pgqueue/sql/__init__.py turns this file into a dict keyed by the name.
+-- Each block starts with "-- name: <entity>_<action>" and a line saying what
+-- it does. Parameters are psycopg named placeholders. Only now() is used as a
+-- clock: every time in the table comes from the database.
+
+-- name: job_enqueue
+-- Insert one job; with an idempotency key already present, insert nothing.
+-- Returns the new row (created = true) or nothing on a key conflict.
+WITH inserted AS (
+    INSERT INTO pgqueue_jobs (queue, task, payload, priority, run_at, max_attempts,
+                              timeout_seconds, idempotency_key)
+    VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s,
+            coalesce(%(run_at)s, now() + make_interval(secs => %(delay)s)),
+            %(max_attempts)s, %(timeout_seconds)s, %(idempotency_key)s)
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING *
+), woken AS (
+    -- NOTIFY is a hint that work is ready; delayed jobs need none.
+    SELECT pg_notify('pgqueue_jobs', queue) FROM inserted WHERE run_at <= now()
+)
+SELECT inserted.* FROM inserted, (SELECT count(*) FROM woken) w;
+
+-- name: job_get_by_idempotency_key
+-- The job holding an idempotency key.
+SELECT * FROM pgqueue_jobs WHERE idempotency_key = %(idempotency_key)s;
+
+-- name: job_enqueue_many
+-- Insert many jobs in one statement from parallel arrays. Rows whose
+-- idempotency key exists are skipped. One notification per queue, not per job.
+WITH inserted AS (
+    INSERT INTO pgqueue_jobs (queue, task, payload, priority, run_at, max_attempts,
+                              timeout_seconds, idempotency_key)
+    SELECT queue, task, payload, priority,
+           coalesce(run_at, now() + make_interval(secs => delay)),
+           max_attempts, timeout_seconds, idempotency_key
+    FROM unnest(%(queue)s::text[], %(task)s::text[], %(payload)s::jsonb[],
+                %(priority)s::integer[], %(run_at)s::timestamptz[],
+                %(delay)s::double precision[], %(max_attempts)s::integer[],
+                %(timeout_seconds)s::double precision[], %(idempotency_key)s::text[])
+         AS t(queue, task, payload, priority, run_at, delay, max_attempts,
+              timeout_seconds, idempotency_key)
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, idempotency_key, queue, run_at
+), woken AS (
+    SELECT pg_notify('pgqueue_jobs', queue)
+    FROM (SELECT DISTINCT queue FROM inserted WHERE run_at <= now()) q
+)
+SELECT id, idempotency_key FROM inserted, (SELECT count(*) FROM woken) w ORDER BY id;
+
+-- name: job_ids_by_idempotency_keys
+-- The ids of the jobs holding these idempotency keys.
+SELECT id, idempotency_key FROM pgqueue_jobs
+WHERE idempotency_key = ANY(%(idempotency_keys)s::text[]);
+
+-- name: job_claim
+-- Claim up to `limit` runnable jobs: mark them running, count the attempt, and
+-- give each a lease and a fresh fencing token. A template: the loader makes
+-- the variants with a queue filter, and with a plain FOR UPDATE instead of
+-- SKIP LOCKED (for the benchmark that shows why SKIP LOCKED matters).
+WITH picked AS (
+    -- The partial indexes pgqueue_jobs_claim(_queue) hold only queued rows,
+    -- in this order; SKIP LOCKED lets concurrent claimers take the next free
+    -- rows instead of queueing behind each other's row locks.
+    SELECT id FROM pgqueue_jobs
+    WHERE state = 'queued' AND run_at <= now() /* queues */
+    ORDER BY priority DESC, run_at, id
+    LIMIT %(limit)s
+    FOR UPDATE /* skip_locked */
+), claimed AS (
+    UPDATE pgqueue_jobs j
+    SET state = 'running', attempts = j.attempts + 1,
+        lease_token = nextval('pgqueue_lease_token_seq'),
+        lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
+        worker = %(worker)s, started_at = now()
+    FROM picked WHERE j.id = picked.id
+    RETURNING j.*, now() - j.run_at AS waited
+), latency AS (
+    INSERT INTO pgqueue_start_latency AS h (queue, shard, bucket, count, sum_seconds)
+    SELECT queue, pg_backend_pid() %% 16,
+           width_bucket(extract(epoch FROM waited)::double precision, %(latency_bounds)s::double precision[]),
+           count(*), sum(extract(epoch FROM waited))
+    FROM claimed GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
+    ON CONFLICT (queue, shard, bucket) DO UPDATE
+    SET count = h.count + excluded.count, sum_seconds = h.sum_seconds + excluded.sum_seconds
+)
+SELECT * FROM claimed ORDER BY priority DESC, run_at, id;
+
+-- name: job_heartbeat
+-- Extend the leases of many held jobs at once, only where the fencing token
+-- still matches. Returns the ids whose lease is still held.
+UPDATE pgqueue_jobs j
+SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS held(id, token)
+WHERE j.id = held.id AND j.lease_token = held.token AND j.state = 'running'
+RETURNING j.id;
+
+-- name: job_finish
+-- Record the outcome of many attempts in one statement, each fenced by its
+-- token: a worker whose lease was taken over matches no row. A success ends
+-- the job; a failure retries it after a backoff, or ends it dead when it is
+-- out of attempts or not retryable. Counts outcomes, and wakes waiters.
+WITH outcome AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(succeeded)s::boolean[],
+                         %(results)s::jsonb[], %(errors)s::text[], %(retryable)s::boolean[])
+         AS t(id, token, succeeded, result, error, retryable)
+), finished AS (
+    UPDATE pgqueue_jobs j
+    SET state = CASE WHEN o.succeeded THEN 'succeeded'
+                     WHEN o.retryable AND j.attempts < j.max_attempts THEN 'queued'
+                     ELSE 'dead' END,
+        result = CASE WHEN o.succeeded THEN o.result END,
+        last_error = CASE WHEN o.succeeded THEN j.last_error ELSE o.error END,
+        run_at = CASE WHEN NOT o.succeeded AND o.retryable AND j.attempts < j.max_attempts
+                      THEN now() + pgqueue_backoff(j.attempts, %(backoff_base)s, %(backoff_cap)s)
+                      ELSE j.run_at END,
+        finished_at = CASE WHEN o.succeeded OR NOT o.retryable OR j.attempts >= j.max_attempts
+                           THEN now() END,
+        lease_expires_at = NULL
+    FROM outcome o
+    WHERE j.id = o.id AND j.lease_token = o.token AND j.state = 'running'
+    RETURNING j.id, j.queue, j.state, o.succeeded
+), counted AS (
+    INSERT INTO pgqueue_counters AS c (queue, shard, succeeded, failed, dead)
+    SELECT queue, pg_backend_pid() %% 16,
+           count(*) FILTER (WHERE succeeded), count(*) FILTER (WHERE NOT succeeded),
+           count(*) FILTER (WHERE state = 'dead')
+    FROM finished GROUP BY 1, 2 ORDER BY 1, 2
+    ON CONFLICT (queue, shard) DO UPDATE
+    SET succeeded = c.succeeded + excluded.succeeded, failed = c.failed + excluded.failed,
+        dead = c.dead + excluded.dead
+), woken AS (
+    SELECT pg_notify('pgqueue_finished', '')
+    WHERE %(notify_finished)s AND EXISTS (SELECT 1 FROM finished WHERE state <> 'queued')
+)
+SELECT id, state FROM finished, (SELECT count(*) FROM woken) w;
+
+-- name: job_reap
+-- Take back up to `limit` jobs whose lease expired (their worker died or
+-- stalled). An expired lease is a failed attempt: back to queued after the
+-- same backoff as any failure, or dead when out of attempts. Rows another
+-- reaper is handling are skipped, so every worker may run this at once.
+WITH expired AS (
+    SELECT id FROM pgqueue_jobs
+    WHERE state = 'running' AND lease_expires_at < now()
+    ORDER BY lease_expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), reaped AS (
+    UPDATE pgqueue_jobs j
+    SET state = CASE WHEN j.attempts < j.max_attempts THEN 'queued' ELSE 'dead' END,
+        run_at = CASE WHEN j.attempts < j.max_attempts
+                      THEN now() + pgqueue_backoff(j.attempts, %(backoff_base)s, %(backoff_cap)s)
+                      ELSE j.run_at END,
+        finished_at = CASE WHEN j.attempts < j.max_attempts THEN NULL ELSE now() END,
+        last_error = format('lease expired (worker %%s, attempt %%s)', j.worker, j.attempts),
+        lease_expires_at = NULL
+    FROM expired WHERE j.id = expired.id
+    RETURNING j.id, j.queue, j.state
+), counted AS (
+    INSERT INTO pgqueue_counters AS c (queue, shard, failed, dead)
+    SELECT queue, pg_backend_pid() %% 16, count(*), count(*) FILTER (WHERE state = 'dead')
+    FROM reaped GROUP BY 1, 2 ORDER BY 1, 2
+    ON CONFLICT (queue, shard) DO UPDATE
+    SET failed = c.failed + excluded.failed, dead = c.dead + excluded.dead
+)
+SELECT id, state FROM reaped;
+
+-- name: job_cancel
+-- Cancel a queued or running job; a running job's lease is revoked, so its
+-- worker's ack matches nothing.
+WITH cancelled AS (
+    UPDATE pgqueue_jobs
+    SET state = 'cancelled', finished_at = now(), lease_expires_at = NULL
+    WHERE id = %(id)s AND state IN ('queued', 'running')
+    RETURNING *
+), counted AS (
+    INSERT INTO pgqueue_counters AS c (queue, shard, cancelled)
+    SELECT queue, pg_backend_pid() %% 16, 1 FROM cancelled
+    ON CONFLICT (queue, shard) DO UPDATE SET cancelled = c.cancelled + 1
+), woken AS (
+    SELECT pg_notify('pgqueue_finished', '') FROM cancelled
+)
+SELECT cancelled.* FROM cancelled, (SELECT count(*) FROM woken) w;
+
+-- name: job_retry
+-- Put a dead or cancelled job back to queued with a fresh attempt budget.
+WITH retried AS (
+    UPDATE pgqueue_jobs
+    SET state = 'queued', attempts = 0, run_at = now(), finished_at = NULL,
+        started_at = NULL, result = NULL, lease_token = NULL, worker = NULL
+    WHERE id = %(id)s AND state IN ('dead', 'cancelled')
+    RETURNING *
+), woken AS (
+    SELECT pg_notify('pgqueue_jobs', queue) FROM retried
+)
+SELECT retried.* FROM retried, (SELECT count(*) FROM woken) w;
+
+-- name: job_retry_dead
+-- Put every dead job (of one queue, or of all) back to queued.
+WITH retried AS (
+    UPDATE pgqueue_jobs
+    SET state = 'queued', attempts = 0, run_at = now(), finished_at = NULL,
+        started_at = NULL, result = NULL, lease_token = NULL, worker = NULL
+    WHERE state = 'dead' AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+    RETURNING id, queue
+), woken AS (
+    SELECT pg_notify('pgqueue_jobs', queue) FROM (SELECT DISTINCT queue FROM retried) q
+)
+SELECT count(*) AS retried FROM retried, (SELECT count(*) FROM woken) w;
+
+-- name: job_get
+-- One job by id.
+SELECT * FROM pgqueue_jobs WHERE id = %(id)s;
+
+-- name: job_list
+-- Jobs newest first, filtered, after a keyset cursor (the last id seen).
+SELECT * FROM pgqueue_jobs
+WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(task)s::text IS NULL OR task = %(task)s::text)
+  AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: job_prune
+-- Delete up to `limit` finished jobs older than the retention period. The
+-- counters already hold their outcomes, so metrics do not move.
+WITH pruned AS (
+DELETE FROM pgqueue_jobs
+WHERE id IN (
+    SELECT id FROM pgqueue_jobs
+    WHERE state IN ('succeeded', 'dead', 'cancelled')
+      AND finished_at < now() - make_interval(secs => %(retention_seconds)s)
+    ORDER BY finished_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING 1
+)
+SELECT count(*) AS pruned FROM pruned;
+
+-- name: job_next_run_at
+-- When the earliest delayed job becomes runnable (NULL when none is waiting),
+-- as seconds from now, so that an idle worker can sleep until then.
+SELECT extract(epoch FROM min(run_at) - now())::double precision AS seconds
+FROM pgqueue_jobs
+WHERE state = 'queued' AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]));
+
+-- name: queue_stats
+-- Per queue and live state: how many jobs, and the age of the oldest runnable
+-- one. Reads only the partial indexes of queued and running rows.
+SELECT queue,
+       count(*) FILTER (WHERE state = 'queued' AND run_at <= now()) AS queued,
+       count(*) FILTER (WHERE state = 'queued' AND run_at > now()) AS scheduled,
+       count(*) FILTER (WHERE state = 'running') AS running,
+       coalesce(extract(epoch FROM now() - min(run_at) FILTER (WHERE state = 'queued' AND run_at <= now())), 0)::double precision AS oldest_runnable_seconds
+FROM pgqueue_jobs
+WHERE state IN ('queued', 'running')
+GROUP BY queue
+ORDER BY queue;
+
+-- name: counters_totals
+-- Outcome totals per queue, summed over shards.
+SELECT queue, sum(succeeded)::bigint AS succeeded, sum(failed)::bigint AS failed,
+       sum(dead)::bigint AS dead, sum(cancelled)::bigint AS cancelled
+FROM pgqueue_counters GROUP BY queue ORDER BY queue;
+
+-- name: start_latency_histogram
+-- Enqueue-to-start histogram per queue and bucket, summed over shards.
+SELECT queue, bucket, sum(count)::bigint AS count, sum(sum_seconds) AS sum_seconds
+FROM pgqueue_start_latency GROUP BY queue, bucket ORDER BY queue, bucket;
+
+-- name: db_ping
+-- The database answers.
+SELECT 1 AS ok;
+
+-- name: listen_jobs
+-- Subscribe to "jobs are ready" hints (payload: the queue name).
+LISTEN pgqueue_jobs;
+
+-- name: listen_finished
+-- Subscribe to "some job finished" hints, for wait().
+LISTEN pgqueue_finished;
+
+-- name: migration_lock
+-- Serialise concurrent migrators (session-level advisory lock).
+SELECT pg_advisory_lock(hashtext('pgqueue.migrate'));
+
+-- name: migration_unlock
+-- Release the migrators' lock.
+SELECT pg_advisory_unlock(hashtext('pgqueue.migrate'));
+
+-- name: migration_table
+-- The record of applied migrations.
+CREATE TABLE IF NOT EXISTS pgqueue_migrations (
+    version    text PRIMARY KEY,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: migration_applied
+-- Versions already applied.
+SELECT version FROM pgqueue_migrations ORDER BY version;
+
+-- name: migration_record
+-- Record one applied version.
+INSERT INTO pgqueue_migrations (version) VALUES (%(version)s);
