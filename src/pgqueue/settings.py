@@ -46,6 +46,14 @@ class Settings:
     concurrency: int = 100
     poll_interval_seconds: float = 1.0
     shutdown_timeout_seconds: float = 30.0
+    # HTTP API. Tokens: admin tokens may do everything, read tokens only GETs.
+    # With none configured the API binds to 127.0.0.1 unless told otherwise.
+    api_host: str = "127.0.0.1"
+    api_port: int = 8000
+    api_tokens: tuple[str, ...] = ()
+    api_read_tokens: tuple[str, ...] = ()
+    api_max_body_bytes: int = 1_048_576
+    api_max_batch: int = 1000
     # Upper bounds of the enqueue-to-start histogram, in seconds.
     latency_buckets: tuple[float, ...] = field(
         default=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -59,7 +67,7 @@ class Settings:
             if not getattr(self, name) > 0:
                 raise InvalidSettings(f"{name} must be > 0, got {getattr(self, name)!r}")
         for name in ("reap_batch", "prune_batch", "pool_max_size", "concurrency",
-                     "default_max_attempts"):
+                     "default_max_attempts", "api_max_body_bytes", "api_max_batch"):
             if getattr(self, name) < 1:
                 raise InvalidSettings(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if self.pool_min_size < 0 or self.pool_min_size > self.pool_max_size:
@@ -103,7 +111,9 @@ def _parse(name: str, kind: Any, raw: str) -> Any:
             return int(raw)
         if kind == "float":
             return float(raw)
-        if kind.startswith("tuple"):
+        if kind.startswith("tuple[str"):
+            return tuple(x.strip() for x in raw.split(",") if x.strip())
+        if kind.startswith("tuple[float"):
             return tuple(float(x) for x in raw.split(","))
         return raw
     except ValueError:

@@ -1,0 +1,1 @@
+"""Benchmarks and fault-injection runs. Each writes results/NAME.json."""

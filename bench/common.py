@@ -1,0 +1,79 @@
+"""What every benchmark shares: where results go and what they record."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+RESULTS = Path(__file__).resolve().parent.parent / "results"
+
+
+def machine() -> dict[str, Any]:
+    """The machine and software a figure was measured on."""
+    mem_kb = 0
+    try:
+        with open("/proc/meminfo") as f:
+            mem_kb = int(f.readline().split()[1])
+    except OSError:
+        pass
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(mem_kb / 1024 / 1024, 1),
+        "os": platform.platform(),
+        "python": sys.version.split()[0],
+        "psycopg": metadata.version("psycopg"),
+        "pgqueue_commit": _git_commit(),
+    }
+
+
+def server_info(url: str) -> dict[str, Any]:
+    """PostgreSQL version and the settings that decide commit cost."""
+    names = ("server_version", "fsync", "synchronous_commit", "full_page_writes", "shared_buffers")
+    with psycopg.connect(url) as conn:
+        return {n: conn.execute(f"SHOW {n}").fetchone()[0] for n in names}  # type: ignore[index]
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
+            cwd=Path(__file__).parent,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    """Median with min and max: the machines are shared and noisy."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def write_result(name: str, payload: dict[str, Any], out: str | None = None) -> Path:
+    """Write results/NAME.json with the machine description and a timestamp."""
+    path = Path(out) if out else RESULTS / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {
+        "benchmark": name,
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        **payload,
+    }
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    return path

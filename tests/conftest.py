@@ -1,0 +1,77 @@
+"""Real PostgreSQL for every test, each test in its own database.
+
+One embedded server per test session, on tmpfs (so fsync stays on, as users
+run it, and still costs little). Migrations run once into a template
+database; each test gets ``CREATE DATABASE ... TEMPLATE`` and drops it after.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import psycopg
+import pytest
+
+from pgqueue import AsyncQueue, Queue, Settings, migrate
+from pgqueue.embedded import EmbeddedPostgres
+
+TEMPLATE = "pgqueue_template"
+
+
+def _tmpfs_root() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[EmbeddedPostgres]:
+    """The session's server. DATABASE_URL is ignored on purpose: tests create
+    and drop databases, which they must only do on a server of their own."""
+    server = EmbeddedPostgres(os.path.join(_tmpfs_root(), f"pgqueue-test-{uuid.uuid4().hex[:8]}"))
+    server.ensure_running()
+    admin = server.url
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {TEMPLATE}")
+    migrate(_with_db(admin, TEMPLATE))
+    yield server
+    server.destroy()
+
+
+def _with_db(url: str, name: str) -> str:
+    return url.rsplit("/", 1)[0] + "/" + name
+
+
+@pytest.fixture
+def db_url(pg_server: EmbeddedPostgres) -> Iterator[str]:
+    """URL of a fresh, migrated database that only this test sees."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server.url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
+    yield _with_db(pg_server.url, name)
+    with psycopg.connect(pg_server.url, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def settings(db_url: str) -> Settings:
+    return Settings(database_url=db_url, backoff_base_seconds=0.5, backoff_cap_seconds=2.0)
+
+
+@pytest.fixture
+def queue(settings: Settings) -> Iterator[Queue]:
+    with Queue(settings.database_url, settings=settings) as q:
+        yield q
+
+
+@pytest.fixture
+async def aqueue(settings: Settings) -> AsyncIterator[AsyncQueue]:
+    async with AsyncQueue(settings.database_url, settings=settings) as q:
+        yield q
+
+
+@pytest.fixture
+def sql(db_url: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
+    """A plain autocommit connection to the test's database, for checks."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        yield conn
