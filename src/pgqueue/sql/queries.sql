@@ -260,6 +260,20 @@ WHERE state IN ('queued', 'running')
 GROUP BY queue
 ORDER BY queue;
 
+-- name: queue_throughput
+-- Per queue, the jobs that ended within the last `window_seconds`, by how
+-- they ended (for the command line's done-per-minute). A range read of the
+-- pgqueue_jobs_finished partial index.
+SELECT queue,
+       count(*) FILTER (WHERE state = 'succeeded') AS succeeded,
+       count(*) FILTER (WHERE state = 'dead') AS dead,
+       count(*) FILTER (WHERE state = 'cancelled') AS cancelled
+FROM pgqueue_jobs
+WHERE state IN ('succeeded', 'dead', 'cancelled')
+  AND finished_at > now() - make_interval(secs => %(window_seconds)s)
+GROUP BY queue
+ORDER BY queue;
+
 -- name: counters_totals
 -- Outcome totals per queue, summed over shards.
 SELECT queue, sum(succeeded)::bigint AS succeeded, sum(failed)::bigint AS failed,
