@@ -29,7 +29,9 @@ def machine() -> dict[str, Any]:
     cpu = ""
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+            cpu = next(
+                (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), ""
+            )
     except OSError:
         pass
     return {
@@ -53,7 +55,10 @@ def server_info(url: str) -> dict[str, Any]:
 def _git_commit() -> str:
     try:
         return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
             cwd=Path(__file__).parent,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):

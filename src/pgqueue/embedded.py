@@ -144,8 +144,16 @@ class EmbeddedPostgres:
             self.log_file.touch()
             os.chown(self.log_file, user.pw_uid, user.pw_gid)
         self._run(
-            [str(self.binary("initdb")), "-D", str(self.pgdata), "-U", "postgres",
-             "--auth=trust", "--encoding=UTF8", "--no-instructions"]
+            [
+                str(self.binary("initdb")),
+                "-D",
+                str(self.pgdata),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--no-instructions",
+            ]
         )
         config = dict(_BASE_CONFIG, port=str(_free_port()))
         with open(self.pgdata / "postgresql.conf", "a", encoding="utf-8") as conf:
@@ -153,18 +161,35 @@ class EmbeddedPostgres:
             conf.writelines(f"{k} = {v}\n" for k, v in config.items())
         (self.data_dir / "port").write_text(config["port"])
 
-    def _pg_ctl(self, action: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        command = [str(self.binary("pg_ctl")), action, "-D", str(self.pgdata), "-w", "-t", "60", *args]
+    def _pg_ctl(
+        self, action: str, *args: str, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        command = [
+            str(self.binary("pg_ctl")),
+            action,
+            "-D",
+            str(self.pgdata),
+            "-w",
+            "-t",
+            "60",
+            *args,
+        ]
         return self._run(command, check=check)
 
     def _run(self, command: Sequence[str], check: bool = True) -> subprocess.CompletedProcess[str]:
         user = _server_user()
         # The server inherits no pipes: pg_ctl's child would keep them open.
         done = subprocess.run(
-            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE if check else subprocess.DEVNULL, text=True,
-            user=user.pw_uid if user else None, group=user.pw_gid if user else None,
-            cwd="/", check=False, timeout=120,
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE if check else subprocess.DEVNULL,
+            text=True,
+            user=user.pw_uid if user else None,
+            group=user.pw_gid if user else None,
+            cwd="/",
+            check=False,
+            timeout=120,
         )
         if check and done.returncode != 0:
             tail = _tail(self.log_file)
@@ -182,8 +207,16 @@ def _server_user() -> pwd.struct_passwd | None:
         return pwd.getpwnam(SERVER_USER)
     except KeyError:
         subprocess.run(
-            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
-             SERVER_USER], check=True, capture_output=True,
+            [
+                "useradd",
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                SERVER_USER,
+            ],
+            check=True,
+            capture_output=True,
         )
         return pwd.getpwnam(SERVER_USER)
 

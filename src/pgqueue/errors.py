@@ -1,14 +1,14 @@
 """The exceptions pgqueue raises.
 
-    PgQueueError
-    ├── InvalidJob            bad input to enqueue; nothing was written
-    ├── InvalidSettings       a setting out of range or of the wrong type
-    ├── JobNotFound           no job has that id
-    ├── JobStateConflict      the transition does not apply to the job's state
-    │   ├── JobAlreadyFinished   cancel of a succeeded, dead or cancelled job
-    │   └── JobNotRetryable      retry of a job that is not dead or cancelled
-    ├── WaitTimeout           wait() gave up before the job finished
-    └── DatabaseUnavailable   the database did not answer in time
+PgQueueError
+├── InvalidJob            bad input to enqueue; nothing was written
+├── InvalidSettings       a setting out of range or of the wrong type
+├── JobNotFound           no job has that id
+├── JobStateConflict      the transition does not apply to the job's state
+│   ├── JobAlreadyFinished   cancel of a succeeded, dead or cancelled job
+│   └── JobNotRetryable      retry of a job that is not dead or cancelled
+├── WaitTimeout           wait() gave up before the job finished
+└── DatabaseUnavailable   the database did not answer in time
 """
 
 from __future__ import annotations

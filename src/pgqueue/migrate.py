@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from importlib.resources import files
-from typing import LiteralString, cast
+from typing import LiteralString
 
 import psycopg
 
@@ -18,8 +18,8 @@ log = logging.getLogger("pgqueue.migrate")
 def migration_files() -> list[tuple[str, LiteralString]]:
     """(version, SQL) of every migration, in the order they apply."""
     folder = files("pgqueue").joinpath("migrations")
-    found = sorted(p for p in folder.iterdir() if p.name.endswith(".sql"))
-    return [(p.name.removesuffix(".sql"), cast(LiteralString, p.read_text("utf-8"))) for p in found]
+    found = sorted((p for p in folder.iterdir() if p.name.endswith(".sql")), key=lambda p: p.name)
+    return [(p.name.removesuffix(".sql"), p.read_text("utf-8")) for p in found]
 
 
 def migrate(url: str) -> list[str]:

@@ -139,13 +139,17 @@ class Queue(_Common):
                 with tx, conn.cursor() as cur:
                     return _drive(flow, cur)
         except PoolTimeout as exc:
-            raise DatabaseUnavailable(f"no database connection within the pool timeout: {exc}") from exc
+            raise DatabaseUnavailable(
+                f"no database connection within the pool timeout: {exc}"
+            ) from exc
         except psycopg.OperationalError as exc:
             raise DatabaseUnavailable(str(exc).strip()) from exc
 
     # -- producers ----------------------------------------------------------------
 
-    def enqueue(self, task: str, payload: Any = None, *, connection: Any = None, **fields: Any) -> Job:
+    def enqueue(
+        self, task: str, payload: Any = None, *, connection: Any = None, **fields: Any
+    ) -> Job:
         """Add a job. Fields: queue, priority, delay, run_at, max_attempts,
         timeout, idempotency_key. With ``connection``, the job is part of the
         caller's transaction. ``job.duplicate`` says the key already existed."""
@@ -173,14 +177,18 @@ class Queue(_Common):
                         return job
                     if remaining <= 0:
                         raise WaitTimeout(job_id, timeout)
-                    for _ in listener.notifies(timeout=min(remaining, WAIT_POLL_SECONDS), stop_after=1):
+                    for _ in listener.notifies(
+                        timeout=min(remaining, WAIT_POLL_SECONDS), stop_after=1
+                    ):
                         pass
         except psycopg.OperationalError as exc:
             raise DatabaseUnavailable(str(exc).strip()) from exc
 
     # -- workers --------------------------------------------------------------------
 
-    def claim(self, limit: int = 1, *, worker: str = "", queues: Sequence[str] | None = None) -> list[Job]:
+    def claim(
+        self, limit: int = 1, *, worker: str = "", queues: Sequence[str] | None = None
+    ) -> list[Job]:
         return self.run(self._claim(limit, worker, queues))
 
     def heartbeat(self, jobs: Sequence[Job], lease_seconds: float | None = None) -> set[int]:
@@ -240,7 +248,9 @@ class AsyncQueue(_Common):
             if not self.url:
                 self.url = await asyncio.to_thread(resolve_url, self.settings)
             pool = AsyncConnectionPool(
-                self.url, check=AsyncConnectionPool.check_connection, open=False,
+                self.url,
+                check=AsyncConnectionPool.check_connection,
+                open=False,
                 **self._pool_kwargs(),
             )
             await pool.open()
@@ -256,7 +266,9 @@ class AsyncQueue(_Common):
         return await self.open()
 
     async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         await self.close()
@@ -282,11 +294,15 @@ class AsyncQueue(_Common):
                 async with conn.cursor() as cur:
                     return await _drive_async(flow, cur)
         except PoolTimeout as exc:
-            raise DatabaseUnavailable(f"no database connection within the pool timeout: {exc}") from exc
+            raise DatabaseUnavailable(
+                f"no database connection within the pool timeout: {exc}"
+            ) from exc
         except psycopg.OperationalError as exc:
             raise DatabaseUnavailable(str(exc).strip()) from exc
 
-    async def enqueue(self, task: str, payload: Any = None, *, connection: Any = None, **fields: Any) -> Job:
+    async def enqueue(
+        self, task: str, payload: Any = None, *, connection: Any = None, **fields: Any
+    ) -> Job:
         """As Queue.enqueue."""
         return await self.run(t.enqueue(self._spec(task, payload, **fields)), connection)
 
@@ -298,7 +314,7 @@ class AsyncQueue(_Common):
             return []
         return await self.run(t.enqueue_many(specs), connection, transaction=True)
 
-    async def wait(self, job_id: int, timeout: float) -> Job:
+    async def wait(self, job_id: int, timeout: float) -> Job:  # noqa: ASYNC109
         """As Queue.wait, without blocking the event loop."""
         deadline = time.monotonic() + timeout
         await self.open()
@@ -318,7 +334,9 @@ class AsyncQueue(_Common):
         except psycopg.OperationalError as exc:
             raise DatabaseUnavailable(str(exc).strip()) from exc
 
-    async def claim(self, limit: int = 1, *, worker: str = "", queues: Sequence[str] | None = None) -> list[Job]:
+    async def claim(
+        self, limit: int = 1, *, worker: str = "", queues: Sequence[str] | None = None
+    ) -> list[Job]:
         return await self.run(self._claim(limit, worker, queues))
 
     async def heartbeat(self, jobs: Sequence[Job], lease_seconds: float | None = None) -> set[int]:
@@ -380,4 +398,3 @@ async def _drive_async(flow: Flow[T], cur: psycopg.AsyncCursor[Any]) -> T:
             statement = flow.send(rows)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
-

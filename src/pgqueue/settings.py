@@ -56,18 +56,49 @@ class Settings:
     api_max_batch: int = 1000
     # Upper bounds of the enqueue-to-start histogram, in seconds.
     latency_buckets: tuple[float, ...] = field(
-        default=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-                 30.0, 60.0, 300.0)
+        default=(
+            0.001,
+            0.0025,
+            0.005,
+            0.01,
+            0.025,
+            0.05,
+            0.1,
+            0.25,
+            0.5,
+            1.0,
+            2.5,
+            5.0,
+            10.0,
+            30.0,
+            60.0,
+            300.0,
+        )
     )
 
     def __post_init__(self) -> None:
-        for name in ("lease_seconds", "heartbeat_seconds", "backoff_base_seconds",
-                     "backoff_cap_seconds", "reap_interval_seconds", "retention_seconds",
-                     "prune_interval_seconds", "pool_timeout_seconds", "poll_interval_seconds"):
+        for name in (
+            "lease_seconds",
+            "heartbeat_seconds",
+            "backoff_base_seconds",
+            "backoff_cap_seconds",
+            "reap_interval_seconds",
+            "retention_seconds",
+            "prune_interval_seconds",
+            "pool_timeout_seconds",
+            "poll_interval_seconds",
+        ):
             if not getattr(self, name) > 0:
                 raise InvalidSettings(f"{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("reap_batch", "prune_batch", "pool_max_size", "concurrency",
-                     "default_max_attempts", "api_max_body_bytes", "api_max_batch"):
+        for name in (
+            "reap_batch",
+            "prune_batch",
+            "pool_max_size",
+            "concurrency",
+            "default_max_attempts",
+            "api_max_body_bytes",
+            "api_max_batch",
+        ):
             if getattr(self, name) < 1:
                 raise InvalidSettings(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if self.pool_min_size < 0 or self.pool_min_size > self.pool_max_size:
@@ -117,4 +148,6 @@ def _parse(name: str, kind: Any, raw: str) -> Any:
             return tuple(float(x) for x in raw.split(","))
         return raw
     except ValueError:
-        raise InvalidSettings(f"{ENV_PREFIX}{name.upper()}: cannot read {raw!r} as {kind}") from None
+        raise InvalidSettings(
+            f"{ENV_PREFIX}{name.upper()}: cannot read {raw!r} as {kind}"
+        ) from None

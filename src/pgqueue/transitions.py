@@ -6,9 +6,9 @@ its return value is the transition's result. The sync ``Queue`` and the
 async ``AsyncQueue`` drive the same generators, so the two faces cannot
 drift apart, and the worker runtime uses the same ones.
 
-    enqueue ──> queued ──claim──> running ──finish(ok)────> succeeded
-                  ^                  │ └──finish(error) / reap, attempts left ──> queued (after backoff)
-                  │                  └────finish(error) / reap, out of attempts ──> dead
+    enqueue ──> queued ──claim──> running ──finish(ok)──> succeeded
+                  ^                │ └─finish(error) or reap, attempts left─> queued (backoff)
+                  │                └───finish(error) or reap, none left─────> dead
                   └──retry── dead, cancelled <──cancel── queued, running
 """
 
@@ -82,8 +82,9 @@ class Outcome:
     @classmethod
     def failure(cls, job: Job, error: str, *, retryable: bool = True) -> Outcome:
         # jsonb is not involved, but text columns refuse NUL as well.
-        return cls(job.id, _token(job), False, error=error.replace("\x00", "\\0"),
-                   retryable=retryable)
+        return cls(
+            job.id, _token(job), False, error=error.replace("\x00", "\\0"), retryable=retryable
+        )
 
 
 def _token(job: Job) -> int:
@@ -119,7 +120,9 @@ def enqueue(spec: JobSpec) -> Flow[Job]:
         rows = yield Statement("job_enqueue", params)
         if rows:
             return Job.from_row(rows[0])
-        rows = yield Statement("job_get_by_idempotency_key", {"idempotency_key": spec.idempotency_key})
+        rows = yield Statement(
+            "job_get_by_idempotency_key", {"idempotency_key": spec.idempotency_key}
+        )
         if rows:
             return Job.from_row(rows[0], duplicate=True)
     raise RuntimeError(f"idempotency key {spec.idempotency_key!r} kept changing hands")
@@ -196,7 +199,7 @@ def claim(
     lease_seconds: float | None = None,
 ) -> Flow[list[Job]]:
     """Claim up to ``limit`` runnable jobs (of ``queues``, or of all)."""
-    name = "job_claim" + ("_in_queues" if queues else "")
+    name = "job_claim" + {0: "", 1: "_in_queue"}.get(len(queues or ()), "_in_queues")
     name += "" if settings.skip_locked else "_blocking"
     rows = yield Statement(
         name,
@@ -211,15 +214,17 @@ def claim(
     return [Job.from_row(row) for row in rows]
 
 
-def heartbeat(
-    held: Sequence[tuple[int, int]], lease_seconds: float
-) -> Flow[set[int]]:
+def heartbeat(held: Sequence[tuple[int, int]], lease_seconds: float) -> Flow[set[int]]:
     """Extend the leases of (id, token) pairs; return the ids still held."""
     if not held:
         return set()
     rows = yield Statement(
         "job_heartbeat",
-        {"ids": [i for i, _ in held], "tokens": [t for _, t in held], "lease_seconds": lease_seconds},
+        {
+            "ids": [i for i, _ in held],
+            "tokens": [t for _, t in held],
+            "lease_seconds": lease_seconds,
+        },
     )
     return {row["id"] for row in rows}
 
@@ -323,8 +328,13 @@ def list_jobs(
         raise InvalidJob("limit", f"must be between 1 and 1000, got {limit}")
     rows = yield Statement(
         "job_list",
-        {"state": state, "queue": queue, "task": task,
-         "before_id": None if before_id is None else _job_id(before_id), "limit": limit},
+        {
+            "state": state,
+            "queue": queue,
+            "task": task,
+            "before_id": None if before_id is None else _job_id(before_id),
+            "limit": limit,
+        },
     )
     return [Job.from_row(row) for row in rows]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from importlib.resources import files
-from typing import LiteralString, cast
+from typing import LiteralString
 
 __all__ = ["QUERIES"]
 
@@ -24,7 +24,7 @@ def _load() -> dict[str, LiteralString]:
             raise RuntimeError(f"query {name!r} is defined twice in queries.sql")
         # Comments stay in the file for readers; the server gets the statement.
         lines = [line for line in body.splitlines() if not line.strip().startswith("--")]
-        queries[name] = cast(LiteralString, "\n".join(lines).strip().rstrip(";"))
+        queries[name] = "\n".join(lines).strip().rstrip(";")
     return queries
 
 
@@ -32,13 +32,14 @@ def _claim_variants(queries: dict[str, LiteralString]) -> None:
     """Expand the job_claim template: with or without a queue filter, with
     SKIP LOCKED or with a plain (blocking) FOR UPDATE."""
     template = queries["job_claim"]
+    # One queue gets an equality, so that the planner can walk the
+    # (queue, priority, run_at, id) index in order; several get ANY.
+    in_queue = "AND queue = (%(queues)s::text[])[1]"
     in_queues = "AND queue = ANY(%(queues)s::text[])"
-    for suffix, queue_filter in (("", ""), ("_in_queues", in_queues)):
+    for suffix, queue_filter in (("", ""), ("_in_queue", in_queue), ("_in_queues", in_queues)):
         for mode, lock in (("", "SKIP LOCKED"), ("_blocking", "")):
-            text = template.replace("/* queues */", queue_filter).replace(
-                "/* skip_locked */", lock
-            )
-            queries[f"job_claim{suffix}{mode}"] = cast(LiteralString, text)
+            text = template.replace("/* queues */", queue_filter).replace("/* skip_locked */", lock)
+            queries[f"job_claim{suffix}{mode}"] = text
 
 
 QUERIES = _load()

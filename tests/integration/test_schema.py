@@ -1,0 +1,135 @@
+"""Migrations, query plans, the backoff function and the embedded server."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pgqueue import DatabaseUnavailable, JobState, Queue, Settings, migrate
+from pgqueue.embedded import EmbeddedPostgres
+from pgqueue.migrate import migration_files
+from pgqueue.sql import QUERIES
+
+
+@pytest.fixture
+def empty_db(pg_server: EmbeddedPostgres) -> str:
+    name = f"m_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pg_server.url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return pg_server.url.rsplit("/", 1)[0] + "/" + name
+
+
+def test_concurrent_migrators_apply_each_file_once(empty_db: str) -> None:
+    applied: list[list[str]] = []
+    barrier = threading.Barrier(5)
+
+    def run() -> None:
+        barrier.wait()
+        applied.append(migrate(empty_db))
+
+    threads = [threading.Thread(target=run) for _ in range(5)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    versions = [v for v, _ in migration_files()]
+    assert sorted(applied, key=len) == [[]] * 4 + [versions]
+    assert migrate(empty_db) == []
+    with psycopg.connect(empty_db) as conn:
+        recorded = [r[0] for r in conn.execute("SELECT version FROM pgqueue_migrations ORDER BY 1")]
+    assert recorded == versions
+
+
+def test_jobs_table_is_tuned_for_churn(sql: psycopg.Connection) -> None:
+    options = sql.execute(
+        "SELECT reloptions FROM pg_class WHERE relname = 'pgqueue_jobs'"
+    ).fetchone()[0]
+    assert "fillfactor=70" in options
+    assert any(o.startswith("autovacuum_vacuum_scale_factor") for o in options)
+
+
+def _plan(sql: psycopg.Connection, name: str, params: dict[str, object]) -> str:
+    sql.execute("SET enable_seqscan = off")  # tiny tables: ask which index the planner can use
+    rows = sql.execute("EXPLAIN " + QUERIES[name], params).fetchall()
+    sql.execute("RESET enable_seqscan")
+    return "\n".join(r[0] for r in rows)
+
+
+CLAIM = {"limit": 10, "lease_seconds": 30, "worker": "w", "latency_bounds": [0.1, 1.0]}
+
+
+def test_claim_reads_the_partial_index(queue: Queue, sql: psycopg.Connection) -> None:
+    queue.enqueue_many([{"task": "t"} for _ in range(50)])
+    sql.execute("ANALYZE pgqueue_jobs")
+    plan = _plan(sql, "job_claim", CLAIM)
+    assert "pgqueue_jobs_claim" in plan and "Seq Scan on pgqueue_jobs" not in plan
+    plan = _plan(sql, "job_claim_in_queue", {**CLAIM, "queues": ["default"]})
+    assert "Index Scan using pgqueue_jobs_claim_queue" in plan
+
+
+def test_reap_and_prune_read_their_partial_indexes(sql: psycopg.Connection) -> None:
+    sql.execute("ANALYZE pgqueue_jobs")
+    reap = _plan(sql, "job_reap", {"limit": 10, "backoff_base": 1, "backoff_cap": 10})
+    assert "pgqueue_jobs_reap" in reap
+    prune = _plan(sql, "job_prune", {"limit": 10, "retention_seconds": 60})
+    assert "pgqueue_jobs_finished" in prune
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    attempt=st.integers(min_value=1, max_value=200),
+    base=st.floats(min_value=0.01, max_value=100),
+    cap=st.floats(min_value=0.01, max_value=100_000),
+)
+def test_backoff_is_half_fixed_half_random_and_capped(
+    pg_server: EmbeddedPostgres, attempt: int, base: float, cap: float
+) -> None:
+    with psycopg.connect(pg_server.url.rsplit("/", 1)[0] + "/pgqueue_template") as conn:
+        delay = conn.execute(
+            "SELECT extract(epoch FROM pgqueue_backoff(%s, %s, %s))::float8", (attempt, base, cap)
+        ).fetchone()[0]
+    full = min(cap, base * 2 ** min(attempt - 1, 60))
+    assert full / 2 - 1e-6 <= delay <= full + 1e-6
+
+
+def test_every_named_query_is_used_and_no_sql_lives_elsewhere() -> None:
+    source = Path(__file__).resolve().parents[2] / "src" / "pgqueue"
+    code = "\n".join(p.read_text() for p in source.rglob("*.py") if p.parent.name != "sql")
+    for keyword in ("SELECT ", "UPDATE pgqueue", "INSERT INTO", "DELETE FROM"):
+        assert keyword not in code, f"SQL literal {keyword!r} outside sql/queries.sql"
+    assert "job_claim" in QUERIES and "job_finish" in QUERIES
+
+
+def test_embedded_server_keeps_committed_jobs_across_restarts(tmp_path: Path) -> None:
+    server = EmbeddedPostgres(tmp_path / "db")
+    try:
+        url = server.ensure_running()
+        assert server.ensure_running() == url  # reused, not re-created
+        migrate(url)
+        with Queue(url, settings=Settings(database_url=url, pool_timeout_seconds=10)) as queue:
+            job = queue.enqueue("survives")
+            server.restart("immediate")  # like a crash: recovery from WAL
+            assert queue.get(job.id).state is JobState.QUEUED  # the pool replaced its connection
+            server.restart("fast")
+            [claimed] = queue.claim(1, worker="w")
+            assert claimed.id == job.id
+        server.stop()
+        assert not server.is_running()
+        with (
+            pytest.raises(DatabaseUnavailable),
+            Queue(
+                url, settings=Settings(database_url=url, pool_timeout_seconds=0.5, pool_min_size=0)
+            ) as down,
+        ):
+            down.get(job.id)
+        server.ensure_running()
+        with Queue(url) as queue:
+            assert queue.get(job.id).state is JobState.RUNNING
+    finally:
+        server.destroy()
