@@ -285,6 +285,12 @@ FROM pgqueue_counters GROUP BY queue ORDER BY queue;
 SELECT queue, bucket, sum(count)::bigint AS count, sum(sum_seconds) AS sum_seconds
 FROM pgqueue_start_latency GROUP BY queue, bucket ORDER BY queue, bucket;
 
+-- name: snapshot_begin
+-- Make the current transaction one read-only snapshot, so that several reads
+-- (the API's /metrics and /queues) see the same moment and the same now().
+-- Must be the first statement of the transaction.
+SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
+
 -- name: db_ping
 -- The database answers.
 SELECT 1 AS ok;
