@@ -200,15 +200,24 @@ def _wants_json(ctx: typer.Context, flag: bool) -> bool:
     return flag or _state(ctx).json
 
 
+_log_handler: logging.Handler | None = None
+
+
 def _configure_logging(debug: bool, level: int = logging.WARNING) -> None:
+    """Log to stderr, unless the host program (or pytest) set up logging already."""
+    global _log_handler
     root = logging.getLogger()
-    if not root.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        root.addHandler(handler)
+    if _log_handler is None:
+        if root.handlers:
+            return
+        _log_handler = logging.StreamHandler(sys.stderr)
+        _log_handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        )
+        root.addHandler(_log_handler)
     root.setLevel(logging.DEBUG if debug else level)
     # The pool logs every failed connection attempt; the error line says it once.
-    logging.getLogger("psycopg").setLevel(logging.DEBUG if debug else logging.CRITICAL)
+    logging.getLogger("psycopg").setLevel(logging.DEBUG if debug else logging.ERROR)
 
 
 def _version(value: bool) -> None:
@@ -332,6 +341,7 @@ def api_cmd(
         bool,
         typer.Option("--allow-public", help="Allow a non-loopback address without API tokens."),
     ] = False,
+    access_log: Annotated[bool, typer.Option("--access-log", help="Log every request.")] = False,
 ) -> None:
     """Serve the HTTP API. Tokens come from PGQUEUE_API_TOKENS / PGQUEUE_API_READ_TOKENS."""
     state = _state(ctx)
@@ -339,7 +349,11 @@ def api_cmd(
     _configure_logging(state.debug, logging.INFO)
     serve = _entry_point("pgqueue.api", "serve", "the HTTP API")
     code = serve(
-        settings, host=settings.api_host, port=settings.api_port, allow_public=allow_public
+        settings,
+        host=settings.api_host,
+        port=settings.api_port,
+        allow_public=allow_public,
+        access_log=access_log,
     )
     raise typer.Exit(code if isinstance(code, int) else 0)
 
@@ -369,6 +383,11 @@ def worker_cmd(
     settings = state.settings(concurrency=concurrency)
     _configure_logging(state.debug, logging.INFO)
     _importable_cwd()
+    load_handlers = _entry_point("pgqueue.worker", "load_handlers", "the worker")
+    try:
+        load_handlers(handlers)  # a bad --handlers is a usage error, said before starting
+    except (ImportError, ValueError, TypeError) as exc:
+        raise typer.BadParameter(_first_line(exc), param_hint="'--handlers'") from None
     run_from_cli = _entry_point("pgqueue.worker", "run_from_cli", "the worker")
     code = run_from_cli(
         handlers,
@@ -438,7 +457,12 @@ def up_cmd(
 
     state = _state(ctx)
     settings = state.settings(api_host=host, api_port=port, concurrency=concurrency)
-    say = state.err.print
+    supervisor = Supervisor(
+        state.out,
+        stop_timeout=stop_timeout
+        if stop_timeout is not None
+        else settings.shutdown_timeout_seconds + 5.0,
+    )
     server: EmbeddedPostgres | None = None
     started_server = False
     # Until the supervisor takes over, Ctrl-C is an ordinary interrupt.
@@ -448,19 +472,12 @@ def up_cmd(
         else:
             server = EmbeddedPostgres(settings.data_dir)
             started_server = not server.is_running()
-            say(
-                f"[bold]up[/]: {'starting' if started_server else 'using'} the embedded "
-                f"PostgreSQL in {escape(str(server.data_dir))}"
-            )
+            verb = "starting" if started_server else "using"
+            supervisor.say("up", f"{verb} the embedded PostgreSQL in {server.data_dir}")
             url = server.ensure_running()
         applied = migrate(url)
-        say(f"[bold]up[/]: schema {'migrated: ' + ', '.join(applied) if applied else 'up to date'}")
-
-        supervisor = Supervisor(
-            state.out,
-            stop_timeout=stop_timeout
-            if stop_timeout is not None
-            else settings.shutdown_timeout_seconds + 5.0,
+        supervisor.say(
+            "up", "schema " + ("migrated: " + ", ".join(applied) if applied else "up to date")
         )
         env = _child_env(url, settings)
         python = [sys.executable, "-m", "pgqueue", *(["--debug"] if state.debug else [])]

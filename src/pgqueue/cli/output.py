@@ -124,6 +124,13 @@ def jobs_table(jobs: Iterable[Job], now: datetime) -> Table:
 
 
 QUEUE_COLUMNS = ("queued", "scheduled", "running", "succeeded", "failed", "dead", "cancelled")
+# Short headers, so that the table fits 80 columns when piped.
+_HEADERS = ("queued", "sched", "running", "ok", "failed", "dead", "cancel")
+QUEUES_CAPTION = (
+    "queued (runnable now), sched (later), running: now.  ok, failed (attempts), dead, "
+    "cancel: totals.  oldest: wait of the oldest runnable job.  1m: ok or dead in the "
+    "last minute."
+)
 
 
 def queues_table(rows: Sequence[Mapping[str, Any]], title: str | None = None) -> Table:
@@ -135,22 +142,29 @@ def queues_table(rows: Sequence[Mapping[str, Any]], title: str | None = None) ->
         title=title,
         title_justify="left",
         title_style="bold",
+        caption=QUEUES_CAPTION,
+        caption_justify="left",
+        caption_style="dim",
     )
-    table.add_column("queue")
-    for name in QUEUE_COLUMNS:
-        table.add_column(name, justify="right")
-    table.add_column("oldest runnable", justify="right")
-    table.add_column("done/min", justify="right")
+    table.add_column("queue", overflow="fold")
+    for header in _HEADERS:
+        table.add_column(header, justify="right", no_wrap=True)
+    table.add_column("oldest", justify="right", no_wrap=True)
+    table.add_column("1m", justify="right", no_wrap=True)
     for row in rows:
         total = row["queue"] is None
         cells = [
-            "[bold]total[/]" if total else escape(row["queue"]),
+            "total" if total else escape(row["queue"]),
             *(_count(name, row[name]) for name in QUEUE_COLUMNS),
-            age(row["oldest_runnable_seconds"]) if row["queued"] else "-",
+            _oldest(row),
             str(row["finished_last_minute"]),
         ]
-        table.add_row(*cells, end_section=False, style="bold" if total else None)
+        table.add_row(*cells, style="bold" if total else None)
     return table
+
+
+def _oldest(row: Mapping[str, Any]) -> str:
+    return age(row["oldest_runnable_seconds"]) if row["queued"] else "-"
 
 
 def _count(name: str, value: int) -> str:
