@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import statistics
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -82,3 +85,32 @@ def write_result(name: str, payload: dict[str, Any], out: str | None = None) -> 
     }
     path.write_text(json.dumps(record, indent=2) + "\n")
     return path
+
+
+@contextlib.contextmanager
+def bench_database(name: str = "bench") -> Iterator[str]:
+    """A fresh, migrated database on a server with PostgreSQL's default
+    durability (fsync and synchronous_commit on), on disk, for one run.
+
+    DATABASE_URL, when set, is used instead (the database must be empty or
+    disposable: its pgqueue tables are truncated)."""
+    from pgqueue import migrate
+    from pgqueue.embedded import EmbeddedPostgres
+
+    if os.environ.get("DATABASE_URL"):
+        url = os.environ["DATABASE_URL"]
+        migrate(url)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("TRUNCATE pgqueue_jobs, pgqueue_counters, pgqueue_start_latency")
+        yield url
+        return
+    folder = tempfile.mkdtemp(
+        prefix=f"pgqueue-{name}-", dir=os.environ.get("BENCH_DIR", "/var/tmp")
+    )
+    server = EmbeddedPostgres(folder)
+    try:
+        url = server.ensure_running()
+        migrate(url)
+        yield url
+    finally:
+        server.destroy()

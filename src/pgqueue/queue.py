@@ -382,8 +382,14 @@ def _drive(flow: Flow[T], cur: psycopg.Cursor[Any]) -> T:
     try:
         statement = next(flow)
         while True:
-            cur.execute(QUERIES[statement.name], statement.params)
-            rows = cur.fetchall() if cur.description else []
+            if statement.copy_rows is not None:
+                with cur.copy(QUERIES[statement.name]) as copy:
+                    for row in statement.copy_rows:
+                        copy.write_row(row)
+                rows = []
+            else:
+                cur.execute(QUERIES[statement.name], statement.params)
+                rows = cur.fetchall() if cur.description else []
             statement = flow.send(rows)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
@@ -393,8 +399,14 @@ async def _drive_async(flow: Flow[T], cur: psycopg.AsyncCursor[Any]) -> T:
     try:
         statement = next(flow)
         while True:
-            await cur.execute(QUERIES[statement.name], statement.params)
-            rows = await cur.fetchall() if cur.description else []
+            if statement.copy_rows is not None:
+                async with cur.copy(QUERIES[statement.name]) as copy:
+                    for row in statement.copy_rows:
+                        await copy.write_row(row)
+                rows = []
+            else:
+                await cur.execute(QUERIES[statement.name], statement.params)
+                rows = await cur.fetchall() if cur.description else []
             statement = flow.send(rows)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]

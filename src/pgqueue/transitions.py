@@ -50,10 +50,12 @@ ENQUEUE_CHUNK = 5000
 
 @dataclass(frozen=True, slots=True)
 class Statement:
-    """One statement to run: a query name and its parameters."""
+    """One statement to run: a query name and its parameters, or for a COPY
+    statement, the rows to send."""
 
     name: str
     params: dict[str, Any]
+    copy_rows: list[tuple[Any, ...]] | None = None
 
 
 Flow = Generator[Statement, list[Row], T]
@@ -137,7 +139,11 @@ class Enqueued:
 
 
 def enqueue_many(specs: Sequence[JobSpec]) -> Flow[list[Enqueued]]:
-    """Insert many jobs, a few thousand per statement; results in input order."""
+    """Insert many jobs; results in input order. Plain jobs (runnable now, no
+    idempotency key) go in by COPY; others by INSERT, a few thousand per
+    statement, skipping taken keys."""
+    if all(_plain(spec) for spec in specs):
+        return (yield from _copy_many(specs))
     results: list[Enqueued] = []
     for start in range(0, len(specs), ENQUEUE_CHUNK):
         chunk = specs[start : start + ENQUEUE_CHUNK]
@@ -158,6 +164,25 @@ def enqueue_many(specs: Sequence[JobSpec]) -> Flow[list[Enqueued]]:
                 if results[start + offset].id < 0:
                     results[start + offset] = Enqueued(by_key[spec.idempotency_key], False)
     return results
+
+
+def _plain(spec: JobSpec) -> bool:
+    return spec.idempotency_key is None and spec.run_at is None and not spec.delay_seconds
+
+
+def _copy_many(specs: Sequence[JobSpec]) -> Flow[list[Enqueued]]:
+    rows = yield Statement("job_reserve_ids", {"count": len(specs)})
+    ids: list[int] = rows[0]["ids"]
+    yield Statement(
+        "job_copy",
+        {},
+        copy_rows=[
+            (job_id, s.queue, s.task, s.payload_json, s.priority, s.max_attempts, s.timeout_seconds)
+            for job_id, s in zip(ids, specs, strict=True)
+        ],
+    )
+    yield Statement("job_notify_queues", {"queues": sorted({s.queue for s in specs})})
+    return [Enqueued(job_id, True) for job_id in ids]
 
 
 def _match_inserted(chunk: Sequence[JobSpec], rows: list[Row]) -> list[Enqueued]:

@@ -53,6 +53,22 @@ SELECT id, idempotency_key FROM inserted, (SELECT count(*) FROM woken) w ORDER B
 SELECT id, idempotency_key FROM pgqueue_jobs
 WHERE idempotency_key = ANY(%(idempotency_keys)s::text[]);
 
+-- name: job_reserve_ids
+-- Take `count` ids from the jobs' identity sequence, for a COPY that must
+-- know the ids it writes.
+-- (The identity sequence's name is fixed by the migration.)
+SELECT array_agg(nextval('pgqueue_jobs_id_seq')) AS ids FROM generate_series(1, %(count)s);
+
+-- name: job_copy
+-- Bulk load of plain jobs (runnable now, no idempotency key): the fastest
+-- path into the table. Rows are (id, queue, task, payload, priority,
+-- max_attempts, timeout_seconds); the rest takes the column defaults.
+COPY pgqueue_jobs (id, queue, task, payload, priority, max_attempts, timeout_seconds) FROM STDIN;
+
+-- name: job_notify_queues
+-- One "jobs are ready" hint per queue.
+SELECT count(pg_notify('pgqueue_jobs', q)) AS notified FROM unnest(%(queues)s::text[]) AS q;
+
 -- name: job_claim
 -- Claim up to `limit` runnable jobs: mark them running, count the attempt, and
 -- give each a lease and a fresh fencing token. A template: the loader makes
