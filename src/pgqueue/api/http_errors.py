@@ -1,0 +1,210 @@
+"""Every error as one JSON shape, and the mapping from exceptions to statuses.
+
+{"error": "invalid_input", "message": "priority: must be ...",
+ "field": "priority", "problems": [{"field": "priority", "problem": "..."}]}
+
+RequestValidationError (pydantic)    422 invalid_input  (400 malformed_json)
+InvalidJob                           422 invalid_input
+psycopg.DataError                    422 invalid_input  (the database refused a value)
+JobNotFound                          404 not_found
+JobStateConflict                     409 conflict
+DatabaseUnavailable                  503 database_unavailable  (Retry-After: 1)
+HTTPException (404 route, 405, ...)  its status
+anything else                        500 internal_error, logged, no traceback sent
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..errors import DatabaseUnavailable, InvalidJob, JobNotFound, JobStateConflict
+from .models import API_FIELD, ErrorBody
+
+__all__ = ["ERROR_RESPONSES", "error_response", "install_handlers"]
+
+log = logging.getLogger("pgqueue.api")
+
+_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "too_large",
+    503: "database_unavailable",
+}
+
+
+def error_response(
+    status: int,
+    code: str,
+    message: str,
+    *,
+    field: str | None = None,
+    problems: Sequence[tuple[str, str]] = (),
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    body = {
+        "error": code,
+        "message": message,
+        "field": field,
+        "problems": [{"field": f, "problem": p} for f, p in problems],
+    }
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _field_name(loc: Sequence[Any]) -> str:
+    """('body', 'jobs', 3, 'priority') -> 'jobs[3].priority'; ('query', 'limit') -> 'limit'."""
+    parts = list(loc[1:]) if loc and loc[0] in ("body", "query", "path", "header") else list(loc)
+    name = ""
+    for part in parts:
+        if isinstance(part, int):
+            name += f"[{part}]"
+        else:
+            name += ("." if name else "") + str(part)
+    return name or (str(loc[0]) if loc else "body")
+
+
+def _api_field(field: str) -> str:
+    """A JobSpec field name in the API's words (delay -> delay_seconds)."""
+    head, dot, last = field.rpartition(".")
+    return f"{head}{dot}{API_FIELD.get(last, last)}"
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    problems = []
+    for error in exc.errors():
+        if error.get("type") == "json_invalid":
+            reason = (error.get("ctx") or {}).get("error", "invalid JSON")
+            position = error["loc"][1] if len(error.get("loc", ())) > 1 else "?"
+            return error_response(
+                400,
+                "malformed_json",
+                f"the body is not valid JSON: {reason} (at character {position})",
+                field="body",
+            )
+        field = _field_name(error.get("loc", ()))
+        problem = str(error.get("msg", "is invalid")).removeprefix("Value error, ")
+        kind = error.get("type")
+        if kind == "missing":
+            problem = "is required"
+        elif kind == "extra_forbidden":
+            problem = "is not a known field"
+        elif field == "body" and kind in ("model_attributes_type", "dict_type"):
+            problem = "must be a JSON object, sent with Content-Type: application/json"
+        problems.append((field, problem))
+    first_field, first_problem = problems[0] if problems else ("body", "is invalid")
+    return error_response(
+        422,
+        "invalid_input",
+        f"{first_field}: {first_problem}",
+        field=first_field,
+        problems=problems,
+    )
+
+
+async def _invalid_job(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, InvalidJob)
+    field = _api_field(exc.field)
+    return error_response(
+        422,
+        "invalid_input",
+        f"{field}: {exc.problem}",
+        field=field,
+        problems=[(field, exc.problem)],
+    )
+
+
+async def _data_error(request: Request, exc: Exception) -> JSONResponse:
+    # A value got past validation that PostgreSQL refuses (class 22 SQLSTATE).
+    # The statement failed, so nothing was written.
+    diag = getattr(exc, "diag", None)
+    detail = getattr(diag, "message_primary", None) or "a value is out of range"
+    log.warning("database refused a value", extra={"action": "api_data_error", "detail": detail})
+    return error_response(422, "invalid_input", f"the database refused a value: {detail}")
+
+
+async def _not_found(request: Request, exc: Exception) -> JSONResponse:
+    return error_response(404, "not_found", str(exc))
+
+
+async def _conflict(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, JobStateConflict)
+    return error_response(
+        409, "conflict", str(exc), field="state", problems=[("state", f"is {exc.state}")]
+    )
+
+
+async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
+    log.warning("database unavailable: %s", exc, extra={"action": "api_database_unavailable"})
+    return error_response(
+        503,
+        "database_unavailable",
+        "the database did not answer in time",
+        headers={"Retry-After": "1"},
+    )
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 400:
+        # FastAPI's answer to a body json.loads could not read at all.
+        return error_response(
+            400,
+            "malformed_json",
+            "the body could not be read as JSON (invalid UTF-8, "
+            "nested too deeply, or a number too long)",
+            field="body",
+        )
+    code = _CODES.get(exc.status_code, "error")
+    message = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
+    return error_response(exc.status_code, code, message, headers=dict(exc.headers or {}))
+
+
+async def _internal(request: Request, exc: Exception) -> JSONResponse:
+    log.exception(
+        "unhandled error in %s %s",
+        request.method,
+        request.url.path,
+        extra={"action": "api_internal_error"},
+    )
+    return error_response(500, "internal_error", "internal error; the server log has the details")
+
+
+def install_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(InvalidJob, _invalid_job)
+    app.add_exception_handler(psycopg.DataError, _data_error)
+    app.add_exception_handler(JobNotFound, _not_found)
+    app.add_exception_handler(JobStateConflict, _conflict)
+    app.add_exception_handler(DatabaseUnavailable, _unavailable)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    # Exception goes to Starlette's outermost middleware: the response is
+    # ours, and the exception is still raised afterwards for the server log.
+    app.add_exception_handler(Exception, _internal)
+
+
+def _doc(description: str) -> dict[str, Any]:
+    return {"model": ErrorBody, "description": description}
+
+
+# Documented on every operation, so that clients (and schemathesis) know them.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: _doc("Malformed JSON or an unreadable request."),
+    401: _doc("Missing, malformed or unknown bearer token."),
+    403: _doc("A read-only token on an endpoint that changes jobs."),
+    413: _doc("The body is larger than the configured limit."),
+    422: _doc("A field is missing, unknown, of the wrong type or out of range."),
+    500: _doc("A bug; the server log has the details."),
+    503: _doc("The database did not answer in time; retry."),
+}
