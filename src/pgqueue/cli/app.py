@@ -95,7 +95,9 @@ class _Root(TyperGroup):
         except _USAGE_ERROR as exc:  # bad flags, bad values, missing arguments
             ctx: Any = getattr(exc, "ctx", None)
             if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:
-                typer.echo(ctx.get_help(), err=True)
+                text = ctx.get_help()  # Typer's Rich help prints itself, returns ""
+                if text:
+                    typer.echo(text)
             else:
                 hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
                 output.error_line(exc.format_message() + hint)  # type: ignore[attr-defined]
@@ -798,8 +800,17 @@ def _report_file(
 ) -> None:
     if as_json:
         output.emit_json({**s.to_dict(), "atomic": atomic, "written": s.written_lines > 0})
-        return
-    out = state.out
+    else:
+        _print_file_summary(state.out, s, atomic, pending)
+    if s.failure:
+        output.error_line(s.failure, console=state.err)
+    elif s.rejected:
+        output.error_line(f"{len(s.rejected)} line(s) rejected", console=state.err)
+
+
+def _print_file_summary(
+    out: Console, s: _FileSummary, atomic: bool, pending: list[tuple[int, JobSpec]]
+) -> None:
     out.print(
         f"read {s.lines} line(s): [green]{s.created} created[/], "
         f"{s.existing} already existed (idempotency key), "
@@ -828,10 +839,6 @@ def _report_file(
             f"every other line was written ({s.written_lines} job(s)); fix the rejected "
             "lines and enqueue them again"
         )
-    if s.failure:
-        output.error_line(s.failure, console=state.err)
-    elif s.rejected:
-        output.error_line(f"{len(s.rejected)} line(s) rejected", console=state.err)
 
 
 # -- jobs -----------------------------------------------------------------------------------
