@@ -381,7 +381,7 @@ def test_enqueue_file_says_which_lines_a_failed_write_lost(
     assert sorted(j.payload["n"] for j in queue.list_jobs()) == [1, 2, 3]
 
 
-# -- prune, migrate ---------------------------------------------------------------------------------
+# -- prune, migrate ------------------------------------------------------------------
 
 
 def test_prune_deletes_only_old_finished_jobs(
