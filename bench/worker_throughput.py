@@ -1,0 +1,353 @@
+"""Worker throughput (and idle latency), against a pure-SQL reference measured in the same run.
+
+    python -m bench.worker_throughput [--jobs 20000] [--repeats 3] [--latency-jobs 1000]
+
+On a fresh server on disk with fsync and synchronous_commit on:
+
+* throughput: JOBS no-op jobs enqueued in one transaction while the workers
+  wait (so they are all ready at once, as if pre-loaded), drained by 1 worker
+  process, 2 worker processes, and 1 process with a sync (thread-pool) no-op
+  handler. Rate = jobs / (max(finished_at) - min(started_at)), database
+  clock. Workers are separate processes, started before the jobs commit.
+* reference: pgbench, 2 clients, each transaction claims 100 rows with
+  pgqueue's own job_claim statement, then acks them with its own job_finish
+  statement in a second transaction. Same rate formula. Also a bare variant
+  (claim without the latency histogram, ack by a plain UPDATE), so that the
+  cost of pgqueue's bookkeeping is visible too.
+* latency: an idle worker, one job enqueued every 10 ms (100 jobs/s);
+  latency = started_at - run_at (database clock), p50/p95/p99.
+
+Writes results/worker_throughput.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench.common import bench_database, server_info, summary, write_result
+from pgqueue import Queue, Settings
+from pgqueue.embedded import EmbeddedPostgres
+from pgqueue.sql import QUERIES
+
+ROOT = Path(__file__).resolve().parent.parent
+CLIENTS = 2
+BATCH = 100
+
+
+# -- worker processes ------------------------------------------------------------
+
+
+def spawn_workers(
+    url: str, processes: int, task: str, concurrency: int
+) -> list[subprocess.Popen[bytes]]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "bench.worker_throughput",
+                "--child",
+                url,
+                task,
+                str(concurrency),
+            ],
+            cwd=ROOT,
+            env=env,
+        )
+        for _ in range(processes)
+    ]
+
+
+def child(url: str, task: str, concurrency: int) -> None:
+    """One worker process: the example handlers, until SIGTERM."""
+    from examples.tasks import HANDLERS
+    from pgqueue.worker import Worker
+
+    settings = Settings(database_url=url, concurrency=concurrency)
+    sys.exit(Worker({task: HANDLERS[task]}, settings=settings).run())
+
+
+def wait_listening(url: str, processes: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(url, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE query = %s",
+                (QUERIES["listen_jobs"],),
+            ).fetchone()
+            if row and row[0] >= processes:
+                time.sleep(0.2)  # the claim connections are up too
+                return
+            time.sleep(0.05)
+    raise RuntimeError("workers did not start listening")
+
+
+def stop_workers(procs: list[subprocess.Popen[bytes]]) -> list[int]:
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    return [proc.wait(timeout=60) for proc in procs]
+
+
+def clear(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("TRUNCATE pgqueue_jobs, pgqueue_counters, pgqueue_start_latency")
+        conn.execute("VACUUM ANALYZE pgqueue_jobs")
+        conn.execute("CHECKPOINT")
+
+
+def rate(url: str, jobs: int) -> float:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*), extract(epoch FROM max(finished_at) - min(started_at))::float8 "
+            "FROM pgqueue_jobs WHERE state = 'succeeded'"
+        ).fetchone()
+    assert row is not None
+    done, seconds = row
+    if done != jobs:
+        raise RuntimeError(f"only {done} of {jobs} jobs succeeded")
+    return float(done / seconds)
+
+
+def drain(url: str, jobs: int, processes: int, task: str, concurrency: int) -> float:
+    clear(url)
+    procs = spawn_workers(url, processes, task, concurrency)
+    try:
+        wait_listening(url, processes)
+        with Queue(url, settings=Settings(database_url=url)) as q:
+            q.enqueue_many([{"task": task}] * jobs)
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline:
+                stats = q.read("queue_stats")
+                if not any(r["queued"] or r["running"] or r["scheduled"] for r in stats):
+                    break
+                time.sleep(0.05)
+    finally:
+        codes = stop_workers(procs)
+    if any(codes):
+        raise RuntimeError(f"workers exited with {codes}")
+    return rate(url, jobs)
+
+
+# -- the pure-SQL reference ---------------------------------------------------------
+
+
+def pgbench_script(bare: bool) -> str:
+    """pgqueue's claim and finish statements as a pgbench script: the claim's
+    ids and tokens come back as arrays (\\gset) and feed the finish."""
+    if bare:
+        claim = (
+            "WITH picked AS (SELECT id FROM pgqueue_jobs WHERE state = 'queued' "
+            "AND run_at <= now() ORDER BY priority DESC, run_at, id LIMIT :limit "
+            "FOR UPDATE SKIP LOCKED), claimed AS (UPDATE pgqueue_jobs j SET state = 'running', "
+            "attempts = j.attempts + 1, lease_token = nextval('pgqueue_lease_token_seq'), "
+            "lease_expires_at = now() + make_interval(secs => :lease_seconds), "
+            "worker = :worker, started_at = now() FROM picked WHERE j.id = picked.id "
+            "RETURNING j.*)"
+        )
+        finish = (
+            "UPDATE pgqueue_jobs j SET state = 'succeeded', result = o.result, "
+            "finished_at = now(), lease_expires_at = NULL "
+            "FROM unnest(:ids::bigint[], :tokens::bigint[], :results::jsonb[]) "
+            "AS o(id, token, result) WHERE j.id = o.id AND j.lease_token = o.token "
+            "AND j.state = 'running'"
+        )
+    else:
+        # The worker's own statements; the claim's final SELECT becomes a CTE.
+        text = QUERIES["job_claim"]
+        head, _, _ = text.rpartition("SELECT * FROM claimed")
+        claim = head.rstrip().rstrip(",")
+        finish = QUERIES["job_finish"]
+    claim += (
+        "\nSELECT array_agg(id) AS ids, array_agg(lease_token) AS tokens, "
+        "array_agg(true) AS succeeded, array_agg('null'::jsonb) AS results, "
+        "array_agg(NULL::text) AS errors, array_agg(true) AS retryable FROM claimed"
+    )
+
+    def variables(sql: str) -> str:
+        sql = re.sub(r"%\((\w+)\)s", r":\1", sql).replace("%%", "%")
+        return " ".join(sql.split())
+
+    return f"{variables(claim)}\n\\gset\n{variables(finish)};\n".replace(
+        "FROM claimed\n\\gset", "FROM claimed \\gset"
+    )
+
+
+def reference(url: str, jobs: int, bare: bool) -> float:
+    clear(url)
+    with Queue(url, settings=Settings(database_url=url)) as q:
+        q.enqueue_many([{"task": "noop"}] * jobs)
+    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
+        f.write(pgbench_script(bare))
+        script = f.name
+    bounds = "{" + ",".join(str(b) for b in Settings().latency_buckets) + "}"
+    defines = {
+        "limit": BATCH,
+        "lease_seconds": 30,
+        "worker": "pgbench",
+        "latency_bounds": bounds,
+        "backoff_base": 1,
+        "backoff_cap": 3600,
+        "notify_finished": "true",
+    }
+    command = [
+        str(EmbeddedPostgres.binary("pgbench")),
+        "-n",
+        "-M",
+        "prepared",
+        "-c",
+        str(CLIENTS),
+        "-j",
+        str(CLIENTS),
+        "-t",
+        str(jobs // (CLIENTS * BATCH)),
+        "-f",
+        script,
+    ]
+    for name, value in defines.items():
+        command += ["-D", f"{name}={value}"]
+    command.append(url)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+    finally:
+        os.unlink(script)
+    if done.returncode != 0:
+        raise RuntimeError(f"pgbench failed: {done.stderr}\n{done.stdout}")
+    return rate(url, jobs)
+
+
+# -- latency -----------------------------------------------------------------------------
+
+
+def latency(url: str, jobs: int, per_second: float) -> dict[str, float]:
+    clear(url)
+    procs = spawn_workers(url, 1, "noop", 100)
+    try:
+        wait_listening(url, 1)
+        with Queue(url, settings=Settings(database_url=url)) as q:
+            interval = 1.0 / per_second
+            start = time.monotonic()
+            for i in range(jobs):
+                q.enqueue("noop")
+                pause = start + (i + 1) * interval - time.monotonic()
+                if pause > 0:
+                    time.sleep(pause)
+            time.sleep(0.5)
+    finally:
+        stop_workers(procs)
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT extract(epoch FROM started_at - run_at)::float8 * 1000 "
+            "FROM pgqueue_jobs WHERE state = 'succeeded' ORDER BY 1"
+        ).fetchall()
+    ms = [r[0] for r in rows]
+    if len(ms) != jobs:
+        raise RuntimeError(f"only {len(ms)} of {jobs} latency jobs ran")
+    q = statistics.quantiles(ms, n=100, method="inclusive")
+    return {
+        "p50_ms": q[49],
+        "p95_ms": q[94],
+        "p99_ms": q[98],
+        "max_ms": ms[-1],
+        "jobs": jobs,
+        "per_second": per_second,
+    }
+
+
+# -- main ------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=100)
+    parser.add_argument("--latency-jobs", type=int, default=1000)
+    parser.add_argument("--skip-latency", action="store_true")
+    parser.add_argument("--only", choices=["async1", "async2", "sync1", "reference"], default=None)
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--child", nargs=3, metavar=("URL", "TASK", "CONCURRENCY"))
+    args = parser.parse_args(argv)
+    if args.child:
+        child(args.child[0], args.child[1], int(args.child[2]))
+        return {}
+    scenarios = {
+        "async_1_process": lambda url: drain(url, args.jobs, 1, "noop", args.concurrency),
+        "async_2_processes": lambda url: drain(url, args.jobs, 2, "noop", args.concurrency),
+        "sync_1_process": lambda url: drain(url, args.jobs, 1, "noop_sync", args.concurrency),
+        "reference_pgbench": lambda url: reference(url, args.jobs, bare=False),
+        "reference_pgbench_bare": lambda url: reference(url, args.jobs, bare=True),
+    }
+    if args.only:
+        keep = {
+            "async1": "async_1_process",
+            "async2": "async_2_processes",
+            "sync1": "sync_1_process",
+            "reference": "reference_pgbench",
+        }[args.only]
+        scenarios = {k: v for k, v in scenarios.items() if k in (keep, "reference_pgbench")}
+    runs: dict[str, list[float]] = {name: [] for name in scenarios}
+    ratios: dict[str, list[float]] = {name: [] for name in scenarios}
+    with bench_database("worker") as url:
+        info = server_info(url)
+        for repeat in range(args.repeats):
+            # Interleaved, so that the disk's drift hits every scenario alike;
+            # each ratio uses the reference of its own round.
+            round_rates = {}
+            for name, run in scenarios.items():
+                round_rates[name] = run(url)
+                runs[name].append(round_rates[name])
+                print(f"round {repeat + 1} {name}: {round_rates[name]:,.0f} jobs/s", flush=True)
+            for name in scenarios:
+                ratios[name].append(round_rates[name] / round_rates["reference_pgbench"])
+        lat = None if args.skip_latency else latency(url, args.latency_jobs, 100.0)
+    payload: dict[str, Any] = {
+        "command": "python -m bench.worker_throughput " + " ".join(argv or sys.argv[1:]),
+        "server": info,
+        "jobs": args.jobs,
+        "repeats": args.repeats,
+        "concurrency": args.concurrency,
+        "rates_jobs_per_second": {k: summary(v) | {"runs": v} for k, v in runs.items()},
+        "ratio_to_reference": {k: summary(v) for k, v in ratios.items()},
+        "targets": {"async_1_process": 0.4, "async_2_processes": 0.55, "sync_over_async": 0.5},
+        "sync_over_async": statistics.median(
+            s / a
+            for s, a in zip(
+                runs.get("sync_1_process", [0.0]), runs.get("async_1_process", [1.0]), strict=False
+            )
+        ),
+    }
+    if lat is not None:
+        payload["latency_idle_100_per_second"] = lat
+    name = "worker_throughput" if not args.only else f"worker_throughput_{args.only}"
+    path = write_result(name, payload, args.out)
+    print()
+    for k, v in runs.items():
+        print(
+            f"{k:>26}: {statistics.median(v):>9,.0f} jobs/s  "
+            f"ratio {statistics.median(ratios[k]):.2f}"
+        )
+    print(f"{'sync / async':>26}: {payload['sync_over_async']:.2f}")
+    if lat is not None:
+        print(
+            f"{'idle latency':>26}: p50 {lat['p50_ms']:.2f} ms, p95 {lat['p95_ms']:.2f} ms, "
+            f"p99 {lat['p99_ms']:.2f} ms"
+        )
+    print(f"written to {path}")
+    return payload
+
+
+if __name__ == "__main__":
+    main()
