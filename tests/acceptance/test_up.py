@@ -159,3 +159,42 @@ def test_up_runs_a_job_and_one_sigint_stops_everything(tmp_path: Path) -> None:
     assert "got SIGINT; stopping 3 processes" in text
     assert "stopped the embedded PostgreSQL" in text
     assert "killing" not in text  # nothing needed a SIGKILL
+
+
+def test_up_stops_everything_when_a_process_dies(tmp_path: Path) -> None:
+    """The API cannot bind (the port is taken): up says so, stops the workers
+    and the server it started, and exits 1."""
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_") and k != "DATABASE_URL"
+    }
+    env.update(PGQUEUE_DATA_DIR=str(tmp_path / "data"), COLUMNS="200")
+    server = EmbeddedPostgres(tmp_path / "data")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        up = subprocess.Popen(
+            [sys.executable, "-m", "pgqueue", "up", "--port", str(port), "--workers", "1"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        out = Output(up)
+        try:
+            code = up.wait(timeout=45)
+        finally:
+            if up.poll() is None:
+                os.killpg(up.pid, signal.SIGKILL)
+                up.wait()
+            postmaster = server.pid()
+            server.destroy()
+    out._thread.join(timeout=5)
+    text = out.text()
+    assert code == 1, text
+    assert "api exited with code" in text and "stopping everything" in text, text
+    assert "worker-1 exited with code" in text
+    assert "stopped the embedded PostgreSQL" in text
+    assert postmaster is None, "the server was left running"
