@@ -265,14 +265,17 @@ WHERE state = 'queued' AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s
 
 -- name: queue_stats
 -- Per queue and live state: how many jobs, and the age of the oldest runnable
--- one. Reads only the partial indexes of queued and running rows.
+-- one. Reads only the partial indexes of queued and running rows: one branch
+-- per index, because the planner cannot match "state IN (...)" to a partial
+-- index and would scan every finished job instead.
 SELECT queue,
        count(*) FILTER (WHERE state = 'queued' AND run_at <= now()) AS queued,
        count(*) FILTER (WHERE state = 'queued' AND run_at > now()) AS scheduled,
        count(*) FILTER (WHERE state = 'running') AS running,
        coalesce(extract(epoch FROM now() - min(run_at) FILTER (WHERE state = 'queued' AND run_at <= now())), 0)::double precision AS oldest_runnable_seconds
-FROM pgqueue_jobs
-WHERE state IN ('queued', 'running')
+FROM (SELECT queue, state, run_at FROM pgqueue_jobs WHERE state = 'queued'
+      UNION ALL
+      SELECT queue, state, run_at FROM pgqueue_jobs WHERE state = 'running') live
 GROUP BY queue
 ORDER BY queue;
 
