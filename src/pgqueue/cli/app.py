@@ -790,6 +790,10 @@ def enqueue_file_cmd(
         else:
             if not (atomic and summary.rejected):
                 flush(q)
+        progress.update(
+            bar,
+            info=f"{summary.written_lines} written, {len(summary.rejected)} rejected",
+        )
     _report_file(state, summary, as_json, atomic, pending)
     if summary.failure or summary.rejected:
         raise typer.Exit(1)
