@@ -384,12 +384,7 @@ def worker_cmd(
     state = _state(ctx)
     settings = state.settings(concurrency=concurrency)
     _configure_logging(state.debug, logging.INFO)
-    _importable_cwd()
-    load_handlers = _entry_point("pgqueue.worker", "load_handlers", "the worker")
-    try:
-        load_handlers(handlers)  # a bad --handlers is a usage error, said before starting
-    except (ImportError, ValueError, TypeError) as exc:
-        raise typer.BadParameter(_first_line(exc), param_hint="'--handlers'") from None
+    _check_handlers(handlers)
     run_from_cli = _entry_point("pgqueue.worker", "run_from_cli", "the worker")
     code = run_from_cli(
         handlers,
@@ -399,6 +394,19 @@ def worker_cmd(
         settings=settings,
     )
     raise typer.Exit(int(code or 0))
+
+
+def _check_handlers(handlers: str) -> None:
+    """A bad --handlers is a usage error, said before anything starts."""
+    _importable_cwd()
+    load_handlers = _entry_point("pgqueue.worker", "load_handlers", "the worker")
+    try:
+        load_handlers(handlers)
+    except (ImportError, ValueError, TypeError) as exc:
+        hint = ""
+        if handlers == DEFAULT_HANDLERS:
+            hint = "; run from the repository root, where examples/ is, or pass --handlers"
+        raise typer.BadParameter(_first_line(exc) + hint, param_hint="'--handlers'") from None
 
 
 def _importable_cwd() -> None:
@@ -459,6 +467,8 @@ def up_cmd(
 
     state = _state(ctx)
     settings = state.settings(api_host=host, api_port=port, concurrency=concurrency)
+    if workers:
+        _check_handlers(handlers)
     supervisor = Supervisor(
         state.out,
         stop_timeout=stop_timeout
