@@ -21,6 +21,8 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from . import transitions as t
+from ._asyncpg import drive as drive_on_asyncpg
+from ._asyncpg import is_asyncpg_connection
 from .embedded import EmbeddedPostgres
 from .errors import DatabaseUnavailable, InvalidJob, WaitTimeout
 from .jobs import Job, JobSpec, JobState
@@ -64,7 +66,8 @@ def build_specs(jobs: Iterable[JobSpec | Mapping[str, Any]], settings: Settings)
 
 def _caller_connection(connection: Any) -> Any:
     """The psycopg connection behind what the caller passed: a psycopg
-    (Async)Connection, or a SQLAlchemy Connection/Session on the psycopg driver."""
+    (Async)Connection, or a SQLAlchemy Connection/Session on the psycopg driver.
+    (AsyncQueue also takes an asyncpg connection; see _asyncpg.py.)"""
     if isinstance(connection, psycopg.Connection | psycopg.AsyncConnection):
         return connection
     if callable(getattr(connection, "connection", None)):  # SQLAlchemy Session
@@ -73,8 +76,9 @@ def _caller_connection(connection: Any) -> Any:
     if isinstance(driver, psycopg.Connection | psycopg.AsyncConnection):
         return driver
     raise TypeError(
-        "connection must be a psycopg connection, or a SQLAlchemy connection or session "
-        f"using the psycopg driver; got {type(connection).__name__}"
+        "connection must be a psycopg connection, a SQLAlchemy connection or session "
+        "using the psycopg driver, or (with AsyncQueue) an asyncpg connection; "
+        f"got {type(connection).__name__}"
     )
 
 
@@ -283,6 +287,8 @@ class AsyncQueue(_Common):
     async def run(self, flow: Flow[T], connection: Any = None, *, transaction: bool = False) -> T:
         """Run a transition on the caller's connection, or on a pooled one."""
         try:
+            if connection is not None and is_asyncpg_connection(connection):
+                return await drive_on_asyncpg(flow, connection)
             if connection is not None:
                 conn = _caller_connection(connection)
                 async with conn.cursor(row_factory=dict_row) as cur:
@@ -312,7 +318,8 @@ class AsyncQueue(_Common):
         specs = build_specs(jobs, self.settings)
         if not specs:
             return []
-        return await self.run(t.enqueue_many(specs), connection, transaction=True)
+        flow = t.enqueue_many(specs, copy=not is_asyncpg_connection(connection))
+        return await self.run(flow, connection, transaction=True)
 
     async def wait(self, job_id: int, timeout: float) -> Job:  # noqa: ASYNC109
         """As Queue.wait, without blocking the event loop."""

@@ -138,11 +138,11 @@ class Enqueued:
     created: bool
 
 
-def enqueue_many(specs: Sequence[JobSpec]) -> Flow[list[Enqueued]]:
+def enqueue_many(specs: Sequence[JobSpec], *, copy: bool = True) -> Flow[list[Enqueued]]:
     """Insert many jobs; results in input order. Plain jobs (runnable now, no
-    idempotency key) go in by COPY; others by INSERT, a few thousand per
-    statement, skipping taken keys."""
-    if all(_plain(spec) for spec in specs):
+    idempotency key) go in by COPY when ``copy``; others by INSERT, a few
+    thousand per statement, skipping taken keys."""
+    if copy and all(_plain(spec) for spec in specs):
         return (yield from _copy_many(specs))
     results: list[Enqueued] = []
     for start in range(0, len(specs), ENQUEUE_CHUNK):

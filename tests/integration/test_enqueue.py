@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from datetime import UTC, datetime, timedelta
 
+import asyncpg
 import psycopg
 import pytest
 from sqlalchemy import create_engine, text
@@ -163,3 +164,29 @@ def test_sqlalchemy_session_commits_and_rolls_back_with_the_job(
 def test_an_unsupported_connection_is_refused(queue: Queue) -> None:
     with pytest.raises(TypeError, match="psycopg"):
         queue.enqueue("t", connection=object())
+
+
+async def test_asyncpg_transaction_commits_and_rolls_back_with_the_job(
+    aqueue: AsyncQueue, db_url: str, sql: psycopg.Connection
+) -> None:
+    sql.execute("CREATE TABLE orders (id serial PRIMARY KEY)")
+    conn = await asyncpg.connect(db_url)
+    try:
+        rolled_back = conn.transaction()
+        await rolled_back.start()
+        await conn.execute("INSERT INTO orders DEFAULT VALUES")
+        await aqueue.enqueue("receipt", {"n": 1}, connection=conn)
+        await rolled_back.rollback()
+        async with conn.transaction():
+            await conn.execute("INSERT INTO orders DEFAULT VALUES")
+            job = await aqueue.enqueue("receipt", {"n": [2.5, None]}, connection=conn)
+            again = await aqueue.enqueue("receipt", idempotency_key="k", connection=conn)
+            dup = await aqueue.enqueue("receipt", idempotency_key="k", connection=conn)
+            bulk = await aqueue.enqueue_many([{"task": "t"}, {"task": "t"}], connection=conn)
+    finally:
+        await conn.close()
+    assert sql.execute("SELECT count(*) FROM orders").fetchone()[0] == 1
+    assert count_jobs(sql) == 4
+    assert job.payload == {"n": [2.5, None]} and (await aqueue.get(job.id)).payload == job.payload
+    assert dup.duplicate and dup.id == again.id
+    assert all(r.created for r in bulk)
