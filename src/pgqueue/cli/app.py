@@ -39,8 +39,6 @@ from ..errors import (
     DatabaseUnavailable,
     InvalidJob,
     InvalidSettings,
-    JobNotFound,
-    JobStateConflict,
     PgQueueError,
 )
 from ..jobs import Job, JobSpec, JobState
@@ -126,7 +124,7 @@ def describe(exc: BaseException) -> tuple[str, int]:
         return f"invalid job: {exc.field}: {exc.problem}", 1
     if isinstance(exc, DatabaseUnavailable):
         return f"database unavailable: {_first_line(exc)}", 1
-    if isinstance(exc, JobNotFound | JobStateConflict | PgQueueError):
+    if isinstance(exc, PgQueueError):  # JobNotFound, JobStateConflict, ...
         return str(exc), 1
     if isinstance(exc, psycopg.OperationalError):
         return f"database unavailable: {_first_line(exc)}", 1
