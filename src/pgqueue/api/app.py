@@ -19,6 +19,7 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse, JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.convertors import StringConvertor, register_url_convertor
 
 from ..errors import DatabaseUnavailable
 from ..jobs import JobState
@@ -54,6 +55,17 @@ HEALTH_TIMEOUT_SECONDS = 1.5
 PROMETHEUS_TEXT = CONTENT_TYPE_LATEST
 
 JobId = Annotated[int, Path(ge=1, le=MAX_JOB_ID, description="A job id.")]
+
+
+class _JobIdSegment(StringConvertor):
+    """Any path segment but "batch": /jobs/batch is its own resource, so that
+    GET /jobs/batch is a 405, not a job id that is not a number. Other
+    segments reach the route, where a non-integer is a 422 naming job_id."""
+
+    regex = r"(?!batch(?:/|$))[^/]+"
+
+
+register_url_convertor("pgqueue_job_id", _JobIdSegment())
 
 
 def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -164,7 +176,7 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
     # -- operators -----------------------------------------------------------------
 
     @app.get(
-        "/jobs/{job_id}",
+        "/jobs/{job_id:pgqueue_job_id}",
         tags=["jobs"],
         response_model=JobOut,
         responses=_errors(404),
@@ -205,7 +217,7 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
         return JobList(jobs=[JobOut.of(j) for j in jobs], next_cursor=next_cursor)
 
     @app.post(
-        "/jobs/{job_id}/cancel",
+        "/jobs/{job_id:pgqueue_job_id}/cancel",
         tags=["jobs"],
         response_model=JobOut,
         responses=_errors(403, 404, 409),
@@ -217,7 +229,7 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
         return JobOut.of(await queue.cancel(job_id))
 
     @app.post(
-        "/jobs/{job_id}/retry",
+        "/jobs/{job_id:pgqueue_job_id}/retry",
         tags=["jobs"],
         response_model=JobOut,
         responses=_errors(403, 404, 409),

@@ -24,6 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match, Route
 
 from ..errors import DatabaseUnavailable, InvalidJob, JobNotFound, JobStateConflict
 from .models import API_FIELD, ErrorBody
@@ -168,7 +169,23 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
         )
     code = _CODES.get(exc.status_code, "error")
     message = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
-    return error_response(exc.status_code, code, message, headers=dict(exc.headers or {}))
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        headers["Allow"] = ", ".join(_allowed_methods(request))
+    return error_response(exc.status_code, code, message, headers=headers)
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method of the path. Starlette's own Allow header names only the
+    first route that matched the path (POST /jobs, not GET /jobs as well)."""
+    methods: set[str] = set()
+    for route in request.app.routes:
+        if isinstance(route, Route) and route.methods:
+            # Asked with one of its own methods, a route matches fully iff the path does.
+            probe = {**request.scope, "method": next(iter(route.methods))}
+            if route.matches(probe)[0] == Match.FULL:
+                methods |= route.methods
+    return sorted(methods)
 
 
 async def _internal(request: Request, exc: Exception) -> JSONResponse:
