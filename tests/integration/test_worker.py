@@ -60,12 +60,14 @@ async def test_async_and_sync_handlers_record_results(
         threads.add(threading.current_thread().name)
         return sum(job.payload["numbers"])
 
-    a = await aqueue.enqueue("echo", {"x": [1, "two"]})
+    # Quotes, backslashes, braces and non-ASCII survive the batched arrays.
+    tricky = {"x": [1, "two"], "q": 'a"b\\c\\', "u": "é✓", "b": "{NULL,}", "n": None}
+    a = await aqueue.enqueue("echo", tricky)
     b = await aqueue.enqueue("add", {"numbers": [1, 2, 3]})
     async with running(AsyncWorker({"echo": echo, "add": add}, settings=settings)):
         done_a = await aqueue.wait(a.id, 10)
         done_b = await aqueue.wait(b.id, 10)
-    assert (done_a.state, done_a.result) == (JobState.SUCCEEDED, {"x": [1, "two"]})
+    assert (done_a.state, done_a.result) == (JobState.SUCCEEDED, tricky)
     assert (done_b.state, done_b.result) == (JobState.SUCCEEDED, 6)
     assert threads and threading.main_thread().name not in threads  # sync ran off-loop
 
