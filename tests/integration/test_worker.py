@@ -269,6 +269,7 @@ async def test_timeout_fails_sync_attempt_and_discards_late_result(
         ("nan", "cannot store"),
         ("not_json", "cannot store"),
         ("sync_raises", "KeyError"),
+        ("surrogate", "cannot store"),
         ("no_such_task", "unknown task 'no_such_task'"),
     ],
 )
@@ -287,7 +288,16 @@ async def test_bad_handlers_are_failed_attempts(
     def sync_raises(job: Job) -> None:
         raise KeyError("missing")
 
-    handlers = {"raises": raises, "nan": nan, "not_json": not_json, "sync_raises": sync_raises}
+    async def surrogate(job: Job) -> str:
+        return "\ud800"  # valid JSON for Python, not for PostgreSQL
+
+    handlers = {
+        "raises": raises,
+        "nan": nan,
+        "not_json": not_json,
+        "sync_raises": sync_raises,
+        "surrogate": surrogate,
+    }
     job = await aqueue.enqueue(task, max_attempts=1)
     async with running(AsyncWorker(handlers, settings=settings)) as worker:
         done = await aqueue.wait(job.id, 10)
