@@ -19,6 +19,7 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse, JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from starlette.convertors import StringConvertor, register_url_convertor
 
 from ..errors import DatabaseUnavailable
@@ -53,6 +54,8 @@ log = logging.getLogger("pgqueue.api")
 # /healthz answers within 2 s: its database check gives up after this long.
 HEALTH_TIMEOUT_SECONDS = 1.5
 PROMETHEUS_TEXT = CONTENT_TYPE_LATEST
+# For new pool connections, when the URL does not say (libpq's minimum is 2).
+CONNECT_TIMEOUT_SECONDS = 5
 
 JobId = Annotated[int, Path(ge=1, le=MAX_JOB_ID, description="A job id.")]
 
@@ -91,7 +94,7 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
             "the API has no token configured: anyone who can reach it may use it",
             extra={"action": "api_no_auth"},
         )
-    queue = AsyncQueue(url or settings.database_url or None, settings=settings)
+    queue = AsyncQueue(_bounded_connect(url or settings.database_url), settings=settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -332,6 +335,15 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
         return get_swagger_ui_html(openapi_url="/openapi.json", title="pgqueue API")
 
     return app
+
+
+def _bounded_connect(url: str | None) -> str | None:
+    """The URL with a connect timeout, unless it sets one: without it, a
+    database that accepts TCP and then says nothing holds each new pool
+    connection for minutes, and recovery after an outage waits for it."""
+    if not url or "connect_timeout" in conninfo_to_dict(url):
+        return url or None
+    return make_conninfo(url, connect_timeout=CONNECT_TIMEOUT_SECONDS)
 
 
 def _add_security(schema: dict[str, Any]) -> None:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
+import signal
+import threading
+from collections.abc import Iterator
 
 import uvicorn
 
@@ -64,7 +68,9 @@ def serve(
     allow_public: bool = False,
     access_log: bool = False,
 ) -> None:
-    """Serve the API in this process until SIGINT/SIGTERM (one uvicorn worker)."""
+    """Serve the API in this process (one uvicorn worker); return after a
+    graceful stop on SIGINT or SIGTERM. Raises InvalidSettings for a
+    non-loopback host without tokens, unless ``allow_public``."""
     bind_host, bind_port = resolve_bind(settings, host, port, allow_public=allow_public)
     app = create_app(settings)
     config = uvicorn.Config(
@@ -77,4 +83,22 @@ def serve(
         server_header=False,
         timeout_graceful_shutdown=10,
     )
-    uvicorn.Server(config).run()
+    with _return_after_signals():
+        uvicorn.Server(config).run()
+
+
+@contextlib.contextmanager
+def _return_after_signals() -> Iterator[None]:
+    """uvicorn stops gracefully on SIGINT/SIGTERM, then raises the signal again
+    to the handler it found. Give it one that does nothing, so that serve()
+    returns (exit status 0) instead of dying by the signal after a clean stop."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
