@@ -123,12 +123,22 @@ def _succeeded(url: str) -> int:
 
 
 def drain(
-    url: str, jobs: int, workers: int, model: str, skip_locked: bool, concurrency: int
+    url: str,
+    jobs: int,
+    workers: int,
+    model: str,
+    skip_locked: bool,
+    concurrency: int,
+    timings: dict[str, float] | None = None,
 ) -> float:
-    """Pre-load ``jobs``, release ``workers`` processes together, return jobs/s."""
+    """Pre-load ``jobs``, release ``workers`` processes together, return jobs/s
+    (``timings`` gets the enqueue_many time)."""
     clear(url)
     with Queue(url, settings=Settings(database_url=url, pool_min_size=0, pool_max_size=1)) as q:
+        began = time.perf_counter()
         q.enqueue_many([{"task": "noop"}] * jobs)
+        if timings is not None:
+            timings["enqueue_seconds"] = time.perf_counter() - began
     ctx = mp.get_context("fork")
     barrier = ctx.Barrier(workers + 1)
     done = ctx.Event()

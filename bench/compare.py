@@ -1,0 +1,342 @@
+"""pgqueue vs procrastinate vs PgQueuer: the same drain, one worker process each.
+
+    python -m bench.compare [--jobs 5000] [--repeats 3]
+                            [--systems pgqueue,procrastinate,pgqueuer] [--out PATH]
+
+One PostgreSQL server on disk (fsync and synchronous_commit on), one database
+per system on it. Each round, for each system in turn: JOBS no-op jobs are
+pre-loaded with the system's own bulk enqueue, then ONE worker process with
+the system's best documented throughput settings drains them. Rate = JOBS /
+(last completion - first start), from each system's own database timestamps
+(pgqueue: started_at/finished_at; procrastinate: its procrastinate_events
+log; PgQueuer: its pgqueuer_log table); wall-clock drain rates are recorded
+too. Ratios to pgqueue are taken within each round, so that drift on the
+shared machine hits the systems alike.
+
+The competitors run from their own virtualenvs under --venv-dir (default
+.bench-venvs/ at the repository root), created on first use with pip from
+PyPI: procrastinate 3.x and PgQueuer 1.6.x. A system that cannot be installed
+or fails is reported and skipped; the others still run. --systems pgqueue
+runs pgqueue alone (the smoke test does that).
+
+Settings (one row per value of the list options; docs/results.md says why):
+  * pgqueue: AsyncWorker, concurrency 100 (the default), LISTEN on;
+    Queue.enqueue_many (COPY).
+  * procrastinate (--procrastinate-concurrency, default 20,100):
+    run_worker_async(wait=False, concurrency=C, listen_notify=True), its
+    psycopg pool sized C + 2; Task.batch_defer_async.
+  * PgQueuer (--pgqueuer-batch-size, default 100,1000; --pgqueuer-consumers
+    1): its own benchmark's shape (asyncpg driver, uvloop,
+    run(mode=drain)) with B jobs per dequeue; list-form Queries.enqueue.
+Writes results/compare.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+
+from bench.benchmark import drain
+from bench.common import bench_database, server_info, summary, write_result
+
+ROOT = Path(__file__).resolve().parent.parent
+SYSTEMS = ("pgqueue", "procrastinate", "pgqueuer")
+# What pip installs into each competitor's virtualenv.
+REQUIREMENTS = {
+    "procrastinate": ["procrastinate>=3,<4", "psycopg[binary]"],
+    "pgqueuer": ["pgqueuer>=1.6,<1.7", "asyncpg", "uvloop"],
+}
+DISTRIBUTION = {"procrastinate": "procrastinate", "pgqueuer": "pgqueuer"}
+RUN_TIMEOUT = 1800
+
+
+# -- competitors' virtualenvs ----------------------------------------------------------
+
+
+def venv_python(venv_dir: Path, system: str) -> Path:
+    return venv_dir / system / "bin" / "python"
+
+
+def installed_version(python: Path, system: str) -> str | None:
+    if not python.exists():
+        return None
+    done = subprocess.run(
+        [
+            str(python),
+            "-c",
+            f"from importlib.metadata import version; print(version({DISTRIBUTION[system]!r}))",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def ensure_venv(venv_dir: Path, system: str) -> tuple[Path | None, str]:
+    """The competitor's interpreter and version, installing it if needed;
+    (None, reason) if it cannot be installed."""
+    python = venv_python(venv_dir, system)
+    version = installed_version(python, system)
+    if version:
+        return python, version
+    print(f"installing {system} into {venv_dir / system} ...", flush=True)
+    try:
+        subprocess.run(
+            [sys.executable, "-m", "venv", str(venv_dir / system)],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", *REQUIREMENTS[system]],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+    except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+        detail = getattr(exc, "stderr", "") or str(exc)
+        return None, f"cannot install {system}: {detail.strip()[-500:]}"
+    version = installed_version(python, system)
+    if not version:
+        return None, f"{system} installed but not importable"
+    return python, version
+
+
+# -- databases ---------------------------------------------------------------------------
+
+
+def database_url(url: str, name: str) -> str:
+    """A database called ``name`` on the same server (created if missing);
+    the given database itself if databases cannot be created there."""
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
+            if exists.fetchone() is None:
+                conn.execute(f'CREATE DATABASE "{name}"')
+    except psycopg.Error as exc:
+        print(f"  (cannot create database {name}: {exc}; using the benchmark database)")
+        return url
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{name}"))
+
+
+# -- one drain per system -------------------------------------------------------------
+
+
+def run_helper(python: Path, script: str, args: list[str]) -> dict[str, Any]:
+    done = subprocess.run(
+        [str(python), str(ROOT / "bench" / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+        check=False,
+        cwd="/",  # not the repository: its bench/ and src/ must not shadow anything
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{script} failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def variants(args: argparse.Namespace, systems: list[str]) -> list[dict[str, Any]]:
+    """One row per system and setting: label, system, helper arguments, description."""
+    rows: list[dict[str, Any]] = []
+    for system in systems:
+        if system == "pgqueue":
+            rows.append(
+                {
+                    "label": "pgqueue",
+                    "system": system,
+                    "worker": f"AsyncWorker, concurrency {args.pgqueue_concurrency} "
+                    "(the default), LISTEN on, 1 process",
+                    "enqueue": "Queue.enqueue_many (COPY)",
+                }
+            )
+        elif system == "procrastinate":
+            for c in args.procrastinate_concurrency:
+                rows.append(
+                    {
+                        "label": f"procrastinate c={c}",
+                        "system": system,
+                        "cli": [str(args.jobs), str(c)],
+                        "worker": f"App.run_worker_async(wait=False, concurrency={c}, "
+                        "listen_notify=True, delete_jobs='never'), PsycopgConnector pool "
+                        f"max_size {c + 2}, 1 process",
+                        "enqueue": "Task.batch_defer_async (one statement)",
+                    }
+                )
+        else:
+            for b in args.pgqueuer_batch_size:
+                rows.append(
+                    {
+                        "label": f"pgqueuer b={b}",
+                        "system": system,
+                        "cli": [str(args.jobs), str(args.pgqueuer_consumers), str(b)],
+                        "worker": f"{args.pgqueuer_consumers} PgQueuer(s) in 1 process, "
+                        f"asyncpg driver, uvloop, run(batch_size={b}, mode=drain), "
+                        "durability 'durable' (the default)",
+                        "enqueue": "Queries.enqueue with lists (one statement)",
+                    }
+                )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--jobs", type=int, default=5000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--venv-dir", default=str(ROOT / ".bench-venvs"))
+    parser.add_argument("--pgqueue-concurrency", type=int, default=100)
+    parser.add_argument(
+        "--procrastinate-concurrency", type=_ints, default=[20, 100], help="one row per value"
+    )
+    parser.add_argument("--pgqueuer-consumers", type=int, default=1)
+    parser.add_argument(
+        "--pgqueuer-batch-size", type=_ints, default=[100, 1000], help="one row per value"
+    )
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    systems = [s for s in args.systems.split(",") if s]
+    for s in systems:
+        if s not in SYSTEMS:
+            parser.error(f"unknown system {s!r}")
+    if "pgqueue" not in systems:
+        parser.error("pgqueue is the baseline: it must be in --systems")
+    venv_dir = Path(args.venv_dir)
+
+    pythons: dict[str, Path] = {}
+    versions: dict[str, str] = {"pgqueue": metadata.version("pgqueue")}
+    skipped: dict[str, str] = {}
+    for system in systems:
+        if system == "pgqueue":
+            continue
+        python, detail = ensure_venv(venv_dir, system)
+        if python is None:
+            print(f"SKIPPED {system}: {detail}", flush=True)
+            skipped[system] = detail
+        else:
+            pythons[system] = python
+            versions[system] = detail
+    rows = [r for r in variants(args, systems) if r["system"] not in skipped]
+
+    rates: dict[str, list[float]] = {r["label"]: [] for r in rows}
+    walls: dict[str, list[float]] = {r["label"]: [] for r in rows}
+    enqueues: dict[str, list[float]] = {r["label"]: [] for r in rows}
+    ratios: dict[str, list[float]] = {r["label"]: [] for r in rows}
+    started = time.monotonic()
+    with bench_database("compare") as url:
+        info = server_info(url)
+        urls = {s: database_url(url, f"compare_{s}") for s in pythons} | {"pgqueue": url}
+        installed: set[str] = set()
+        for repeat in range(args.repeats):
+            round_rates: dict[str, float] = {}
+            for row in rows:
+                label, system = row["label"], row["system"]
+                if label in skipped:
+                    continue
+                try:
+                    if system == "pgqueue":
+                        timings: dict[str, float] = {}
+                        began = time.perf_counter()
+                        rate = drain(
+                            url, args.jobs, 1, "batched", True, args.pgqueue_concurrency, timings
+                        )
+                        seconds = time.perf_counter() - began - timings["enqueue_seconds"]
+                        wall = args.jobs / seconds
+                        enqueue = args.jobs / timings["enqueue_seconds"]
+                    else:
+                        extra = [] if system in installed else ["--install"]
+                        out = run_helper(
+                            pythons[system],
+                            f"_compare_{system}.py",
+                            [urls[system], *row["cli"], *extra],
+                        )
+                        installed.add(system)
+                        rate = out["rate_db"]
+                        wall = out["rate_wall"]
+                        enqueue = out["enqueue_per_second"]
+                except (RuntimeError, subprocess.TimeoutExpired, ValueError) as exc:
+                    print(f"SKIPPED {label}: {exc}", flush=True)
+                    skipped[label] = str(exc)[-2000:]
+                    continue
+                round_rates[label] = rate
+                rates[label].append(rate)
+                walls[label].append(wall)
+                enqueues[label].append(enqueue)
+                print(
+                    f"round {repeat + 1}/{args.repeats} {label:>20}: {rate:>9,.0f} jobs/s "
+                    f"(wall {wall:,.0f}; bulk enqueue {enqueue:,.0f}/s) "
+                    f"[{time.monotonic() - started:,.0f} s]",
+                    flush=True,
+                )
+            if "pgqueue" in round_rates:
+                for label, rate in round_rates.items():
+                    ratios[label].append(rate / round_rates["pgqueue"])
+    elapsed = time.monotonic() - started
+
+    results = {
+        r["label"]: {
+            "system": r["system"],
+            "version": versions.get(r["system"]),
+            "worker": r["worker"],
+            "enqueue": r["enqueue"],
+            "drain_jobs_per_second": summary(rates[r["label"]]) | {"runs": rates[r["label"]]},
+            "drain_wall_jobs_per_second": summary(walls[r["label"]]),
+            "bulk_enqueue_jobs_per_second": summary(enqueues[r["label"]]),
+            "ratio_to_pgqueue": summary(ratios[r["label"]]),
+        }
+        for r in rows
+        if rates[r["label"]]
+    }
+    payload: dict[str, Any] = {
+        "command": "python -m bench.compare "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
+        "server": info,
+        "settings": {
+            "jobs": args.jobs,
+            "repeats": args.repeats,
+            "systems": systems,
+            "worker_processes": 1,
+            "rate": "jobs / (last completion - first start), each system's own database timestamps",
+            "ratio": "row / pgqueue, within each round; median (min-max) over rounds",
+        },
+        "elapsed_seconds": elapsed,
+        "results": results,
+        "skipped": skipped,
+    }
+    path = write_result("compare", payload, args.out)
+    print(
+        f"\n{args.jobs} jobs, 1 worker process; median of {args.repeats} (min-max); "
+        "ratio to pgqueue within each round"
+    )
+    print(f"{'':>20} {'version':>8}  {'drain jobs/s':>24}  {'ratio':>5}")
+    for label, r in results.items():
+        d = r["drain_jobs_per_second"]
+        print(
+            f"{label:>20} {r['version'] or '':>8}  "
+            f"{d['median']:>8,.0f} ({d['min']:,.0f}-{d['max']:,.0f})  "
+            f"{r['ratio_to_pgqueue']['median']:>5.2f}"
+        )
+    for label, why in skipped.items():
+        print(f"{label:>20}: skipped ({why.splitlines()[0][:120] if why else ''})")
+    print(f"\n{elapsed:,.0f} s; written to {path}")
+    return payload
+
+
+if __name__ == "__main__":
+    main()
