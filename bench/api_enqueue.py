@@ -1,0 +1,161 @@
+"""HTTP enqueue throughput: POST /jobs and POST /jobs/batch.
+
+    python -m bench.api_enqueue [--requests 4000] [--concurrency 32] [--repeats 3]
+
+One uvicorn process (``pgqueue.api.serve``, exactly as ``pgqueue api`` runs
+it, with a token configured) on loopback, in front of a fresh embedded
+PostgreSQL with fsync and synchronous_commit on. The load comes from one
+asyncio client process (httpx) keeping a fixed number of requests in flight.
+Client, API and database share the machine's cores, so the figures are what
+one small box does end to end, not the API's ceiling.
+
+Writes results/api_enqueue.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import psycopg
+
+from .common import bench_database, server_info, summary, write_result
+
+TOKEN = "bench-admin-token"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextmanager
+def api_server(url: str, **settings: Any) -> Iterator[str]:
+    """``serve()`` in a child process; yields its base URL."""
+    port = _free_port()
+    overrides = ", ".join(f"{k}={v!r}" for k, v in settings.items())
+    code = (
+        "from pgqueue import Settings; from pgqueue.api import serve; "
+        f"serve(Settings(database_url={url!r}, api_tokens=({TOKEN!r},), {overrides}), "
+        f"host='127.0.0.1', port={port})"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
+    process = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the API did not start")
+            time.sleep(0.1)
+        yield base
+    finally:
+        process.terminate()
+        process.wait(15)
+
+
+def _client(base: str, concurrency: int) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        base_url=base,
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
+        timeout=30,
+    )
+
+
+async def _run(base: str, concurrency: int, bodies: list[tuple[str, Any]]) -> float:
+    """Send every (path, body), ``concurrency`` at a time; seconds taken."""
+    pending = iter(bodies)
+    async with _client(base, concurrency) as client:
+
+        async def sender() -> None:
+            for path, body in pending:
+                response = await client.post(path, json=body)
+                if response.status_code not in (200, 201):
+                    raise RuntimeError(f"{path}: {response.status_code} {response.text[:200]}")
+
+        # Warm the connections (and the server's pool) before timing.
+        await asyncio.gather(*(client.get("/healthz") for _ in range(concurrency)))
+        started = time.perf_counter()
+        await asyncio.gather(*(sender() for _ in range(concurrency)))
+        return time.perf_counter() - started
+
+
+def single_rate(base: str, requests: int, concurrency: int) -> float:
+    bodies = [("/jobs", {"task": "noop", "payload": {"i": i}}) for i in range(requests)]
+    return requests / asyncio.run(_run(base, concurrency, bodies))
+
+
+def batch_rate(base: str, jobs: int, batch: int, concurrency: int) -> float:
+    bodies = [
+        ("/jobs/batch", {"jobs": [{"task": "noop", "payload": {"i": i}} for i in range(batch)]})
+        for _ in range(jobs // batch)
+    ]
+    return (jobs // batch) * batch / asyncio.run(_run(base, concurrency, bodies))
+
+
+def count_jobs(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        return int(conn.execute("SELECT count(*) FROM pgqueue_jobs").fetchone()[0])  # type: ignore[index]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=4000, help="POST /jobs per run")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--batch-jobs", type=int, default=50_000, help="jobs per batch run")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+
+    results: dict[str, Any] = {}
+    with bench_database("api-enqueue") as url, api_server(url, api_max_batch=1000) as base:
+        runs: dict[str, list[float]] = {"single": [], "batch_100": [], "batch_1000": []}
+        for repeat in range(args.repeats):
+            runs["single"].append(single_rate(base, args.requests, args.concurrency))
+            runs["batch_100"].append(batch_rate(base, args.batch_jobs, 100, 4))
+            runs["batch_1000"].append(batch_rate(base, args.batch_jobs, 1000, 2))
+            print(
+                f"run {repeat + 1}: "
+                + ", ".join(f"{k} {v[-1]:.0f} jobs/s" for k, v in runs.items())
+            )
+        expected = args.repeats * (args.requests + 2 * args.batch_jobs)
+        assert count_jobs(url) == expected, "every accepted job must be in the table"
+        results = {
+            "setup": {
+                "api_processes": 1,
+                "server": "uvicorn via pgqueue.api.serve, auth on, access log off",
+                "client": "one httpx.AsyncClient process on the same machine",
+                "requests_per_single_run": args.requests,
+                "single_concurrency": args.concurrency,
+                "jobs_per_batch_run": args.batch_jobs,
+                "batch_100_concurrency": 4,
+                "batch_1000_concurrency": 2,
+                "payload": '{"i": <n>}',
+                "load_average_at_end": os.getloadavg(),
+            },
+            "database": server_info(url),
+            "jobs_per_second": {k: summary(v) for k, v in runs.items()},
+            "runs": runs,
+        }
+    path = write_result("api_enqueue", results, args.out)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

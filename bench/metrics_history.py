@@ -1,0 +1,184 @@
+"""GET /metrics latency as finished jobs pile up: it must stay flat.
+
+    python -m bench.metrics_history [--sizes 0,100000,1000000] [--scrapes 300]
+
+One uvicorn process (``pgqueue.api.serve``) on loopback, in front of a fresh
+embedded PostgreSQL with fsync and synchronous_commit on. The same live load
+is present at every size (1,000 queued, 200 scheduled and 50 running jobs
+over 4 queues, and a start-latency histogram); only the history grows:
+finished jobs are added with INSERT ... SELECT generate_series, with their
+counters, as if workers had run them. After each load, VACUUM ANALYZE (what
+autovacuum does soon after, with the table's settings), then sequential
+scrapes from one client: the median is the figure.
+
+For contrast, the same table aggregated the way the reference system does at
+every scrape (count by queue and state over the whole table) is timed too.
+
+Writes results/metrics_history.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from typing import Any
+
+import httpx
+import psycopg
+from prometheus_client.parser import text_string_to_metric_families
+
+from .api_enqueue import TOKEN, api_server
+from .common import bench_database, server_info, summary, write_result
+
+QUEUES = ("q0", "q1", "q2", "q3")
+NAIVE_AGGREGATE = "SELECT queue, state, count(*) FROM pgqueue_jobs GROUP BY queue, state"
+
+
+def add_live_load(conn: psycopg.Connection[Any]) -> None:
+    conn.execute(
+        "INSERT INTO pgqueue_jobs (queue, task) "
+        "SELECT 'q' || (i % 4), 'noop' FROM generate_series(1, 1000) i"
+    )
+    conn.execute(
+        "INSERT INTO pgqueue_jobs (queue, task, run_at) "
+        "SELECT 'q' || (i % 4), 'noop', now() + interval '1 hour' FROM generate_series(1, 200) i"
+    )
+    conn.execute(
+        "INSERT INTO pgqueue_jobs (queue, task, state, attempts, started_at, lease_token, "
+        "lease_expires_at, worker) "
+        "SELECT 'q' || (i % 4), 'noop', 'running', 1, now(), i, now() + interval '1 hour', 'w' "
+        "FROM generate_series(1, 50) i"
+    )
+    conn.execute(
+        "INSERT INTO pgqueue_start_latency (queue, shard, bucket, count, sum_seconds) "
+        "SELECT 'q' || q, s, b, 10, 0.01 * b "
+        "FROM generate_series(0, 3) q, generate_series(0, 15) s, generate_series(0, 16) b"
+    )
+
+
+def add_history(conn: psycopg.Connection[Any], count: int) -> None:
+    """``count`` more finished jobs (90% succeeded, the rest dead or cancelled),
+    and the counters the transitions would have written for them."""
+    if count <= 0:
+        return
+    conn.execute(
+        "INSERT INTO pgqueue_jobs (queue, task, payload, state, attempts, run_at, enqueued_at, "
+        "started_at, finished_at, result) "
+        "SELECT 'q' || (i %% 4), 'noop', jsonb_build_object('i', i), "
+        "CASE WHEN i %% 10 = 0 THEN 'dead' WHEN i %% 10 = 1 THEN 'cancelled' ELSE 'succeeded' END, "
+        "1, now() - interval '1 day', now() - interval '1 day', now() - interval '1 day', "
+        "now() - interval '1 day' + (i %% 1000) * interval '1 ms', '{\"ok\": true}' "
+        "FROM generate_series(1, %(count)s) i",
+        {"count": count},
+    )
+    conn.execute(
+        "INSERT INTO pgqueue_counters AS c (queue, shard, succeeded, failed, dead, cancelled) "
+        "SELECT 'q' || q, 0, sum(ok), sum(dead), sum(dead), sum(cancelled) FROM ("
+        "  SELECT i %% 4 AS q, (i %% 10 > 1)::int AS ok, (i %% 10 = 0)::int AS dead, "
+        "         (i %% 10 = 1)::int AS cancelled FROM generate_series(1, %(count)s) i) t "
+        "GROUP BY q "
+        "ON CONFLICT (queue, shard) DO UPDATE SET succeeded = c.succeeded + excluded.succeeded, "
+        "failed = c.failed + excluded.failed, dead = c.dead + excluded.dead, "
+        "cancelled = c.cancelled + excluded.cancelled",
+        {"count": count},
+    )
+
+
+def scrape_latencies(base: str, scrapes: int) -> tuple[list[float], str]:
+    with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {TOKEN}"}) as client:
+        for _ in range(20):  # warm up the connection and the server's pool
+            client.get("/metrics").raise_for_status()
+        times = []
+        for _ in range(scrapes):
+            started = time.perf_counter()
+            response = client.get("/metrics")
+            times.append((time.perf_counter() - started) * 1000)
+            response.raise_for_status()
+        return times, response.text
+
+
+def check_exposition(text: str, finished: int) -> None:
+    """The scrape is well-formed and its counters account for every finished job."""
+    completed = sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "pgqueue_jobs_completed"
+        for s in family.samples
+        if s.name == "pgqueue_jobs_completed_total"
+    )
+    assert completed == finished, (completed, finished)
+
+
+def naive_aggregate_ms(conn: psycopg.Connection[Any]) -> float:
+    times = []
+    for _ in range(5):
+        started = time.perf_counter()
+        conn.execute(NAIVE_AGGREGATE).fetchall()
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="0,100000,1000000", help="finished jobs, ascending")
+    parser.add_argument("--scrapes", type=int, default=300)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+
+    rows = []
+    with bench_database("metrics-history") as url:
+        with psycopg.connect(url, autocommit=True) as conn:
+            add_live_load(conn)
+        with api_server(url) as base, psycopg.connect(url, autocommit=True) as conn:
+            loaded = 0
+            for size in sizes:
+                started = time.perf_counter()
+                add_history(conn, size - loaded)
+                loaded = size
+                conn.execute("VACUUM ANALYZE pgqueue_jobs")
+                load_seconds = time.perf_counter() - started
+                times, text = scrape_latencies(base, args.scrapes)
+                check_exposition(text, size)
+                table_mb = conn.execute(
+                    "SELECT pg_total_relation_size('pgqueue_jobs') / 1048576.0"
+                ).fetchone()[0]  # type: ignore[index]
+                row = {
+                    "finished_jobs": size,
+                    "table_mb": round(float(table_mb), 1),
+                    "load_seconds": round(load_seconds, 1),
+                    "scrape_ms": summary(times),
+                    "scrape_ms_p90": statistics.quantiles(times, n=10)[-1],
+                    "naive_full_table_aggregate_ms": naive_aggregate_ms(conn),
+                    "exposition_bytes": len(text.encode()),
+                }
+                rows.append(row)
+                print(
+                    f"{size:>9} finished: scrape median {row['scrape_ms']['median']:.2f} ms "
+                    f"(p90 {row['scrape_ms_p90']:.2f}); full-table aggregate "
+                    f"{row['naive_full_table_aggregate_ms']:.1f} ms"
+                )
+        info = server_info(url)
+    flat = rows[-1]["scrape_ms"]["median"] / rows[0]["scrape_ms"]["median"]
+    write_result(
+        "metrics_history",
+        {
+            "setup": {
+                "scrapes_per_size": args.scrapes,
+                "live_jobs": {"queued": 1000, "scheduled": 200, "running": 50, "queues": 4},
+                "client": "one httpx.Client, sequential scrapes, keep-alive",
+                "load_average_at_end": os.getloadavg(),
+            },
+            "database": info,
+            "sizes": rows,
+            "median_ratio_largest_to_empty": flat,
+        },
+        args.out,
+    )
+    print(f"median scrape, largest history / none: {flat:.2f}")
+
+
+if __name__ == "__main__":
+    main()
