@@ -1,0 +1,234 @@
+"""Does history slow the queue down? Claim+ack throughput and GET /metrics
+latency with 0, 100k and 1M finished jobs in the table.
+
+    python -m bench.history [--sizes 0,100000,1000000] [--jobs 10000]
+                            [--repeats 3] [--scrapes 300] [--out PATH]
+
+One fresh server on disk (fsync and synchronous_commit on), the API in front
+of it, and the same live load at every size (bench/metrics_history.py's: 1,000
+queued, 200 scheduled and 50 running jobs over 4 queues). Only the history
+grows, added with bench/metrics_history.py's add_history (INSERT ... SELECT of
+finished jobs with their counters), then VACUUM ANALYZE. At each size:
+  * claim_ack_batch_100: JOBS jobs in their own queue, drained on one
+    connection by claim(100, queues=[...]) + finish(...) (bench/core.py's
+    loop, with a queue filter so the live load stays untouched);
+  * worker_1_process: JOBS jobs drained by one AsyncWorker process (forked,
+    concurrency 100, that queue only); rate from started_at/finished_at;
+  * metrics: sequential GET /metrics scrapes (bench/metrics_history.py's).
+The drained jobs are deleted after each run, so the history stays at the
+stated size. Flatness = median at the largest size / median at 0.
+Writes results/history.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import statistics
+import sys
+import time
+from multiprocessing.synchronize import Barrier, Event
+from typing import Any
+
+import psycopg
+
+from bench.api_enqueue import api_server
+from bench.common import bench_database, server_info, summary, write_result
+from bench.metrics_history import add_history, add_live_load, check_exposition, scrape_latencies
+from pgqueue import Outcome, Queue, Settings
+
+QUEUE = "drain"
+
+
+def _worker(url: str, barrier: Barrier, done: Event) -> None:
+    from pgqueue.worker import AsyncWorker
+
+    async def noop(job: Any) -> None:
+        return None
+
+    async def main() -> None:
+        worker = AsyncWorker(
+            {"noop": noop}, settings=Settings(database_url=url), queues=[QUEUE], name="history"
+        )
+        barrier.wait(120)
+        runner = asyncio.create_task(worker.run())
+        await asyncio.to_thread(done.wait, 1800)
+        await worker.stop()
+        await runner
+
+    try:
+        asyncio.run(main())
+    except BaseException:
+        barrier.abort()
+        raise
+
+
+def _drained_rate(conn: psycopg.Connection[Any], first_id: int, jobs: int) -> float:
+    row = conn.execute(
+        "SELECT count(*), extract(epoch FROM max(finished_at) - min(started_at))::float8 "
+        "FROM pgqueue_jobs WHERE id > %s AND queue = %s AND state = 'succeeded'",
+        (first_id, QUEUE),
+    ).fetchone()
+    assert row is not None
+    if row[0] != jobs:
+        raise RuntimeError(f"only {row[0]} of {jobs} jobs succeeded")
+    return float(jobs / row[1])
+
+
+def _load(queue: Queue, conn: psycopg.Connection[Any], jobs: int) -> int:
+    """Enqueue ``jobs`` in the drain queue; the id below all of them."""
+    row = conn.execute("SELECT coalesce(max(id), 0) FROM pgqueue_jobs").fetchone()
+    assert row is not None
+    queue.enqueue_many([{"task": "noop", "queue": QUEUE}] * jobs)
+    return int(row[0])
+
+
+def _forget(conn: psycopg.Connection[Any], first_id: int) -> None:
+    conn.execute("DELETE FROM pgqueue_jobs WHERE id > %s AND queue = %s", (first_id, QUEUE))
+    conn.execute("VACUUM ANALYZE pgqueue_jobs")
+
+
+def claim_ack_rate(url: str, queue: Queue, conn: psycopg.Connection[Any], jobs: int) -> float:
+    first = _load(queue, conn, jobs)
+    done = 0
+    while claimed := queue.claim(100, worker="history", queues=[QUEUE]):
+        queue.finish([Outcome.success(job, None) for job in claimed])
+        done += len(claimed)
+    rate = _drained_rate(conn, first, jobs)
+    _forget(conn, first)
+    return rate
+
+
+def worker_rate(url: str, queue: Queue, conn: psycopg.Connection[Any], jobs: int) -> float:
+    ctx = mp.get_context("fork")
+    barrier = ctx.Barrier(2)
+    done = ctx.Event()
+    proc = ctx.Process(target=_worker, args=(url, barrier, done), daemon=True)
+    proc.start()
+    try:
+        barrier.wait(120)
+        first = _load(queue, conn, jobs)
+        deadline = time.monotonic() + 1800
+        query = "SELECT count(*) FROM pgqueue_jobs WHERE id > %s AND state = 'succeeded'"
+        while conn.execute(query, (first,)).fetchone()[0] < jobs:  # type: ignore[index]
+            if time.monotonic() > deadline or not proc.is_alive():
+                raise RuntimeError("the worker did not finish the jobs")
+            time.sleep(0.05)
+    finally:
+        done.set()
+        proc.join(60)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    rate = _drained_rate(conn, first, jobs)
+    _forget(conn, first)
+    return rate
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="0,100000,1000000", help="finished jobs, ascending")
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--scrapes", type=int, default=300)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",")]
+
+    rows: list[dict[str, Any]] = []
+    started = time.monotonic()
+    with bench_database("history") as url:
+        info = server_info(url)
+        with psycopg.connect(url, autocommit=True) as conn:
+            add_live_load(conn)
+            conn.execute("VACUUM ANALYZE pgqueue_jobs")
+        settings = Settings(database_url=url, pool_max_size=2)
+        with (
+            api_server(url) as base,
+            psycopg.connect(url, autocommit=True) as conn,
+            Queue(url, settings=settings) as queue,
+        ):
+            loaded = drained = 0
+            for size in sizes:
+                began = time.perf_counter()
+                add_history(conn, size - loaded)
+                loaded = size
+                conn.execute("VACUUM ANALYZE pgqueue_jobs")
+                conn.execute("CHECKPOINT")
+                load_seconds = time.perf_counter() - began
+                batch, worker = [], []
+                for _ in range(args.repeats):
+                    batch.append(claim_ack_rate(url, queue, conn, args.jobs))
+                    worker.append(worker_rate(url, queue, conn, args.jobs))
+                    drained += 2 * args.jobs
+                times, text = scrape_latencies(base, args.scrapes)
+                # The counters are monotonic: they include the drained (deleted) jobs.
+                check_exposition(text, size + drained)
+                table_mb = conn.execute(
+                    "SELECT pg_total_relation_size('pgqueue_jobs') / 1048576.0"
+                ).fetchone()[0]  # type: ignore[index]
+                row = {
+                    "finished_jobs": size,
+                    "table_mb": round(float(table_mb), 1),
+                    "load_seconds": round(load_seconds, 1),
+                    "claim_ack_batch_100": summary(batch) | {"runs": batch},
+                    "worker_1_process": summary(worker) | {"runs": worker},
+                    "metrics_scrape_ms": summary(times)
+                    | {"p90": statistics.quantiles(times, n=10)[-1]},
+                }
+                rows.append(row)
+                print(
+                    f"{size:>9,} finished ({row['table_mb']} MB): "
+                    f"claim+ack batch 100 {row['claim_ack_batch_100']['median']:>8,.0f} jobs/s; "
+                    f"worker {row['worker_1_process']['median']:>8,.0f} jobs/s; "
+                    f"GET /metrics {row['metrics_scrape_ms']['median']:.2f} ms "
+                    f"[{time.monotonic() - started:,.0f} s]",
+                    flush=True,
+                )
+    first, last = rows[0], rows[-1]
+    flatness = {
+        key: last[key]["median"] / first[key]["median"]
+        for key in ("claim_ack_batch_100", "worker_1_process", "metrics_scrape_ms")
+    }
+    payload: dict[str, Any] = {
+        "command": "python -m bench.history "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
+        "server": info,
+        "settings": {
+            "sizes": sizes,
+            "jobs": args.jobs,
+            "repeats": args.repeats,
+            "scrapes": args.scrapes,
+            "live_load": "1,000 queued, 200 scheduled, 50 running over 4 queues "
+            "(bench.metrics_history.add_live_load)",
+        },
+        "elapsed_seconds": time.monotonic() - started,
+        "sizes": rows,
+        "ratio_largest_to_empty": flatness,
+    }
+    path = write_result("history", payload, args.out)
+    print("\nmedians (min-max); ratio = largest history / none")
+    print(
+        f"{'finished':>10}  {'claim+ack b100 jobs/s':>26}  {'worker jobs/s':>26}  "
+        f"{'GET /metrics ms':>22}"
+    )
+    for row in rows:
+        cells = []
+        for key, fmt in (
+            ("claim_ack_batch_100", ",.0f"),
+            ("worker_1_process", ",.0f"),
+            ("metrics_scrape_ms", ".2f"),
+        ):
+            s = row[key]
+            cells.append(
+                f"{format(s['median'], fmt)} ({format(s['min'], fmt)}-{format(s['max'], fmt)})"
+            )
+        print(f"{row['finished_jobs']:>10,}  {cells[0]:>26}  {cells[1]:>26}  {cells[2]:>22}")
+    print("ratio      " + "  ".join(f"{k} {v:.2f}" for k, v in flatness.items()))
+    print(f"written to {path}")
+    return payload
+
+
+if __name__ == "__main__":
+    main()
