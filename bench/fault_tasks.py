@@ -1,0 +1,239 @@
+"""Handlers for the fault tests: each one leaves evidence of every run.
+
+Before doing any work, a handler inserts a *delivery* row (job id, attempt,
+fencing token, worker pid) on its own connection, committed at once, so the
+row survives even if the worker dies the next instant. It then works for
+10-50 ms (or what the payload asks) and returns a result naming the attempt
+that produced it. ``bench.invariants`` compares the two afterwards.
+
+    pgqueue worker --handlers bench.fault_tasks:HANDLERS
+
+The deliveries go to FAULT_DB_URL, else PGQUEUE_DATABASE_URL, else
+DATABASE_URL: the partition test points the worker at a proxy but its
+evidence straight at the server, so that a frozen proxy cannot hide it.
+
+Payload keys (all optional):
+    ms      work time in milliseconds (default: random 10-50)
+    exit    true: after recording the delivery, kill this whole process
+            with os._exit(3) (a poison job)
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from pgqueue import Job
+
+__all__ = [
+    "DELIVERIES_DDL",
+    "HANDLERS",
+    "create_deliveries",
+    "delivery_url",
+    "release",
+    "scalar",
+    "spawn_worker",
+    "stop_worker",
+    "wait_for",
+    "work",
+    "worker_env",
+]
+
+DELIVERIES_DDL = """
+CREATE TABLE IF NOT EXISTS fault_deliveries (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    job_id      bigint      NOT NULL,
+    attempt     integer     NOT NULL,
+    token       bigint      NOT NULL,
+    worker_pid  integer     NOT NULL,
+    at          timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX IF NOT EXISTS fault_deliveries_job ON fault_deliveries (job_id);
+"""
+
+_local = threading.local()
+
+
+def delivery_url() -> str:
+    for name in ("FAULT_DB_URL", "PGQUEUE_DATABASE_URL", "DATABASE_URL"):
+        if os.environ.get(name):
+            return os.environ[name]
+    raise RuntimeError("fault_tasks: set FAULT_DB_URL (or PGQUEUE_DATABASE_URL) first")
+
+
+def create_deliveries(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(DELIVERIES_DDL)
+
+
+def _connection() -> psycopg.Connection[Any]:
+    conn: psycopg.Connection[Any] | None = getattr(_local, "conn", None)
+    if conn is None or conn.closed:
+        conn = psycopg.connect(delivery_url(), autocommit=True, connect_timeout=5)
+        _local.conn = conn
+    return conn
+
+
+def _record(job: Job) -> None:
+    """Insert the delivery row; one reconnect if the connection broke (for
+    example across a database restart). A second failure fails the attempt."""
+    row = (job.id, job.attempts, job.lease_token, os.getpid())
+    sql = (
+        "INSERT INTO fault_deliveries (job_id, attempt, token, worker_pid) VALUES (%s, %s, %s, %s)"
+    )
+    try:
+        _connection().execute(sql, row)
+    except psycopg.OperationalError:
+        _local.conn = None
+        _connection().execute(sql, row)
+
+
+def work(job: Job) -> dict[str, Any]:
+    """Record the delivery, work a little, return which attempt did it."""
+    _record(job)
+    payload = job.payload or {}
+    if payload.get("exit"):
+        os._exit(3)
+    ms = payload.get("ms")
+    time.sleep((ms if ms is not None else random.uniform(10, 50)) / 1000)
+    return {"job_id": job.id, "attempt": job.attempts, "token": job.lease_token, "pid": os.getpid()}
+
+
+HANDLERS = {"work": work}
+
+
+# -- worker processes for the fault tests --------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def worker_env(url: str, **settings: Any) -> dict[str, str]:
+    """Environment for a ``pgqueue worker`` child: the database, PGQUEUE_*
+    settings, and this repository on the path (for bench.fault_tasks)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
+    env.pop("DATABASE_URL", None)
+    env["PGQUEUE_DATABASE_URL"] = url
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    for name, value in settings.items():
+        env[f"PGQUEUE_{name.upper()}"] = str(value)
+    return env
+
+
+def spawn_worker(
+    url: str,
+    *,
+    concurrency: int = 1,
+    processes: int = 1,
+    log: Any = subprocess.DEVNULL,
+    delivery_url: str | None = None,
+    warm: bool = False,
+    **settings: Any,
+) -> subprocess.Popen[bytes]:
+    """Start ``python -m pgqueue worker`` on the fault handlers. With
+    ``processes`` == 1 the child *is* the worker (its pid names it).
+
+    ``warm``: start ``python -m bench.fault_tasks`` instead, which imports
+    the worker and then waits for a line on stdin (``release``) before it
+    calls ``run_from_cli``, the function behind ``pgqueue worker``. The crash
+    test keeps such spares ready, so that a replacement starts working at
+    once instead of after a second of imports on a small machine."""
+    env = worker_env(url, **settings)
+    if delivery_url:
+        env["FAULT_DB_URL"] = delivery_url
+    if warm:
+        command = ["-m", "bench.fault_tasks", "--concurrency", str(concurrency)]
+    else:
+        command = [
+            "-m",
+            "pgqueue",
+            "worker",
+            "--handlers",
+            "bench.fault_tasks:HANDLERS",
+            "--concurrency",
+            str(concurrency),
+            "--processes",
+            str(processes),
+        ]
+    return subprocess.Popen(
+        [sys.executable, *command],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.PIPE if warm else subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT if log is not subprocess.DEVNULL else subprocess.DEVNULL,
+    )
+
+
+def release(proc: subprocess.Popen[bytes]) -> None:
+    """Let a warm spare (``spawn_worker(warm=True)``) start working."""
+    assert proc.stdin is not None
+    proc.stdin.write(b"go\n")
+    proc.stdin.close()
+
+
+def _warm_main() -> int:
+    """A worker process that is ready before it is needed (see spawn_worker)."""
+    import argparse
+    import logging
+
+    from pgqueue import Settings
+    from pgqueue.worker import run_from_cli
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--concurrency", type=int, default=1)
+    args = parser.parse_args()
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(process)d %(message)s"
+    )
+    logging.getLogger("psycopg").setLevel(logging.ERROR)
+    if sys.stdin.readline().strip() != "go":
+        return 0
+    return run_from_cli(
+        "bench.fault_tasks:HANDLERS",
+        queues=None,
+        concurrency=args.concurrency,
+        processes=1,
+        settings=Settings.from_env(),
+    )
+
+
+def stop_worker(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> int:
+    """SIGTERM (graceful) and wait; SIGKILL if it does not exit in time."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+def wait_for(predicate: Any, timeout: float, interval: float = 0.05) -> Any:
+    """Poll ``predicate`` until it returns something truthy; TimeoutError after."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"condition not met within {timeout} s")
+        time.sleep(interval)
+
+
+def scalar(url: str, sql: str, params: Any = None) -> Any:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(sql, params).fetchone()
+        return row[0] if row else None
+
+
+if __name__ == "__main__":
+    sys.exit(_warm_main())

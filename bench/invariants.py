@@ -1,0 +1,241 @@
+"""The invariants every fault test checks after its run.
+
+    python -m bench.invariants URL [--allow-queued] [--allow-pruned]
+
+Reads ``pgqueue_jobs``, ``pgqueue_counters`` and the ``fault_deliveries``
+rows that ``bench.fault_tasks`` handlers write, and checks:
+
+1. every job is finished (succeeded, dead, cancelled), or queued when the
+   run leaves jobs queued on purpose; none is left running;
+2. attempts <= max_attempts;
+3. no job is both succeeded and dead: a succeeded job has a result and no
+   later failure, a dead one has no result; and the outcome counters agree
+   with the rows (no job was acked twice, none counted both ways);
+4. every delivery row belongs to a job (or, with retention pruning on, to a
+   job this run enqueued), names an attempt that was made, and no fencing
+   token was delivered twice (the handler ran at most once per claim);
+5. every succeeded job's result was produced by its last delivery: the
+   result's token and attempt are those of the job's last delivery (the
+   highest attempt), the job's final lease token and its attempt count.
+
+``check`` returns a ``Report``; ``Report.assert_ok()`` raises with every
+violation listed (at most 20 of each kind).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+__all__ = ["Report", "check"]
+
+FINISHED = ("succeeded", "dead", "cancelled")
+MAX_LISTED = 20
+
+
+@dataclass
+class Report:
+    """What the checker found: counts, and every broken invariant."""
+
+    jobs: int = 0
+    states: dict[str, int] = field(default_factory=dict)
+    deliveries: int = 0
+    jobs_delivered: int = 0
+    duplicate_deliveries: int = 0  # deliveries beyond the first, summed over jobs
+    max_deliveries_per_job: int = 0
+    attempts: int = 0  # claims, summed over jobs still in the table
+    failed_attempts: int = 0  # from the outcome counters (handler errors and expired leases)
+    lease_expiries_last_error: int = 0  # jobs whose last error is an expired lease
+    counters: dict[str, int] = field(default_factory=dict)
+    violations: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def add(self, kind: str, message: str) -> None:
+        self.violations.setdefault(kind, []).append(message)
+
+    def assert_ok(self) -> None:
+        if self.ok:
+            return
+        lines = []
+        for kind, messages in self.violations.items():
+            lines.append(f"{kind}: {len(messages)}")
+            lines.extend(f"  {m}" for m in messages[:MAX_LISTED])
+        raise AssertionError("invariants broken:\n" + "\n".join(lines))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "jobs": self.jobs,
+            "states": self.states,
+            "deliveries": self.deliveries,
+            "jobs_delivered": self.jobs_delivered,
+            "duplicate_deliveries": self.duplicate_deliveries,
+            "max_deliveries_per_job": self.max_deliveries_per_job,
+            "attempts": self.attempts,
+            "failed_attempts": self.failed_attempts,
+            "lease_expiries_last_error": self.lease_expiries_last_error,
+            "counters": self.counters,
+            "violations": {k: v[:MAX_LISTED] for k, v in self.violations.items()},
+        }
+
+
+def check(
+    url: str,
+    *,
+    allow_queued: bool = False,
+    enqueued_ids: Iterable[int] | None = None,
+    pruned: bool = False,
+) -> Report:
+    """Check the database at ``url`` after a run (no worker may be running).
+
+    ``allow_queued``: jobs left queued are legitimate (e.g. a shutdown test
+    enqueues work that must not be claimed). ``enqueued_ids``: the ids the
+    run enqueued; each must still be in the table unless ``pruned`` (then a
+    missing id must have been delivered and counted as succeeded, since only
+    finished jobs are pruned).
+    """
+    report = Report()
+    with (
+        psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn,
+        conn.transaction(),
+    ):
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        jobs = conn.execute(
+            "SELECT id, state, attempts, max_attempts, lease_token, result, last_error,"
+            " finished_at FROM pgqueue_jobs"
+        ).fetchall()
+        counters = conn.execute(
+            "SELECT coalesce(sum(succeeded), 0)::bigint AS succeeded,"
+            " coalesce(sum(failed), 0)::bigint AS failed,"
+            " coalesce(sum(dead), 0)::bigint AS dead,"
+            " coalesce(sum(cancelled), 0)::bigint AS cancelled FROM pgqueue_counters"
+        ).fetchone()
+        has_deliveries = conn.execute(
+            "SELECT to_regclass('fault_deliveries') IS NOT NULL AS present"
+        ).fetchone()
+        deliveries = (
+            conn.execute(
+                "SELECT job_id, attempt, token, worker_pid FROM fault_deliveries ORDER BY id"
+            ).fetchall()
+            if has_deliveries and has_deliveries["present"]
+            else []
+        )
+    assert counters is not None
+    report.counters = {k: int(v) for k, v in counters.items()}
+    report.failed_attempts = report.counters["failed"]
+    by_id = {row["id"]: row for row in jobs}
+    report.jobs = len(jobs)
+    report.states = dict(Counter(row["state"] for row in jobs))
+    report.attempts = sum(row["attempts"] for row in jobs)
+    report.deliveries = len(deliveries)
+    report.lease_expiries_last_error = sum(
+        1 for row in jobs if (row["last_error"] or "").startswith("lease expired")
+    )
+
+    # 1-3: each job on its own.
+    for row in jobs:
+        jid, state = row["id"], row["state"]
+        if state == "running" or (state == "queued" and not allow_queued):
+            report.add("not_finished", f"job {jid} is {state} (attempts {row['attempts']})")
+        if state not in (*FINISHED, "queued", "running"):
+            report.add("bad_state", f"job {jid} has state {state!r}")
+        if row["attempts"] > row["max_attempts"]:
+            report.add("too_many_attempts", f"job {jid}: {row['attempts']} > {row['max_attempts']}")
+        if state == "succeeded" and (row["finished_at"] is None or row["attempts"] < 1):
+            report.add("succeeded_incomplete", f"job {jid}: succeeded without a finished attempt")
+        if state == "dead" and row["result"] is not None:
+            report.add("dead_with_result", f"job {jid} is dead but holds a result")
+    # 3: the counters agree with the rows, so nothing was counted twice or
+    # counted both succeeded and dead. (Pruned rows are gone, the counters are not.)
+    present = report.states
+    for outcome in FINISHED:
+        counted, rows = report.counters[outcome], present.get(outcome, 0)
+        if counted < rows or (not pruned and counted != rows):
+            report.add(
+                "counters_disagree", f"{outcome}: counters say {counted}, the table has {rows}"
+            )
+
+    # 4: deliveries.
+    per_job: dict[int, list[dict[str, Any]]] = {}
+    for d in deliveries:
+        per_job.setdefault(d["job_id"], []).append(d)
+    known = set(enqueued_ids) if enqueued_ids is not None else None
+    for jid, rows in per_job.items():
+        job = by_id.get(jid)
+        if job is None:
+            if not pruned or known is None or jid not in known:
+                report.add("orphan_delivery", f"delivery for job {jid}, which does not exist")
+            continue
+        for d in rows:
+            if d["attempt"] > job["attempts"]:
+                report.add(
+                    "delivery_attempt",
+                    f"job {jid}: delivery of attempt {d['attempt']} > attempts {job['attempts']}",
+                )
+        for key in ("token", "attempt"):
+            for value, n in Counter(d[key] for d in rows).items():
+                if n > 1:
+                    report.add(
+                        "claim_delivered_twice", f"job {jid}: {key} {value} delivered {n} times"
+                    )
+    report.jobs_delivered = len(per_job)
+    report.duplicate_deliveries = sum(len(rows) - 1 for rows in per_job.values())
+    report.max_deliveries_per_job = max((len(rows) for rows in per_job.values()), default=0)
+    if known is not None:
+        for jid in known:
+            if jid in by_id:
+                continue
+            if not pruned:
+                report.add("lost", f"job {jid} was enqueued and is gone")
+            elif jid not in per_job:
+                report.add("lost", f"job {jid} is gone (pruned?) but was never delivered")
+
+    # 5: a succeeded job's result comes from its last delivery.
+    for row in jobs:
+        if row["state"] != "succeeded" or not deliveries:
+            continue
+        jid = row["id"]
+        rows = per_job.get(jid)
+        if not rows:
+            report.add("succeeded_undelivered", f"job {jid} succeeded with no delivery row")
+            continue
+        # Tokens are unique but not ordered (the sequence caches values per
+        # session); the attempt number orders the claims of one job.
+        last = max(rows, key=lambda d: d["attempt"])
+        result = row["result"] if isinstance(row["result"], dict) else {}
+        if not (
+            result.get("token") == last["token"] == row["lease_token"]
+            and result.get("attempt") == last["attempt"] == row["attempts"]
+        ):
+            report.add(
+                "result_not_last_delivery",
+                f"job {jid}: result {result}, last delivery token {last['token']} attempt "
+                f"{last['attempt']}, job token {row['lease_token']} attempts {row['attempts']}",
+            )
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("url")
+    parser.add_argument("--allow-queued", action="store_true")
+    parser.add_argument("--allow-pruned", action="store_true")
+    args = parser.parse_args(argv)
+    report = check(args.url, allow_queued=args.allow_queued, pruned=args.allow_pruned)
+    print(json.dumps(report.as_dict(), indent=2))
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""Workers SIGKILLed mid-job: nothing is lost (bench.crash, small).
+
+150 jobs, 6 worker processes, 5 kills 0.3 s apart, each aimed at a worker
+that holds a job, so the test proves what it claims: it fails if nothing was
+interrupted (no lease expired) as well as if anything was lost.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the bench package
+from bench import crash  # noqa: E402
+
+pytestmark = pytest.mark.acceptance
+
+
+@pytest.mark.timeout(180)
+def test_killed_workers_lose_no_job_and_their_leases_expire(db_url: str) -> None:
+    result = crash.run(db_url, jobs=150, workers=6, kill_every=0.3, max_kills=5, target="busy")
+    summary = {k: v for k, v in result.items() if k not in ("kills", "invariants", "parameters")}
+    assert result["invariants"]["ok"], result["invariants"]["violations"]
+    assert result["jobs_succeeded"] == 150, summary
+    assert result["jobs_never_delivered"] == 0, summary
+    assert result["workers_killed"] == 5, summary
+    # A kill hit a busy worker: its job's lease expired and was taken back.
+    assert result["killed_while_holding_a_job"] >= 1, summary
+    assert result["expired_leases"] >= 1, summary
+    assert result["failures_other_than_lease_expiry"] == 0, summary
