@@ -1,0 +1,235 @@
+"""PNG charts of the committed benchmark results.
+
+    python -m bench.plot [--results results/] [--out-dir results/]
+
+Reads benchmark.json, latency.json, enqueue.json, history.json and
+compare.json (whichever exist) and writes benchmark.png, latency.png,
+enqueue.png, history.png and compare.png. Bars and points are medians;
+whiskers span min to max of the repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from bench.common import RESULTS
+
+MODE_LABELS = {"skip_locked": "FOR UPDATE SKIP LOCKED", "for_update": "plain FOR UPDATE"}
+COLORS = {
+    "skip_locked": "tab:blue",
+    "for_update": "tab:red",
+    "notify": "tab:blue",
+    "poll": "tab:orange",
+}
+
+
+def _load(folder: Path, name: str) -> dict[str, Any] | None:
+    path = folder / f"{name}.json"
+    if not path.exists():
+        print(f"no {path}: skipping {name}.png")
+        return None
+    return dict(json.loads(path.read_text()))
+
+
+def _footer(fig: Any, data: dict[str, Any]) -> None:
+    m, s = data.get("machine", {}), data.get("server", {})
+    fig.text(
+        0.01,
+        0.01,
+        f"{m.get('cores')} cores {m.get('cpu', '')}, PostgreSQL {s.get('server_version')} "
+        f"(fsync {s.get('fsync')}, synchronous_commit {s.get('synchronous_commit')}); "
+        f"shared machine, medians with min-max; {data.get('created_at', '')[:10]}, "
+        f"commit {m.get('pgqueue_commit')}",
+        fontsize=7,
+        color="0.4",
+    )
+
+
+def _errs(stats: list[dict[str, float]]) -> list[list[float]]:
+    return [
+        [s["median"] - s["min"] for s in stats],
+        [s["max"] - s["median"] for s in stats],
+    ]
+
+
+def plot_benchmark(data: dict[str, Any], out: Path) -> Path:
+    table = data["results_jobs_per_second"]
+    models = list(table)
+    titles = {
+        "single": "one job per claim (claim 1, ack 1)",
+        "batched": "pgqueue's batched AsyncWorker",
+    }
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.6), squeeze=False)
+    for ax, model in zip(axes[0], models, strict=True):
+        workers = [int(w) for w in table[model]]
+        for mode in ("skip_locked", "for_update"):
+            stats = [table[model][str(w)][mode] for w in workers]
+            ax.errorbar(
+                workers,
+                [s["median"] for s in stats],
+                yerr=_errs(stats),
+                marker="o",
+                capsize=3,
+                color=COLORS[mode],
+                label=MODE_LABELS[mode],
+            )
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(workers, [str(w) for w in workers])
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("worker processes")
+        ax.set_ylabel("jobs/s (first claim to last ack)")
+        ax.set_title(titles.get(model, model), fontsize=11)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    s = data["settings"]
+    fig.suptitle(
+        f"Drain {s['jobs']:,} pre-loaded no-op jobs: SKIP LOCKED vs plain FOR UPDATE "
+        f"(median of {s['repeats']})"
+    )
+    _footer(fig, data)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    return _save(fig, out / "benchmark.png")
+
+
+def plot_latency(data: dict[str, Any], out: Path) -> Path:
+    table = data["results_ms"]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.4), sharey=False)
+    for ax, pct in zip(axes, ("p50_ms", "p95_ms", "p99_ms"), strict=True):
+        for mode, label in (
+            ("notify", "LISTEN/NOTIFY (poll 1 s fallback)"),
+            ("poll", f"poll only ({data['settings']['poll_mode'].split('interval ')[-1]})"),
+        ):
+            workers = [int(w) for w in table[mode]]
+            ax.plot(
+                workers,
+                [table[mode][str(w)][pct] for w in workers],
+                marker="o",
+                color=COLORS[mode],
+                label=label,
+            )
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(workers, [str(w) for w in workers])
+        ax.set_ylim(bottom=0)
+        ax.set_title(pct.replace("_ms", ""), fontsize=11)
+        ax.set_xlabel("worker processes")
+        ax.set_ylabel("enqueue-to-start latency (ms)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    s = data["settings"]
+    fig.suptitle(
+        f"Enqueue-to-start latency: {s['jobs']:,} jobs at {s['rate_per_second']:g}/s "
+        "from one producer (database clock)"
+    )
+    _footer(fig, data)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    return _save(fig, out / "latency.png")
+
+
+def _hbars(ax: Any, labels: list[str], stats: list[dict[str, float]], color: Any) -> None:
+    y = list(range(len(labels)))
+    ax.barh(y, [s["median"] for s in stats], xerr=_errs(stats), capsize=3, color=color)
+    ax.set_yticks(y, labels)
+    ax.invert_yaxis()
+    for yi, s in zip(y, stats, strict=True):
+        ax.text(s["max"] * 1.05, yi, f"{s['median']:,.0f}", va="center", fontsize=8)
+    ax.grid(axis="x", alpha=0.3)
+
+
+def plot_enqueue(data: dict[str, Any], out: Path) -> Path:
+    table = data["results_jobs_per_second"]
+    labels = list(table)
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    _hbars(ax, labels, [table[k] for k in labels], "tab:green")
+    ax.set_xscale("log")
+    ax.set_xlabel("jobs/s (log scale)")
+    ax.set_title(f"Enqueue throughput, median of {data['settings']['repeats']}")
+    _footer(fig, data)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    return _save(fig, out / "enqueue.png")
+
+
+def plot_compare(data: dict[str, Any], out: Path) -> Path:
+    table = data["results"]
+    labels = list(table)
+    stats = [table[k]["drain_jobs_per_second"] for k in labels]
+    colors = ["tab:blue" if table[k]["system"] == "pgqueue" else "tab:gray" for k in labels]
+    fig, ax = plt.subplots(figsize=(9, 0.6 * len(labels) + 2))
+    _hbars(ax, [f"{k} ({table[k]['version']})" for k in labels], stats, colors)
+    ax.set_xlim(right=max(s["max"] for s in stats) * 1.2)
+    ax.set_xlabel("jobs/s, first start to last completion (each system's own timestamps)")
+    s = data["settings"]
+    ax.set_title(
+        f"Drain {s['jobs']:,} pre-loaded no-op jobs with 1 worker process, median of {s['repeats']}"
+    )
+    _footer(fig, data)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    return _save(fig, out / "compare.png")
+
+
+def plot_history(data: dict[str, Any], out: Path) -> Path:
+    rows = data["sizes"]
+    sizes = [r["finished_jobs"] for r in rows]
+    labels = [f"{n:,}" for n in sizes]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+    for ax, key, title, unit in (
+        (axes[0], "claim_ack_batch_100", "claim+ack, batches of 100", "jobs/s"),
+        (axes[1], "worker_1_process", "AsyncWorker, 1 process", "jobs/s"),
+        (axes[2], "metrics_scrape_ms", "GET /metrics", "ms per scrape"),
+    ):
+        stats = [r[key] for r in rows]
+        x = list(range(len(rows)))
+        ax.bar(x, [s["median"] for s in stats], yerr=_errs(stats), capsize=4, color="tab:purple")
+        ax.set_xticks(x, labels)
+        ax.set_xlabel("finished jobs in the table")
+        ax.set_ylabel(unit)
+        ratio = stats[-1]["median"] / stats[0]["median"]
+        ax.set_title(f"{title} (largest / none: {ratio:.2f})", fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle("Does history slow pgqueue down? (median, min-max)")
+    _footer(fig, data)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    return _save(fig, out / "history.png")
+
+
+def _save(fig: Any, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"wrote {path}")
+    return path
+
+
+PLOTS = {
+    "benchmark": plot_benchmark,
+    "latency": plot_latency,
+    "enqueue": plot_enqueue,
+    "compare": plot_compare,
+    "history": plot_history,
+}
+
+
+def main(argv: list[str] | None = None) -> list[Path]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--results", default=str(RESULTS))
+    parser.add_argument("--out-dir", default=None, help="default: the --results folder")
+    args = parser.parse_args(argv)
+    folder = Path(args.results)
+    out = Path(args.out_dir) if args.out_dir else folder
+    written = []
+    for name, plot in PLOTS.items():
+        data = _load(folder, name)
+        if data is not None:
+            written.append(plot(data, out))
+    return written
+
+
+if __name__ == "__main__":
+    main()
