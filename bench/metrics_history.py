@@ -9,7 +9,10 @@ over 4 queues, and a start-latency histogram); only the history grows:
 finished jobs are added with INSERT ... SELECT generate_series, with their
 counters, as if workers had run them. After each load, VACUUM ANALYZE (what
 autovacuum does soon after, with the table's settings), then sequential
-scrapes from one client: the median is the figure.
+scrapes from one client, each followed by a GET /healthz (one trivial
+query) as a control for how busy the shared machine was at that moment.
+The medians are the figures; buffers read by the snapshot's statements
+(from EXPLAIN) are recorded too, as a measure that machine load cannot move.
 
 For contrast, the same table aggregated the way the reference system does at
 every scrape (count by queue and state over the whole table) is timed too.
@@ -28,6 +31,8 @@ from typing import Any
 import httpx
 import psycopg
 from prometheus_client.parser import text_string_to_metric_families
+
+from pgqueue.sql import QUERIES
 
 from .api_enqueue import TOKEN, api_server
 from .common import bench_database, server_info, summary, write_result
@@ -86,17 +91,20 @@ def add_history(conn: psycopg.Connection[Any], count: int) -> None:
     )
 
 
-def scrape_latencies(base: str, scrapes: int) -> tuple[list[float], str]:
+def scrape_latencies(base: str, scrapes: int) -> tuple[list[float], list[float], str]:
+    """Milliseconds of each scrape, and of a /healthz (one trivial query)
+    right after it: the control for how busy the shared machine was."""
     with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {TOKEN}"}) as client:
         for _ in range(20):  # warm up the connection and the server's pool
             client.get("/metrics").raise_for_status()
-        times = []
+        scrape, control = [], []
         for _ in range(scrapes):
-            started = time.perf_counter()
-            response = client.get("/metrics")
-            times.append((time.perf_counter() - started) * 1000)
-            response.raise_for_status()
-        return times, response.text
+            for path, times in (("/metrics", scrape), ("/healthz", control)):
+                started = time.perf_counter()
+                response = client.get(path)
+                times.append((time.perf_counter() - started) * 1000)
+                response.raise_for_status()
+        return scrape, control, client.get("/metrics").text
 
 
 def check_exposition(text: str, finished: int) -> None:
@@ -109,6 +117,23 @@ def check_exposition(text: str, finished: int) -> None:
         if s.name == "pgqueue_jobs_completed_total"
     )
     assert completed == finished, (completed, finished)
+
+
+def snapshot_plans(conn: psycopg.Connection[Any]) -> dict[str, dict[str, float]]:
+    """Server-side cost of each read behind a scrape: execution time and
+    buffers touched. The buffer count does not depend on how busy the
+    machine is, so it shows flatness without the noise of the timings."""
+    out = {}
+    for name in ("queue_stats", "counters_totals", "start_latency_histogram"):
+        plan = conn.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES[name]  # type: ignore[operator]
+        ).fetchone()[0][0]  # type: ignore[index]
+        top = plan["Plan"]
+        out[name] = {
+            "execution_ms": plan["Execution Time"],
+            "buffers": top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0),
+        }
+    return out
 
 
 def naive_aggregate_ms(conn: psycopg.Connection[Any]) -> float:
@@ -140,7 +165,7 @@ def main() -> None:
                 loaded = size
                 conn.execute("VACUUM ANALYZE pgqueue_jobs")
                 load_seconds = time.perf_counter() - started
-                times, text = scrape_latencies(base, args.scrapes)
+                times, control, text = scrape_latencies(base, args.scrapes)
                 check_exposition(text, size)
                 table_mb = conn.execute(
                     "SELECT pg_total_relation_size('pgqueue_jobs') / 1048576.0"
@@ -151,17 +176,25 @@ def main() -> None:
                     "load_seconds": round(load_seconds, 1),
                     "scrape_ms": summary(times),
                     "scrape_ms_p90": statistics.quantiles(times, n=10)[-1],
+                    "healthz_ms": summary(control),
+                    "scrape_minus_healthz_ms": statistics.median(times)
+                    - statistics.median(control),
+                    "snapshot_queries": snapshot_plans(conn),
                     "naive_full_table_aggregate_ms": naive_aggregate_ms(conn),
                     "exposition_bytes": len(text.encode()),
                 }
                 rows.append(row)
+                buffers = sum(q["buffers"] for q in row["snapshot_queries"].values())
                 print(
                     f"{size:>9} finished: scrape median {row['scrape_ms']['median']:.2f} ms "
-                    f"(p90 {row['scrape_ms_p90']:.2f}); full-table aggregate "
-                    f"{row['naive_full_table_aggregate_ms']:.1f} ms"
+                    f"(p90 {row['scrape_ms_p90']:.2f}; "
+                    f"/healthz {row['healthz_ms']['median']:.2f}), "
+                    f"{buffers:.0f} buffers read; "
+                    f"full-table aggregate {row['naive_full_table_aggregate_ms']:.1f} ms"
                 )
         info = server_info(url)
     flat = rows[-1]["scrape_ms"]["median"] / rows[0]["scrape_ms"]["median"]
+    extra = [round(r["scrape_minus_healthz_ms"], 2) for r in rows]
     write_result(
         "metrics_history",
         {
@@ -174,10 +207,11 @@ def main() -> None:
             "database": info,
             "sizes": rows,
             "median_ratio_largest_to_empty": flat,
+            "scrape_minus_healthz_ms_by_size": extra,
         },
         args.out,
     )
-    print(f"median scrape, largest history / none: {flat:.2f}")
+    print(f"median scrape, largest history / none: {flat:.2f}; over /healthz (ms): {extra}")
 
 
 if __name__ == "__main__":

@@ -357,6 +357,20 @@ async def test_an_unexpected_error_is_a_500_without_a_traceback(api_settings: Se
         assert "secret" not in response.text and "Traceback" not in response.text
 
 
+async def test_a_value_the_database_refuses_is_a_422(api_settings: Settings) -> None:
+    """The safety net behind validation: a data exception (SQLSTATE class 22)
+    from PostgreSQL is the client's input, not a server error."""
+    async for client in _client(api_settings):
+        app_queue = client._transport.app.state.queue  # type: ignore[attr-defined]
+
+        async def refuses(job_id: int) -> None:
+            raise psycopg.errors.NumericValueOutOfRange("value out of range")
+
+        app_queue.get = refuses
+        response = await client.get("/jobs/1")
+        assert response.status_code == 422 and error_of(response)["error"] == "invalid_input"
+
+
 # -- authentication ---------------------------------------------------------------------
 
 

@@ -84,9 +84,9 @@ _DESCRIBE = {404: "No job has this id.", 409: "The job's state does not allow th
 
 def create_app(settings: Settings | None = None, *, url: str | None = None) -> FastAPI:
     """The API over the database at ``url`` (default: settings.database_url,
-    or the embedded server). The pool opens at startup and closes at shutdown;
-    nothing connects until the first request, so the app starts while the
-    database is down, and /healthz says so."""
+    or the embedded server). The pool opens at startup without waiting for a
+    connection and closes at shutdown, so the app starts while the database
+    is down (and /healthz says so)."""
     settings = settings or Settings.from_env()
     tokens = TokenSet(settings.api_tokens, settings.api_read_tokens)
     if not tokens.enabled:
