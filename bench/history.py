@@ -14,7 +14,9 @@ finished jobs with their counters), then VACUUM ANALYZE. At each size:
     loop, with a queue filter so the live load stays untouched);
   * worker_1_process: JOBS jobs drained by one AsyncWorker process (forked,
     concurrency 100, that queue only); rate from started_at/finished_at;
-  * metrics: sequential GET /metrics scrapes (bench/metrics_history.py's).
+  * metrics: sequential GET /metrics scrapes, each followed by a GET /healthz
+    (one trivial query) as a control for how busy the machine was
+    (bench/metrics_history.py's scrape_latencies).
 The drained jobs are deleted after each run, so the history stays at the
 stated size. Flatness = median at the largest size / median at 0.
 Writes results/history.json.
@@ -162,7 +164,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     batch.append(claim_ack_rate(url, queue, conn, args.jobs))
                     worker.append(worker_rate(url, queue, conn, args.jobs))
                     drained += 2 * args.jobs
-                times, text = scrape_latencies(base, args.scrapes)
+                times, control, text = scrape_latencies(base, args.scrapes)
                 # The counters are monotonic: they include the drained (deleted) jobs.
                 check_exposition(text, size + drained)
                 table_mb = conn.execute(
@@ -176,6 +178,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "worker_1_process": summary(worker) | {"runs": worker},
                     "metrics_scrape_ms": summary(times)
                     | {"p90": statistics.quantiles(times, n=10)[-1]},
+                    # GET /healthz right after each scrape: how busy the machine was.
+                    "healthz_control_ms": summary(control),
                 }
                 rows.append(row)
                 print(
