@@ -1,11 +1,12 @@
 """PNG charts of the committed benchmark results.
 
-    python -m bench.plot [--results results/] [--out-dir results/]
+    python -m bench.plot [--results results/] [--out-dir results/] [--markdown]
 
 Reads benchmark.json, latency.json, enqueue.json, history.json and
 compare.json (whichever exist) and writes benchmark.png, latency.png,
 enqueue.png, history.png and compare.png. Bars and points are medians;
-whiskers span min to max of the repeats.
+whiskers span min to max of the repeats. --markdown prints the same tables
+as Markdown instead (docs/results.md's tables are copied from that output).
 """
 
 from __future__ import annotations
@@ -216,12 +217,92 @@ PLOTS = {
 }
 
 
+def _cell(s: dict[str, float], fmt: str = ",.0f") -> str:
+    return f"{format(s['median'], fmt)} ({format(s['min'], fmt)}-{format(s['max'], fmt)})"
+
+
+def markdown(folder: Path) -> str:
+    """The result tables as Markdown, from the JSON files only."""
+    out: list[str] = []
+    b = _load(folder, "benchmark")
+    if b:
+        for model, table in b["results_jobs_per_second"].items():
+            out += [
+                f"\nbenchmark.json, model {model} (jobs/s, median (min-max) of "
+                f"{b['settings']['repeats']}; ratio per round):\n",
+                "| worker processes | FOR UPDATE SKIP LOCKED | plain FOR UPDATE | ratio |",
+                "|---:|---:|---:|---:|",
+            ]
+            for w, cell in table.items():
+                r = cell["ratio_skip_locked_to_for_update"]
+                out.append(
+                    f"| {w} | {_cell(cell['skip_locked'])} | {_cell(cell['for_update'])} "
+                    f"| {_cell(r, '.2f')} |"
+                )
+    la = _load(folder, "latency")
+    if la:
+        out += [
+            "\nlatency.json (ms):\n",
+            "| worker processes | NOTIFY p50 | p95 | p99 | poll only p50 | p95 | p99 |",
+            "|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        t = la["results_ms"]
+        for w in t["notify"]:
+            n, p = t["notify"][w], t["poll"][w]
+            out.append(
+                f"| {w} | {n['p50_ms']:.1f} | {n['p95_ms']:.1f} | {n['p99_ms']:.1f} "
+                f"| {p['p50_ms']:.1f} | {p['p95_ms']:.1f} | {p['p99_ms']:.1f} |"
+            )
+    e = _load(folder, "enqueue")
+    if e:
+        out += ["\nenqueue.json (jobs/s):\n", "| row | jobs/s |", "|---|---:|"]
+        for name, s in e["results_jobs_per_second"].items():
+            out.append(f"| {name} | {_cell(s)} |")
+    h = _load(folder, "history")
+    if h:
+        out += [
+            "\nhistory.json:\n",
+            "| finished jobs | table MB | claim+ack batch 100 (jobs/s) "
+            "| AsyncWorker 1 process (jobs/s) | GET /metrics (ms) | GET /healthz control (ms) |",
+            "|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in h["sizes"]:
+            control = r.get("healthz_control_ms")
+            out.append(
+                f"| {r['finished_jobs']:,} | {r['table_mb']} | {_cell(r['claim_ack_batch_100'])} "
+                f"| {_cell(r['worker_1_process'])} | {_cell(r['metrics_scrape_ms'], '.2f')} "
+                f"| {_cell(control, '.2f') if control else ''} |"
+            )
+        ratios = ", ".join(f"{k} {v:.2f}" for k, v in h["ratio_largest_to_empty"].items())
+        out.append(f"\nlargest / none: {ratios}")
+    c = _load(folder, "compare")
+    if c:
+        out += [
+            "\ncompare.json:\n",
+            "| system | version | drain jobs/s | ratio to pgqueue | bulk enqueue jobs/s |",
+            "|---|---|---:|---:|---:|",
+        ]
+        for label, r in c["results"].items():
+            out.append(
+                f"| {label} | {r['version']} | {_cell(r['drain_jobs_per_second'])} "
+                f"| {_cell(r['ratio_to_pgqueue'], '.3f')} "
+                f"| {_cell(r['bulk_enqueue_jobs_per_second'])} |"
+            )
+        for label, why in c.get("skipped", {}).items():
+            out.append(f"\n{label} skipped: {why.splitlines()[0] if why else ''}")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> list[Path]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--results", default=str(RESULTS))
     parser.add_argument("--out-dir", default=None, help="default: the --results folder")
+    parser.add_argument("--markdown", action="store_true", help="print tables, draw nothing")
     args = parser.parse_args(argv)
     folder = Path(args.results)
+    if args.markdown:
+        print(markdown(folder))
+        return []
     out = Path(args.out_dir) if args.out_dir else folder
     written = []
     for name, plot in PLOTS.items():

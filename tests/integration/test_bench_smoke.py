@@ -124,3 +124,13 @@ def test_plot_smoke(out_dir: Path) -> None:
     assert sorted(p.name for p in charts) == sorted(f"{n}.png" for n in names)
     for chart in charts:
         assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    tables = plot.markdown(out_dir)
+    for heading in (
+        "model single",
+        "model batched",
+        "latency.json",
+        "enqueue.json",
+        "history.json",
+        "compare.json",
+    ):
+        assert heading in tables
