@@ -25,9 +25,10 @@ Settings (one row per value of the list options; docs/results.md says why):
   * procrastinate (--procrastinate-concurrency, default 20,100):
     run_worker_async(wait=False, concurrency=C, listen_notify=True), its
     psycopg pool sized C + 2; Task.batch_defer_async.
-  * PgQueuer (--pgqueuer-batch-size, default 100,1000; --pgqueuer-consumers
-    1): its own benchmark's shape (asyncpg driver, uvloop,
-    run(mode=drain)) with B jobs per dequeue; list-form Queries.enqueue.
+  * PgQueuer (--pgqueuer CxB,..., default 5x10,1x100,1x1000): its own
+    benchmark's shape (tools/benchmark.py, drain strategy: asyncpg driver,
+    uvloop, C QueueManagers in one process, run(batch_size=B, mode=drain));
+    5x10 are that benchmark's defaults. List-form Queries.enqueue.
 Writes results/compare.json.
 """
 
@@ -152,6 +153,14 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+def _pairs(text: str) -> list[tuple[int, int]]:
+    pairs = []
+    for item in text.split(","):
+        consumers, _, batch = item.strip().partition("x")
+        pairs.append((int(consumers), int(batch)))
+    return pairs
+
+
 def variants(args: argparse.Namespace, systems: list[str]) -> list[dict[str, Any]]:
     """One row per system and setting: label, system, helper arguments, description."""
     rows: list[dict[str, Any]] = []
@@ -180,13 +189,13 @@ def variants(args: argparse.Namespace, systems: list[str]) -> list[dict[str, Any
                     }
                 )
         else:
-            for b in args.pgqueuer_batch_size:
+            for consumers, b in args.pgqueuer:
                 rows.append(
                     {
-                        "label": f"pgqueuer b={b}",
+                        "label": f"pgqueuer {consumers}x{b}",
                         "system": system,
-                        "cli": [str(args.jobs), str(args.pgqueuer_consumers), str(b)],
-                        "worker": f"{args.pgqueuer_consumers} PgQueuer(s) in 1 process, "
+                        "cli": [str(args.jobs), str(consumers), str(b)],
+                        "worker": f"{consumers} PgQueuer QueueManager(s) in 1 process, "
                         f"asyncpg driver, uvloop, run(batch_size={b}, mode=drain), "
                         "durability 'durable' (the default)",
                         "enqueue": "Queries.enqueue with lists (one statement)",
@@ -205,9 +214,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--procrastinate-concurrency", type=_ints, default=[20, 100], help="one row per value"
     )
-    parser.add_argument("--pgqueuer-consumers", type=int, default=1)
     parser.add_argument(
-        "--pgqueuer-batch-size", type=_ints, default=[100, 1000], help="one row per value"
+        "--pgqueuer",
+        type=_pairs,
+        default=[(5, 10), (1, 100), (1, 1000)],
+        help="CONSUMERSxBATCH_SIZE,...: one row per pair (5x10 is PgQueuer's own benchmark)",
     )
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
