@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the bench package
-from bench import crash  # noqa: E402
+from bench import crash
 
 pytestmark = pytest.mark.acceptance
 

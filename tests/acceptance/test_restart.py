@@ -1,0 +1,48 @@
+"""PostgreSQL restarted (fast mode) under load: every job succeeds
+(bench.restart, small). The server is this test's own (tmpfs, fsync on):
+the session's shared server must not be restarted under other tests."""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pgqueue import migrate
+from pgqueue.embedded import EmbeddedPostgres
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the bench package
+from bench import restart
+
+pytestmark = pytest.mark.acceptance
+
+
+@pytest.fixture
+def own_server() -> Iterator[EmbeddedPostgres]:
+    root = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
+    server = EmbeddedPostgres(os.path.join(root, f"pgqueue-restart-{uuid.uuid4().hex[:8]}"))
+    try:
+        server.ensure_running()
+        yield server
+    finally:
+        server.destroy()
+
+
+@pytest.mark.timeout(180)
+def test_every_job_succeeds_across_a_fast_restart(own_server: EmbeddedPostgres) -> None:
+    url = own_server.url
+    migrate(url)
+    pid_before = own_server.pid()
+    result = restart.run(url, lambda: own_server.restart("fast"), jobs=150, workers=3, at=0.3)
+    summary = {k: v for k, v in result.items() if k not in ("invariants", "parameters")}
+    assert own_server.pid() != pid_before, "the server was not restarted"
+    assert result["invariants"]["ok"], result["invariants"]["violations"]
+    assert result["jobs_succeeded"] == 150, summary
+    # The restart came mid-run, not before or after the work.
+    assert 0 < result["at_restart"]["succeeded"] < 150, summary
+    assert result["workers_alive_throughout"], summary
+    assert result["worker_exit_codes"] == [0, 0, 0], summary
