@@ -20,7 +20,9 @@ or fails is reported and skipped; the others still run. --systems pgqueue
 runs pgqueue alone (the smoke test does that).
 
 Settings (one row per value of the list options; docs/results.md says why):
-  * pgqueue: AsyncWorker, concurrency 100 (the default), LISTEN on;
+  * pgqueue (--pgqueue-concurrency, default 100,1000; the first is the
+    baseline of every ratio): AsyncWorker with that concurrency (100 is the
+    default; it is also the most jobs one claim takes), LISTEN on;
     Queue.enqueue_many (COPY).
   * procrastinate (--procrastinate-concurrency, default 20,100):
     run_worker_async(wait=False, concurrency=C, listen_notify=True), its
@@ -48,6 +50,7 @@ import psycopg
 
 from bench.benchmark import drain
 from bench.common import bench_database, server_info, summary, write_result
+from pgqueue import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEMS = ("pgqueue", "procrastinate", "pgqueuer")
@@ -166,15 +169,17 @@ def variants(args: argparse.Namespace, systems: list[str]) -> list[dict[str, Any
     rows: list[dict[str, Any]] = []
     for system in systems:
         if system == "pgqueue":
-            rows.append(
-                {
-                    "label": "pgqueue",
-                    "system": system,
-                    "worker": f"AsyncWorker, concurrency {args.pgqueue_concurrency} "
-                    "(the default), LISTEN on, 1 process",
-                    "enqueue": "Queue.enqueue_many (COPY)",
-                }
-            )
+            for c in args.pgqueue_concurrency:
+                default = " (the default)" if c == Settings().concurrency else ""
+                rows.append(
+                    {
+                        "label": f"pgqueue c={c}",
+                        "system": system,
+                        "concurrency": c,
+                        "worker": f"AsyncWorker, concurrency {c}{default}, LISTEN on, 1 process",
+                        "enqueue": "Queue.enqueue_many (COPY)",
+                    }
+                )
         elif system == "procrastinate":
             for c in args.procrastinate_concurrency:
                 rows.append(
@@ -210,7 +215,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--venv-dir", default=str(ROOT / ".bench-venvs"))
-    parser.add_argument("--pgqueue-concurrency", type=int, default=100)
+    parser.add_argument(
+        "--pgqueue-concurrency",
+        type=_ints,
+        default=[100, 1000],
+        help="one row per value; the first row is the baseline of the ratios",
+    )
     parser.add_argument(
         "--procrastinate-concurrency", type=_ints, default=[20, 100], help="one row per value"
     )
@@ -228,6 +238,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             parser.error(f"unknown system {s!r}")
     if "pgqueue" not in systems:
         parser.error("pgqueue is the baseline: it must be in --systems")
+    systems = [s for s in SYSTEMS if s in systems]  # pgqueue first: the baseline
     venv_dir = Path(args.venv_dir)
 
     pythons: dict[str, Path] = {}
@@ -244,6 +255,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             pythons[system] = python
             versions[system] = detail
     rows = [r for r in variants(args, systems) if r["system"] not in skipped]
+    baseline = rows[0]["label"]  # pgqueue with the first --pgqueue-concurrency
 
     rates: dict[str, list[float]] = {r["label"]: [] for r in rows}
     walls: dict[str, list[float]] = {r["label"]: [] for r in rows}
@@ -265,7 +277,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         timings: dict[str, float] = {}
                         began = time.perf_counter()
                         rate = drain(
-                            url, args.jobs, 1, "batched", True, args.pgqueue_concurrency, timings
+                            url, args.jobs, 1, "batched", True, row["concurrency"], timings
                         )
                         seconds = time.perf_counter() - began - timings["enqueue_seconds"]
                         wall = args.jobs / seconds
@@ -295,9 +307,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     f"[{time.monotonic() - started:,.0f} s]",
                     flush=True,
                 )
-            if "pgqueue" in round_rates:
+            if baseline in round_rates:
                 for label, rate in round_rates.items():
-                    ratios[label].append(rate / round_rates["pgqueue"])
+                    ratios[label].append(rate / round_rates[baseline])
     elapsed = time.monotonic() - started
 
     results = {
@@ -324,7 +336,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "systems": systems,
             "worker_processes": 1,
             "rate": "jobs / (last completion - first start), each system's own database timestamps",
-            "ratio": "row / pgqueue, within each round; median (min-max) over rounds",
+            "ratio": f"row / {baseline}, within each round; median (min-max) over rounds",
         },
         "elapsed_seconds": elapsed,
         "results": results,

@@ -17,6 +17,9 @@ finished jobs with their counters), then VACUUM ANALYZE. At each size:
   * metrics: sequential GET /metrics scrapes, each followed by a GET /healthz
     (one trivial query) as a control for how busy the machine was
     (bench/metrics_history.py's scrape_latencies).
+Each throughput run is paired with the same run on a second database of the
+same server that never gets any history (the control, with the same live
+load): the ratio of the pair cancels most of the drift of a shared machine.
 The drained jobs are deleted after each run, so the history stays at the
 stated size. Flatness = median at the largest size / median at 0.
 Writes results/history.json.
@@ -32,15 +35,35 @@ import sys
 import time
 from multiprocessing.synchronize import Barrier, Event
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
 from bench.api_enqueue import api_server
 from bench.common import bench_database, server_info, summary, write_result
 from bench.metrics_history import add_history, add_live_load, check_exposition, scrape_latencies
-from pgqueue import Outcome, Queue, Settings
+from pgqueue import Outcome, Queue, Settings, migrate
 
 QUEUE = "drain"
+RUN_KEYS = (
+    "claim_ack_batch_100",
+    "claim_ack_batch_100_control",
+    "claim_ack_batch_100_vs_control",
+    "worker_1_process",
+    "worker_1_process_control",
+    "worker_1_process_vs_control",
+)
+
+
+def _control_database(url: str) -> str:
+    """A second migrated database on the same server that never gets history."""
+    name = "history_control"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {name}")
+    control = urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
+    migrate(control)
+    return control
 
 
 def _worker(url: str, barrier: Barrier, done: Event) -> None:
@@ -142,14 +165,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     started = time.monotonic()
     with bench_database("history") as url:
         info = server_info(url)
-        with psycopg.connect(url, autocommit=True) as conn:
-            add_live_load(conn)
-            conn.execute("VACUUM ANALYZE pgqueue_jobs")
+        control_url = _control_database(url)
+        for u in (url, control_url):
+            with psycopg.connect(u, autocommit=True) as conn:
+                add_live_load(conn)
+                conn.execute("VACUUM ANALYZE pgqueue_jobs")
         settings = Settings(database_url=url, pool_max_size=2)
         with (
             api_server(url) as base,
             psycopg.connect(url, autocommit=True) as conn,
             Queue(url, settings=settings) as queue,
+            psycopg.connect(control_url, autocommit=True) as cconn,
+            Queue(control_url, settings=settings.replace(database_url=control_url)) as cqueue,
         ):
             loaded = drained = 0
             for size in sizes:
@@ -159,10 +186,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 conn.execute("VACUUM ANALYZE pgqueue_jobs")
                 conn.execute("CHECKPOINT")
                 load_seconds = time.perf_counter() - began
-                batch, worker = [], []
+                runs: dict[str, list[float]] = {k: [] for k in RUN_KEYS}
                 for _ in range(args.repeats):
-                    batch.append(claim_ack_rate(url, queue, conn, args.jobs))
-                    worker.append(worker_rate(url, queue, conn, args.jobs))
+                    # Each measurement next to the same one on the empty control
+                    # database of the same server: their ratio cancels the drift
+                    # of the shared machine.
+                    for key, measure in (
+                        ("claim_ack_batch_100", claim_ack_rate),
+                        ("worker_1_process", worker_rate),
+                    ):
+                        rate = measure(url, queue, conn, args.jobs)
+                        control_rate = measure(control_url, cqueue, cconn, args.jobs)
+                        runs[key].append(rate)
+                        runs[f"{key}_control"].append(control_rate)
+                        runs[f"{key}_vs_control"].append(rate / control_rate)
                     drained += 2 * args.jobs
                 times, control, text = scrape_latencies(base, args.scrapes)
                 # The counters are monotonic: they include the drained (deleted) jobs.
@@ -174,8 +211,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "finished_jobs": size,
                     "table_mb": round(float(table_mb), 1),
                     "load_seconds": round(load_seconds, 1),
-                    "claim_ack_batch_100": summary(batch) | {"runs": batch},
-                    "worker_1_process": summary(worker) | {"runs": worker},
+                    **{k: summary(v) | {"runs": v} for k, v in runs.items()},
                     "metrics_scrape_ms": summary(times)
                     | {"p90": statistics.quantiles(times, n=10)[-1]},
                     # GET /healthz right after each scrape: how busy the machine was.
@@ -184,8 +220,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 rows.append(row)
                 print(
                     f"{size:>9,} finished ({row['table_mb']} MB): "
-                    f"claim+ack batch 100 {row['claim_ack_batch_100']['median']:>8,.0f} jobs/s; "
-                    f"worker {row['worker_1_process']['median']:>8,.0f} jobs/s; "
+                    f"claim+ack batch 100 {row['claim_ack_batch_100']['median']:>8,.0f} jobs/s "
+                    f"(x{row['claim_ack_batch_100_vs_control']['median']:.2f} of control); "
+                    f"worker {row['worker_1_process']['median']:>8,.0f} jobs/s "
+                    f"(x{row['worker_1_process_vs_control']['median']:.2f}); "
                     f"GET /metrics {row['metrics_scrape_ms']['median']:.2f} ms "
                     f"[{time.monotonic() - started:,.0f} s]",
                     flush=True,
@@ -193,7 +231,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     first, last = rows[0], rows[-1]
     flatness = {
         key: last[key]["median"] / first[key]["median"]
-        for key in ("claim_ack_batch_100", "worker_1_process", "metrics_scrape_ms")
+        for key in (
+            "claim_ack_batch_100",
+            "claim_ack_batch_100_vs_control",
+            "worker_1_process",
+            "worker_1_process_vs_control",
+            "metrics_scrape_ms",
+        )
     }
     payload: dict[str, Any] = {
         "command": "python -m bench.history "
@@ -212,10 +256,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "ratio_largest_to_empty": flatness,
     }
     path = write_result("history", payload, args.out)
-    print("\nmedians (min-max); ratio = largest history / none")
+    print("\nmedians (min-max); x = ratio to the empty control database, same moments")
     print(
-        f"{'finished':>10}  {'claim+ack b100 jobs/s':>26}  {'worker jobs/s':>26}  "
-        f"{'GET /metrics ms':>22}"
+        f"{'finished':>10}  {'claim+ack b100 jobs/s':>24} {'x':>5}  {'worker jobs/s':>24} "
+        f"{'x':>5}  {'GET /metrics ms':>20}"
     )
     for row in rows:
         cells = []
@@ -228,8 +272,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             cells.append(
                 f"{format(s['median'], fmt)} ({format(s['min'], fmt)}-{format(s['max'], fmt)})"
             )
-        print(f"{row['finished_jobs']:>10,}  {cells[0]:>26}  {cells[1]:>26}  {cells[2]:>22}")
-    print("ratio      " + "  ".join(f"{k} {v:.2f}" for k, v in flatness.items()))
+        xb = row["claim_ack_batch_100_vs_control"]["median"]
+        xw = row["worker_1_process_vs_control"]["median"]
+        print(
+            f"{row['finished_jobs']:>10,}  {cells[0]:>24} {xb:>5.2f}  {cells[1]:>24} "
+            f"{xw:>5.2f}  {cells[2]:>20}"
+        )
+    print("largest / none: " + ", ".join(f"{k} {v:.2f}" for k, v in flatness.items()))
     print(f"written to {path}")
     return payload
 

@@ -177,22 +177,43 @@ def plot_compare(data: dict[str, Any], out: Path) -> Path:
 
 def plot_history(data: dict[str, Any], out: Path) -> Path:
     rows = data["sizes"]
-    sizes = [r["finished_jobs"] for r in rows]
-    labels = [f"{n:,}" for n in sizes]
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
-    for ax, key, title, unit in (
-        (axes[0], "claim_ack_batch_100", "claim+ack, batches of 100", "jobs/s"),
-        (axes[1], "worker_1_process", "AsyncWorker, 1 process", "jobs/s"),
-        (axes[2], "metrics_scrape_ms", "GET /metrics", "ms per scrape"),
+    labels = [f"{r['finished_jobs']:,}" for r in rows]
+    x = list(range(len(rows)))
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.4))
+    for ax, key, title in (
+        (axes[0], "claim_ack_batch_100", "claim+ack, batches of 100"),
+        (axes[1], "worker_1_process", "AsyncWorker, 1 process"),
     ):
-        stats = [r[key] for r in rows]
-        x = list(range(len(rows)))
-        ax.bar(x, [s["median"] for s in stats], yerr=_errs(stats), capsize=4, color="tab:purple")
+        width = 0.38
+        for offset, suffix, color, name in (
+            (-width / 2, "", "tab:purple", "with history"),
+            (width / 2, "_control", "0.7", "empty control database, same moments"),
+        ):
+            if key + suffix not in rows[0]:
+                continue
+            stats = [r[key + suffix] for r in rows]
+            ax.bar(
+                [i + offset for i in x],
+                [s["median"] for s in stats],
+                width,
+                yerr=_errs(stats),
+                capsize=3,
+                color=color,
+                label=name,
+            )
+        ratio = rows[-1].get(key + "_vs_control", {}).get("median")
+        extra = f", vs control at the largest: {ratio:.2f}" if ratio else ""
+        ax.set_title(f"{title}{extra}", fontsize=10)
+        ax.set_ylabel("jobs/s")
+        ax.legend(fontsize=7, loc="lower left")
+    stats = [r["metrics_scrape_ms"] for r in rows]
+    axes[2].bar(x, [s["median"] for s in stats], yerr=_errs(stats), capsize=4, color="tab:purple")
+    ratio = stats[-1]["median"] / stats[0]["median"]
+    axes[2].set_title(f"GET /metrics (largest / none: {ratio:.2f})", fontsize=10)
+    axes[2].set_ylabel("ms per scrape")
+    for ax in axes:
         ax.set_xticks(x, labels)
         ax.set_xlabel("finished jobs in the table")
-        ax.set_ylabel(unit)
-        ratio = stats[-1]["median"] / stats[0]["median"]
-        ax.set_title(f"{title} (largest / none: {ratio:.2f})", fontsize=10)
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle("Does history slow pgqueue down? (median, min-max)")
     _footer(fig, data)
@@ -261,16 +282,20 @@ def markdown(folder: Path) -> str:
     h = _load(folder, "history")
     if h:
         out += [
-            "\nhistory.json:\n",
-            "| finished jobs | table MB | claim+ack batch 100 (jobs/s) "
-            "| AsyncWorker 1 process (jobs/s) | GET /metrics (ms) | GET /healthz control (ms) |",
-            "|---:|---:|---:|---:|---:|---:|",
+            "\nhistory.json (x = ratio to the empty control database, measured alongside):\n",
+            "| finished jobs | table MB | claim+ack batch 100 (jobs/s) | x "
+            "| AsyncWorker 1 process (jobs/s) | x | GET /metrics (ms) | GET /healthz (ms) |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in h["sizes"]:
+            cells = []
+            for key in ("claim_ack_batch_100", "worker_1_process"):
+                vs = r.get(f"{key}_vs_control")
+                cells += [_cell(r[key]), _cell(vs, ".2f") if vs else ""]
             control = r.get("healthz_control_ms")
             out.append(
-                f"| {r['finished_jobs']:,} | {r['table_mb']} | {_cell(r['claim_ack_batch_100'])} "
-                f"| {_cell(r['worker_1_process'])} | {_cell(r['metrics_scrape_ms'], '.2f')} "
+                f"| {r['finished_jobs']:,} | {r['table_mb']} | {' | '.join(cells)} "
+                f"| {_cell(r['metrics_scrape_ms'], '.2f')} "
                 f"| {_cell(control, '.2f') if control else ''} |"
             )
         ratios = ", ".join(f"{k} {v:.2f}" for k, v in h["ratio_largest_to_empty"].items())

@@ -108,8 +108,8 @@ def test_compare_smoke_pgqueue_only(bench_url: str, out_dir: Path) -> None:
     out = out_dir / "compare.json"
     compare.main(["--systems", "pgqueue", "--jobs", "50", "--repeats", "1", "--out", str(out)])
     data = _read(out)
-    assert list(data["results"]) == ["pgqueue"]
-    assert data["results"]["pgqueue"]["ratio_to_pgqueue"]["median"] == 1.0
+    assert list(data["results"]) == ["pgqueue c=100", "pgqueue c=1000"]
+    assert data["results"]["pgqueue c=100"]["ratio_to_pgqueue"]["median"] == 1.0
     assert data["skipped"] == {}
 
 
