@@ -9,12 +9,13 @@ with the table emptied before each:
   * transactional: a business row and its job in the caller's transaction
     (``enqueue(..., connection=conn)``), one commit per pair;
   * http_single: POST /jobs, one job per request, one request in flight;
-  * http_single_32_in_flight: the same (2 x JOBS requests) with 32 in flight;
+  * http_single_4_clients_x8_in_flight: the same (2 x JOBS requests) from 4
+    client processes with 8 requests in flight each (api_enqueue's default);
   * http_batch_100_4_in_flight / http_batch_1000_2_in_flight: POST /jobs/batch
     of 100 (1000) jobs per request, MANY_JOBS jobs, 4 (2) requests in flight.
 The library rows reuse bench/core.py's functions, the HTTP rows
 bench/api_enqueue.py's (one uvicorn process via ``pgqueue.api.serve``, auth
-on, one httpx.AsyncClient in this process, all on the same 2 cores).
+on, httpx.AsyncClient clients, all on the same 2 cores).
 Writes results/enqueue.json.
 """
 
@@ -35,7 +36,7 @@ ROWS = (
     "enqueue_many",
     "transactional",
     "http_single",
-    "http_single_32_in_flight",
+    "http_single_4_clients_x8_in_flight",
     "http_batch_100_4_in_flight",
     "http_batch_1000_2_in_flight",
 )
@@ -68,9 +69,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 clear(url)
                 record("transactional", transactional_enqueue_rate(queue, url, args.jobs))
                 clear(url)
-                record("http_single", single_rate(api, args.jobs, 1))
+                record("http_single", single_rate(api, args.jobs, 1, 1))
                 clear(url)
-                record("http_single_32_in_flight", single_rate(api, args.jobs * 2, 32))
+                record("http_single_4_clients_x8_in_flight", single_rate(api, args.jobs * 2, 4, 8))
                 clear(url)
                 record("http_batch_100_4_in_flight", batch_rate(api, args.many_jobs, 100, 4))
                 clear(url)
@@ -86,7 +87,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "many_jobs": args.many_jobs,
             "repeats": args.repeats,
             "api": "bench.api_enqueue: pgqueue.api.serve (one uvicorn process, auth on, "
-            "127.0.0.1); one httpx.AsyncClient in the benchmark process",
+            "127.0.0.1); http_single: one client process, 1 in flight; 4_clients_x8: 4 "
+            "client processes, 8 in flight each; batches: one client, 4 or 2 in flight",
         },
         "results_jobs_per_second": results,
     }

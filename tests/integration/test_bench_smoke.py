@@ -97,9 +97,13 @@ def test_history_smoke(bench_url: str, out_dir: Path) -> None:
     assert [r["finished_jobs"] for r in data["sizes"]] == [0, 300]
     assert set(data["ratio_largest_to_empty"]) == {
         "claim_ack_batch_100",
+        "claim_ack_batch_100_vs_control",
         "worker_1_process",
+        "worker_1_process_vs_control",
         "metrics_scrape_ms",
     }
+    for row in data["sizes"]:
+        assert row["claim_ack_batch_100_vs_control"]["median"] > 0
 
 
 def test_compare_smoke_pgqueue_only(bench_url: str, out_dir: Path) -> None:
