@@ -68,8 +68,8 @@ def plot_benchmark(data: dict[str, Any], out: Path) -> Path:
         "single": "one job per claim (claim 1, ack 1)",
         "batched": "pgqueue's batched AsyncWorker",
     }
-    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.6), squeeze=False)
-    for ax, model in zip(axes[0], models, strict=True):
+    fig, axes = plt.subplots(1, len(models) + 1, figsize=(5.4 * (len(models) + 1), 4.6))
+    for ax, model in zip(axes, models, strict=False):
         workers = [int(w) for w in table[model]]
         for mode in ("skip_locked", "for_update"):
             stats = [table[model][str(w)][mode] for w in workers]
@@ -82,18 +82,36 @@ def plot_benchmark(data: dict[str, Any], out: Path) -> Path:
                 color=COLORS[mode],
                 label=MODE_LABELS[mode],
             )
+        ax.set_ylabel("jobs/s (first claim to last ack)")
+        ax.set_title(titles.get(model, model), fontsize=11)
+        ax.legend(fontsize=8)
+    ratio_ax = axes[-1]
+    for model, color in zip(models, ("tab:green", "tab:purple"), strict=False):
+        workers = [int(w) for w in table[model]]
+        stats = [table[model][str(w)]["ratio_skip_locked_to_for_update"] for w in workers]
+        ratio_ax.errorbar(
+            workers,
+            [s["median"] for s in stats],
+            yerr=_errs(stats),
+            marker="o",
+            capsize=3,
+            color=color,
+            label=titles.get(model, model),
+        )
+    ratio_ax.axhline(1.0, color="0.5", linestyle="--", linewidth=1)
+    ratio_ax.set_ylabel("SKIP LOCKED / FOR UPDATE, same round")
+    ratio_ax.set_title("ratio within each round", fontsize=11)
+    ratio_ax.legend(fontsize=8)
+    for ax in axes:
         ax.set_xscale("log", base=2)
         ax.set_xticks(workers, [str(w) for w in workers])
         ax.set_ylim(bottom=0)
         ax.set_xlabel("worker processes")
-        ax.set_ylabel("jobs/s (first claim to last ack)")
-        ax.set_title(titles.get(model, model), fontsize=11)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
     s = data["settings"]
     fig.suptitle(
         f"Drain {s['jobs']:,} pre-loaded no-op jobs: SKIP LOCKED vs plain FOR UPDATE "
-        f"(median of {s['repeats']})"
+        f"(median of {s['repeats']}, whiskers min-max)"
     )
     _footer(fig, data)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
