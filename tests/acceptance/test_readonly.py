@@ -45,11 +45,6 @@ def _succeeded(conn: psycopg.Connection) -> int:
     ).fetchone()[0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pgqueue bug: a ReadOnlySqlTransaction (not a connection error) ends the worker's "
-    "claim and maintenance loops for good; the process stays up and never claims again",
-)
 @pytest.mark.timeout(120)
 def test_workers_ride_out_a_read_only_database(db_url: str, tmp_path: Path) -> None:
     fault_tasks.create_deliveries(db_url)

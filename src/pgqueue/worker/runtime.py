@@ -60,9 +60,20 @@ __all__ = ["AsyncWorker", "Worker"]
 log = logging.getLogger("pgqueue.worker")
 T = TypeVar("T")
 
-# Errors that mean "the database is unreachable or the session is gone":
-# back off and try again. Anything else from the driver is a bug or bad data.
-CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError, OSError)
+# Errors after which the same statement can succeed later: the database is
+# unreachable or the session is gone, or the server refuses for now (a
+# read-only standby after a failover, a serialization failure, a deadlock, a
+# lock timeout). Back off, reconnect, and try again. Anything else from the
+# driver is a bug or bad data.
+RETRYABLE_ERRORS = (
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+    OSError,
+    psycopg.errors.ReadOnlySqlTransaction,
+    psycopg.errors.SerializationFailure,
+    psycopg.errors.DeadlockDetected,
+    psycopg.errors.LockNotAvailable,
+)
 # Back-off after a connection error: base * 2^n, capped, jittered down to half.
 BACKOFF_BASE_SECONDS = 0.05
 BACKOFF_CAP_SECONDS = 5.0
@@ -160,7 +171,7 @@ class _Connection:
                     statement = flow.send(rows)
             except StopIteration as done:
                 return done.value  # type: ignore[no-any-return]
-            except CONNECTION_ERRORS:
+            except RETRYABLE_ERRORS:
                 await self._drop()
                 raise
 
@@ -179,7 +190,7 @@ class _Connection:
                     await cur.execute(QUERIES[statement.name], statement.params, prepare=True)
                     rows = await cur.fetchall()
                     names = [c.name for c in cur.description or ()]
-            except CONNECTION_ERRORS:
+            except RETRYABLE_ERRORS:
                 await self._drop()
                 raise
         if not rows:
@@ -420,7 +431,7 @@ class AsyncWorker:
                 jobs = await self._claim_conn.claim(
                     t.claim(self.settings, limit=free, worker=self.name, queues=self.queues)
                 )
-            except CONNECTION_ERRORS as exc:
+            except RETRYABLE_ERRORS as exc:
                 failures += 1
                 delay = backoff_delay(failures - 1)
                 self._log(
@@ -464,7 +475,7 @@ class AsyncWorker:
         self._next_check_at = now + self.settings.poll_interval_seconds
         try:
             seconds = await self._claim_conn.run(t.next_run_in(self.queues))
-        except CONNECTION_ERRORS:
+        except RETRYABLE_ERRORS:
             return  # the next claim will meet the same error and back off
         if seconds is not None and seconds > 0:
             due = time.monotonic() + seconds
@@ -613,7 +624,7 @@ class AsyncWorker:
                 self._held[o.job_id].stage = "writing"
             try:
                 states = await self._write(batch)
-            except CONNECTION_ERRORS as exc:
+            except RETRYABLE_ERRORS as exc:
                 failures += 1
                 delay = backoff_delay(failures - 1)
                 self._log(
@@ -648,7 +659,7 @@ class AsyncWorker:
         try:
             self.stats["finishes"] += 1
             return await self._finish_conn.run(t.finish(self.settings, batch))
-        except CONNECTION_ERRORS:
+        except RETRYABLE_ERRORS:
             raise
         except (psycopg.Error, UnicodeError) as exc:
             self._log(
@@ -662,7 +673,7 @@ class AsyncWorker:
             try:
                 states.update(await self._finish_conn.run(t.finish(self.settings, [outcome])))
                 continue
-            except CONNECTION_ERRORS:
+            except RETRYABLE_ERRORS:
                 raise
             except (psycopg.Error, UnicodeError) as exc:
                 problem = _short(exc)
@@ -674,7 +685,7 @@ class AsyncWorker:
                 try:
                     states.update(await self._finish_conn.run(t.finish(self.settings, [fallback])))
                     continue
-                except CONNECTION_ERRORS:
+                except RETRYABLE_ERRORS:
                     raise
                 except (psycopg.Error, UnicodeError):
                     pass
@@ -740,7 +751,7 @@ class AsyncWorker:
                 continue
             try:
                 still = await self._maint_conn.run(t.heartbeat(held, self.settings.lease_seconds))
-            except CONNECTION_ERRORS as exc:
+            except RETRYABLE_ERRORS as exc:
                 failures += 1
                 self._log(logging.WARNING, "db_error", "heartbeat failed (%s)", _short(exc))
                 continue
@@ -790,7 +801,7 @@ class AsyncWorker:
                 async for note in conn.notifies():
                     if self.queues is None or note.payload in self._queue_set:
                         self._wake.set()
-            except CONNECTION_ERRORS as exc:
+            except RETRYABLE_ERRORS as exc:
                 failures += 1
                 delay = backoff_delay(failures - 1)
                 self._log(
@@ -826,7 +837,7 @@ class AsyncWorker:
                 if now >= next_prune:
                     next_prune = now + s.prune_interval_seconds * random.uniform(0.8, 1.2)
                     await self._prune()
-            except CONNECTION_ERRORS as exc:
+            except RETRYABLE_ERRORS as exc:
                 self._log(logging.WARNING, "db_error", "maintenance failed (%s)", _short(exc))
 
     async def _reap(self) -> None:
