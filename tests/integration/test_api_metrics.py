@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pgqueue import AsyncQueue, Settings
 from pgqueue.api import create_app
-from pgqueue.api.metrics import snapshot
+from pgqueue.api.metrics import Snapshot, render, snapshot
 from pgqueue.sql import QUERIES
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -189,3 +189,32 @@ async def test_metrics_cost_does_not_read_finished_jobs(
     assert "Seq Scan" not in text, text
     _, samples = await scrape(api)
     assert value(samples, "pgqueue_jobs", queue="default", state="queued") == 1
+
+
+def test_render_maps_table_buckets_to_cumulative_prometheus_buckets() -> None:
+    """Table bucket k (width_bucket over the bounds) holds [bound k-1, bound k);
+    a bucket past the last bound (bounds changed since) counts only in +Inf."""
+    snap = Snapshot(
+        stats=[],
+        counters=[{"queue": "old", "succeeded": 7, "failed": 1, "dead": 0, "cancelled": 2}],
+        latency=[
+            {"queue": "q", "bucket": 0, "count": 3, "sum_seconds": 0.5},
+            {"queue": "q", "bucket": 1, "count": 2, "sum_seconds": 2.5},
+            {"queue": "q", "bucket": 2, "count": 1, "sum_seconds": 3.0},
+            {"queue": "q", "bucket": 9, "count": 4, "sum_seconds": 40.0},
+        ],
+    )
+    samples: Samples = {}
+    for family in text_string_to_metric_families(render(snap, (1.0, 2.0)).decode()):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    hist = "pgqueue_enqueue_to_start_seconds"
+    assert value(samples, f"{hist}_bucket", queue="q", le="1.0") == 3
+    assert value(samples, f"{hist}_bucket", queue="q", le="2.0") == 5
+    assert value(samples, f"{hist}_bucket", queue="q", le="+Inf") == 10
+    assert value(samples, f"{hist}_sum", queue="q") == 46.0
+    # A queue known only from its counters still has every series, at zero.
+    assert value(samples, "pgqueue_jobs", queue="old", state="queued") == 0
+    assert value(samples, "pgqueue_queue_lag_seconds", queue="old") == 0
+    assert value(samples, "pgqueue_jobs_completed_total", queue="old", state="cancelled") == 2
+    assert value(samples, f"{hist}_count", queue="old") == 0
