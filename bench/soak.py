@@ -15,8 +15,9 @@ jobs started in the last 10 s.
 
 At the end: production stops, the backlog drains, the workers are stopped
 with SIGTERM, and ``bench.invariants`` checks that every enqueued job was
-delivered and counted as succeeded, pruned or not. The report compares the
-first minute with the last one.
+delivered and counted as succeeded, pruned or not. The report gives the
+median of each figure per minute, and compares the second minute (the first
+at steady state: the first one fills the retention window) with the last.
 
 Writes results/soak.json.
 """
@@ -173,7 +174,11 @@ def run(
     report = check(url, enqueued_ids=enqueued, pruned=True)
     delivered = _scalar(url, "SELECT count(DISTINCT job_id) FROM fault_deliveries")
     per_minute = max(1, round(60 / SAMPLE_SECONDS))
-    first, last = samples[:per_minute], samples[-per_minute:]
+    minutes = [samples[i : i + per_minute] for i in range(0, len(samples), per_minute)]
+    # The first minute includes filling the retention window; the second is
+    # the first at steady state, when there is one.
+    first = minutes[1] if len(minutes) > 2 else minutes[0]
+    last = minutes[-1]
     return {
         "parameters": {
             "seconds": seconds,
@@ -192,7 +197,9 @@ def run(
         "drain_seconds_after_production": round(drained_after, 2),
         "worker_exit_codes": codes,
         "start": _window(first),
+        "start_is_minute": 2 if len(minutes) > 2 else 1,
         "end": _window(last),
+        "per_minute": [_window(m) for m in minutes],
         "samples": samples,
         "invariants": report.as_dict(),
     }
