@@ -8,7 +8,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from .errors import InvalidJob
@@ -20,6 +20,8 @@ MAX_ATTEMPTS = 1000
 MAX_DELAY_SECONDS = 10 * 365 * 24 * 3600.0
 MAX_TIMEOUT_SECONDS = 7 * 24 * 3600.0
 MAX_KEY_LENGTH = 255
+# A run_at in the past means "now"; one before this year is a mistake.
+MIN_RUN_AT_YEAR = 1970
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,62}")
 _TASK_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:\-]{0,199}")
 
@@ -201,8 +203,12 @@ def _aware(field: str, value: Any) -> datetime | None:
         raise InvalidJob(field, f"must be a datetime, got {type(value).__name__}")
     if value.tzinfo is None or value.utcoffset() is None:
         raise InvalidJob(field, "must have a time zone (a naive datetime is ambiguous)")
-    if not 1 <= value.year <= 9999:
-        raise InvalidJob(field, "is out of range")
+    try:
+        in_utc = value.astimezone(UTC)
+    except OverflowError:
+        in_utc = None
+    if in_utc is None or not MIN_RUN_AT_YEAR <= in_utc.year <= 9999:
+        raise InvalidJob(field, f"must be between the years {MIN_RUN_AT_YEAR} and 9999 in UTC")
     return value
 
 

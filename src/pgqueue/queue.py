@@ -105,7 +105,9 @@ class _Common:
             "min_size": s.pool_min_size,
             "max_size": s.pool_max_size,
             "timeout": s.pool_timeout_seconds,
-            "kwargs": {"autocommit": True, "row_factory": dict_row},
+            # A server that accepts connections but never answers must not
+            # hold a pool slot for minutes.
+            "kwargs": {"autocommit": True, "row_factory": dict_row, "connect_timeout": 5},
             "name": "pgqueue",
         }
 
@@ -246,19 +248,21 @@ class AsyncQueue(_Common):
         super().__init__(url, settings)
         self.url = url or ""
         self._pool: AsyncConnectionPool | None = None
+        self._opening = asyncio.Lock()
 
     async def open(self) -> Self:
-        if self._pool is None:
-            if not self.url:
-                self.url = await asyncio.to_thread(resolve_url, self.settings)
-            pool = AsyncConnectionPool(
-                self.url,
-                check=AsyncConnectionPool.check_connection,
-                open=False,
-                **self._pool_kwargs(),
-            )
-            await pool.open()
-            self._pool = pool
+        async with self._opening:  # two first calls at once make one pool
+            if self._pool is None:
+                if not self.url:
+                    self.url = await asyncio.to_thread(resolve_url, self.settings)
+                pool = AsyncConnectionPool(
+                    self.url,
+                    check=AsyncConnectionPool.check_connection,
+                    open=False,
+                    **self._pool_kwargs(),
+                )
+                await pool.open()
+                self._pool = pool
         return self
 
     async def close(self) -> None:

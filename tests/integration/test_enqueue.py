@@ -48,6 +48,16 @@ def test_run_at_with_time_zone_is_kept(queue: Queue) -> None:
     assert queue.enqueue("later", run_at=when).run_at == when
 
 
+def test_run_at_in_the_past_means_now(queue: Queue) -> None:
+    job = queue.enqueue("overdue", run_at=datetime(2000, 1, 1, tzinfo=UTC))
+    assert job.run_at == job.enqueued_at
+    [bulk] = queue.enqueue_many(
+        [{"task": "overdue", "run_at": datetime(2001, 1, 1, tzinfo=UTC), "idempotency_key": "k"}]
+    )
+    stored = queue.get(bulk.id)
+    assert stored.run_at == stored.enqueued_at
+
+
 def test_second_enqueue_with_same_key_returns_the_first_job(
     queue: Queue, sql: psycopg.Connection
 ) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from datetime import datetime
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
@@ -69,6 +69,8 @@ BAD_INPUTS: list[tuple[dict[str, Any], str]] = [
     ({"task": "t", "delay": 10**12}, "delay"),
     ({"task": "t", "run_at": datetime(2030, 1, 1)}, "run_at"),
     ({"task": "t", "run_at": "2030-01-01"}, "run_at"),
+    ({"task": "t", "run_at": datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=14)))}, "run_at"),
+    ({"task": "t", "run_at": datetime(1969, 12, 31, tzinfo=UTC)}, "run_at"),
     ({"task": "t", "timeout": 0}, "timeout"),
     ({"task": "t", "idempotency_key": ""}, "idempotency_key"),
     ({"task": "t", "idempotency_key": "k\x00"}, "idempotency_key"),

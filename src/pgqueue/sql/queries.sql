@@ -6,12 +6,14 @@
 
 -- name: job_enqueue
 -- Insert one job; with an idempotency key already present, insert nothing.
+-- A run_at in the past means now: run_at is when the job became runnable,
+-- which the lag gauge and the start-latency histogram measure from.
 -- Returns the new row (created = true) or nothing on a key conflict.
 WITH inserted AS (
     INSERT INTO pgqueue_jobs (queue, task, payload, priority, run_at, max_attempts,
                               timeout_seconds, idempotency_key)
     VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s,
-            coalesce(%(run_at)s, now() + make_interval(secs => %(delay)s)),
+            greatest(coalesce(%(run_at)s, now() + make_interval(secs => %(delay)s)), now()),
             %(max_attempts)s, %(timeout_seconds)s, %(idempotency_key)s)
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING *
@@ -32,7 +34,7 @@ WITH inserted AS (
     INSERT INTO pgqueue_jobs (queue, task, payload, priority, run_at, max_attempts,
                               timeout_seconds, idempotency_key)
     SELECT queue, task, payload, priority,
-           coalesce(run_at, now() + make_interval(secs => delay)),
+           greatest(coalesce(run_at, now() + make_interval(secs => delay)), now()),
            max_attempts, timeout_seconds, idempotency_key
     FROM unnest(%(queue)s::text[], %(task)s::text[], %(payload)s::jsonb[],
                 %(priority)s::integer[], %(run_at)s::timestamptz[],
