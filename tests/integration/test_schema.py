@@ -15,6 +15,7 @@ from pgqueue import DatabaseUnavailable, JobState, Queue, Settings, migrate
 from pgqueue.embedded import EmbeddedPostgres
 from pgqueue.migrate import migration_files
 from pgqueue.sql import QUERIES
+from pgqueue.transitions import heartbeat
 
 
 @pytest.fixture
@@ -133,3 +134,19 @@ def test_embedded_server_keeps_committed_jobs_across_restarts(tmp_path: Path) ->
             assert queue.get(job.id).state is JobState.RUNNING
     finally:
         server.destroy()
+
+
+def test_heartbeats_are_hot_updates(queue: Queue, sql: psycopg.Connection) -> None:
+    queue.enqueue_many([{"task": "t"} for _ in range(20)])
+    held = [(job.id, job.lease_token) for job in queue.claim(20, worker="w")]
+
+    def hot_updates() -> int:
+        sql.execute("SELECT pg_stat_force_next_flush()")
+        return sql.execute(
+            "SELECT n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'pgqueue_jobs'"
+        ).fetchone()[0]
+
+    before = hot_updates()
+    for _ in range(5):
+        assert len(queue.run(heartbeat(held, 60), connection=sql)) == 20
+    assert hot_updates() - before == 100

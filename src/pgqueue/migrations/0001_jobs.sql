@@ -2,9 +2,12 @@
 --
 -- One row per job. A row is updated a handful of times in its life (claim,
 -- heartbeats, ack) and deleted by retention, so the table is tuned for churn:
---   * fillfactor 70 leaves room on each page so that updates which touch no
---     indexed column (heartbeats, most of ack) become HOT updates: no new index
---     entries, and the dead tuple is pruned in-page without waiting for vacuum.
+--   * fillfactor 70 leaves room on each page for new row versions. An update
+--     that changes no indexed column (a heartbeat: lease_expires_at only) is
+--     then a HOT update: no new index entries, and the old version is pruned
+--     in-page without waiting for vacuum. Claims and acks change `state`,
+--     which decides partial-index membership, so they are not HOT; the free
+--     space still keeps their new versions on the same page.
 --   * per-table autovacuum thresholds are set by fraction *and* small fixed
 --     numbers so that vacuum runs on the churn rate, not on the table's size.
 CREATE TABLE pgqueue_jobs (
@@ -44,8 +47,10 @@ CREATE INDEX pgqueue_jobs_claim ON pgqueue_jobs (priority DESC, run_at, id)
     WHERE state = 'queued';
 CREATE INDEX pgqueue_jobs_claim_queue ON pgqueue_jobs (queue, priority DESC, run_at, id)
     WHERE state = 'queued';
--- Reaping reads only running rows, oldest lease first.
-CREATE INDEX pgqueue_jobs_reap ON pgqueue_jobs (lease_expires_at)
+-- Reaping reads only running rows (as many as the workers' slots, so few).
+-- The key is deliberately not lease_expires_at: a heartbeat changes only
+-- that column, and a column no index covers keeps the heartbeat a HOT update.
+CREATE INDEX pgqueue_jobs_reap ON pgqueue_jobs (id)
     WHERE state = 'running';
 -- Retention reads only finished rows, oldest first.
 CREATE INDEX pgqueue_jobs_finished ON pgqueue_jobs (finished_at)
