@@ -15,7 +15,10 @@ WORKERS ``pgqueue worker`` processes (concurrency 1) run the fault handlers
 10-50 ms of work) throughout; nobody restarts them. Reported: handler
 invocations (claims: the sum of attempts), delivery rows, failed attempts,
 how long the server took to accept connections again, and how long until
-every job had succeeded, both from the moment the restart began.
+every job had succeeded, both from the moment the restart began; and every
+job that had succeeded before the restart must be unchanged after it (same
+state, same fencing token: neither lost nor run again). With ``--mode
+immediate`` the server stops like a crash and recovers from its WAL.
 
 Writes results/restart.json.
 """
@@ -89,6 +92,12 @@ def run(
             before = dict(
                 conn.execute("SELECT state, count(*) FROM pgqueue_jobs GROUP BY state").fetchall()
             )
+            # Committed before the restart: these must come through unchanged.
+            committed = dict(
+                conn.execute(
+                    "SELECT id, lease_token FROM pgqueue_jobs WHERE state = 'succeeded'"
+                ).fetchall()
+            )
         restart_began = time.monotonic()
         restart()
         restart_returned = time.monotonic() - restart_began
@@ -108,6 +117,13 @@ def run(
     finally:
         codes = [stop_worker(p) for p in procs]
     report = check(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        after = dict(
+            conn.execute(
+                "SELECT id, lease_token FROM pgqueue_jobs WHERE state = 'succeeded'"
+            ).fetchall()
+        )
+    changed = sorted(i for i, token in committed.items() if after.get(i) != token)
     return {
         "parameters": {
             "jobs": jobs,
@@ -122,6 +138,9 @@ def run(
             "queued": before.get("queued", 0),
         },
         "jobs_succeeded": report.states.get("succeeded", 0),
+        # Succeeded (committed) before the restart, and not exactly so after:
+        # lost, or run again. Must be empty.
+        "committed_before_restart_changed": changed,
         "handler_invocations": report.attempts,
         "delivery_rows": report.deliveries,
         "duplicate_deliveries": report.duplicate_deliveries,
@@ -194,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{result['all_succeeded_after_seconds']} s; "
         f"invariants {'ok' if result['invariants']['ok'] else 'BROKEN'} -> {path}"
     )
-    return 0 if result["invariants"]["ok"] and result["jobs_succeeded"] == args.jobs else 1
+    ok = result["invariants"]["ok"] and not result["committed_before_restart_changed"]
+    return 0 if ok and result["jobs_succeeded"] == args.jobs else 1
 
 
 if __name__ == "__main__":
