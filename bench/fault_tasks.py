@@ -20,6 +20,7 @@ Payload keys (all optional):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -83,18 +84,33 @@ def _connection() -> psycopg.Connection[Any]:
     return conn
 
 
+def _drop() -> None:
+    conn: psycopg.Connection[Any] | None = getattr(_local, "conn", None)
+    _local.conn = None
+    if conn is not None:
+        with contextlib.suppress(psycopg.Error):
+            conn.close()
+
+
 def _record(job: Job) -> None:
-    """Insert the delivery row; one reconnect if the connection broke (for
-    example across a database restart). A second failure fails the attempt."""
+    """Insert the delivery row. A session that fails is dropped (it may be
+    broken by a restart, or read-only because it began while the database
+    refused writes) and the insert is tried once more on a new one; a second
+    failure fails the attempt, and the next attempt starts on a new session."""
     row = (job.id, job.attempts, job.lease_token, os.getpid())
     sql = (
         "INSERT INTO fault_deliveries (job_id, attempt, token, worker_pid) VALUES (%s, %s, %s, %s)"
     )
     try:
         _connection().execute(sql, row)
-    except psycopg.OperationalError:
-        _local.conn = None
+        return
+    except psycopg.Error:
+        _drop()
+    try:
         _connection().execute(sql, row)
+    except psycopg.Error:
+        _drop()
+        raise
 
 
 def work(job: Job) -> dict[str, Any]:

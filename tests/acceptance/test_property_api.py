@@ -224,10 +224,10 @@ def assert_round_trips(
     assert job["timeout_seconds"] == body.get("timeout_seconds")
     assert job["idempotency_key"] == body.get("idempotency_key")
     run_at = datetime.fromisoformat(job["run_at"])
-    if body.get("run_at") is not None:
-        assert run_at == datetime.fromisoformat(body["run_at"])
+    enqueued = datetime.fromisoformat(job["enqueued_at"])
+    if body.get("run_at") is not None:  # a time in the past means now
+        assert run_at == max(datetime.fromisoformat(body["run_at"]), enqueued)
     else:
-        enqueued = datetime.fromisoformat(job["enqueued_at"])
         delay = timedelta(seconds=body.get("delay_seconds") or 0.0)
         assert abs(run_at - (enqueued + delay)) <= timedelta(microseconds=1)
         assert abs(enqueued - sent_at) < timedelta(seconds=30)

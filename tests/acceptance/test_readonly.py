@@ -68,7 +68,15 @@ def test_workers_ride_out_a_read_only_database(db_url: str, tmp_path: Path) -> N
         admin.execute(f"ALTER DATABASE {db} RESET default_transaction_read_only")
         # No session is ended this time: a worker that met a read-only
         # session drops it and reconnects on its own, and finds writes allowed.
-        fault_tasks.wait_for(lambda: _succeeded(admin) == JOBS, timeout=20, interval=0.1)
+        try:
+            fault_tasks.wait_for(lambda: _succeeded(admin) == JOBS, timeout=20, interval=0.1)
+        except TimeoutError:
+            states = admin.execute(
+                "SELECT state, count(*), max(last_error) FROM pgqueue_jobs GROUP BY state"
+            ).fetchall()
+            raise AssertionError(
+                f"not every job finished after writes came back: {states}"
+            ) from None
     finally:
         admin.execute(f"ALTER DATABASE {db} RESET default_transaction_read_only")
         admin.close()
