@@ -48,6 +48,9 @@ class _Child:
     quick_deaths: int = 0
     restart_at: float = 0.0
     exit_codes: list[int] = field(default_factory=list)
+    # How the process that was running when the stop began ended; None for a
+    # child that was already dead then (waiting to be restarted).
+    stop_code: int | None = None
 
 
 class Supervisor:
@@ -132,7 +135,9 @@ class Supervisor:
                     code = proc.returncode
                     child.exit_codes.append(code)
                     child.process = None
-                    if not self._stopping:
+                    if self._stopping:
+                        child.stop_code = code
+                    else:
                         self._schedule_restart(child, code, now)
                 if not self._stopping and child.process is None and now >= child.restart_at:
                     self._spawn(child)
@@ -148,7 +153,10 @@ class Supervisor:
                 self._forward(signal.SIGKILL)
                 kill_at = None
             time.sleep(0.05)
-        codes = [c.exit_codes[-1] if c.exit_codes else 0 for c in self.children]
+        # A clean stop is judged by the processes that were asked to stop; a
+        # child that had died before (and was waiting to restart) was already
+        # handled by restarting it.
+        codes = [c.stop_code for c in self.children if c.stop_code is not None]
         log.info("supervisor stopped (worker exit codes %s)", codes, extra={"action": "stopped"})
         return 0 if all(code == 0 for code in codes) else 1
 
