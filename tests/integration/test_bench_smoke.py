@@ -117,6 +117,16 @@ def test_compare_smoke_pgqueue_only(bench_url: str, out_dir: Path) -> None:
     assert data["skipped"] == {}
 
 
+def test_maintenance_smoke(bench_url: str, out_dir: Path) -> None:
+    from bench import maintenance
+
+    out = out_dir / "maintenance.json"
+    maintenance.main(["--running", "20", "--finished", "200", "--calls", "20", "--out", str(out)])
+    data = json.loads(out.read_text())
+    assert set(data["statement_ms"]) == {"reap_ms", "prune_ms", "try_lock_not_leader_ms"}
+    assert data["per_reap_interval_for_workers"]["every_worker_ms"] > 0
+
+
 def test_plot_smoke(out_dir: Path) -> None:
     from bench import plot
 
