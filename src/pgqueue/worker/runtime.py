@@ -922,6 +922,7 @@ class Worker:
             listen=listen,
         )
         self.worker: AsyncWorker | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._signals = 0
 
     def run(self) -> int:
@@ -930,7 +931,7 @@ class Worker:
 
     async def _main(self) -> int:
         worker = self.worker = AsyncWorker(**self._args)
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         installed = []
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -964,5 +965,6 @@ class Worker:
         os._exit(128 + sig)
 
     def request_stop(self) -> None:
-        if self.worker is not None:
-            self.worker.request_stop()
+        """Stop gracefully, as on SIGTERM; safe to call from any thread."""
+        if self.worker is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(self.worker.request_stop)
