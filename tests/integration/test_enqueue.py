@@ -200,3 +200,15 @@ async def test_asyncpg_transaction_commits_and_rolls_back_with_the_job(
     assert job.payload == {"n": [2.5, None]} and (await aqueue.get(job.id)).payload == job.payload
     assert dup.duplicate and dup.id == again.id
     assert all(r.created for r in bulk)
+
+
+def test_one_transaction_of_single_enqueues_delivers_one_notification_per_queue(
+    queue: Queue, db_url: str
+) -> None:
+    with psycopg.connect(db_url, autocommit=True) as listener:
+        listener.execute("LISTEN pgqueue_jobs")
+        with psycopg.connect(db_url) as conn:
+            for i in range(50):
+                queue.enqueue("t", {"i": i}, queue="a" if i % 2 else "b", connection=conn)
+        payloads = [n.payload for n in listener.notifies(timeout=0.5)]
+    assert sorted(payloads) == ["a", "b"]
