@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -135,7 +135,7 @@ class Queue(_Common):
 
     def run(self, flow: Flow[T], connection: Any = None, *, transaction: bool = False) -> T:
         """Run a transition on the caller's connection, or on a pooled one."""
-        try:
+        with _unavailable_as_error():
             if connection is not None:
                 conn = _caller_connection(connection)
                 with conn.cursor(row_factory=dict_row) as cur:
@@ -144,12 +144,6 @@ class Queue(_Common):
                 tx = conn.transaction() if transaction else contextlib.nullcontext()
                 with tx, conn.cursor() as cur:
                     return _drive(flow, cur)
-        except PoolTimeout as exc:
-            raise DatabaseUnavailable(
-                f"no database connection within the pool timeout: {exc}"
-            ) from exc
-        except psycopg.OperationalError as exc:
-            raise DatabaseUnavailable(str(exc).strip()) from exc
 
     # -- producers ----------------------------------------------------------------
 
@@ -173,22 +167,20 @@ class Queue(_Common):
     def wait(self, job_id: int, timeout: float) -> Job:
         """Block until the job succeeds, dies or is cancelled; raise WaitTimeout."""
         deadline = time.monotonic() + timeout
-        try:
-            with psycopg.connect(self.url, autocommit=True) as listener:
-                listener.execute(QUERIES["listen_finished"])
-                while True:
-                    job = self.get(job_id)
-                    remaining = deadline - time.monotonic()
-                    if job.state.finished:
-                        return job
-                    if remaining <= 0:
-                        raise WaitTimeout(job_id, timeout)
-                    for _ in listener.notifies(
-                        timeout=min(remaining, WAIT_POLL_SECONDS), stop_after=1
-                    ):
-                        pass
-        except psycopg.OperationalError as exc:
-            raise DatabaseUnavailable(str(exc).strip()) from exc
+        with (
+            _unavailable_as_error(),
+            psycopg.connect(self.url, autocommit=True, connect_timeout=5) as listener,
+        ):
+            listener.execute(QUERIES["listen_finished"])
+            while True:
+                job = self.get(job_id)
+                remaining = deadline - time.monotonic()
+                if job.state.finished:
+                    return job
+                if remaining <= 0:
+                    raise WaitTimeout(job_id, timeout)
+                for _ in listener.notifies(timeout=min(remaining, WAIT_POLL_SECONDS), stop_after=1):
+                    pass
 
     # -- workers --------------------------------------------------------------------
 
@@ -290,7 +282,7 @@ class AsyncQueue(_Common):
 
     async def run(self, flow: Flow[T], connection: Any = None, *, transaction: bool = False) -> T:
         """Run a transition on the caller's connection, or on a pooled one."""
-        try:
+        with _unavailable_as_error():
             if connection is not None and is_asyncpg_connection(connection):
                 return await drive_on_asyncpg(flow, connection)
             if connection is not None:
@@ -303,12 +295,6 @@ class AsyncQueue(_Common):
                         return await _drive_async(flow, cur)
                 async with conn.cursor() as cur:
                     return await _drive_async(flow, cur)
-        except PoolTimeout as exc:
-            raise DatabaseUnavailable(
-                f"no database connection within the pool timeout: {exc}"
-            ) from exc
-        except psycopg.OperationalError as exc:
-            raise DatabaseUnavailable(str(exc).strip()) from exc
 
     async def enqueue(
         self, task: str, payload: Any = None, *, connection: Any = None, **fields: Any
@@ -329,8 +315,11 @@ class AsyncQueue(_Common):
         """As Queue.wait, without blocking the event loop."""
         deadline = time.monotonic() + timeout
         await self.open()
-        try:
-            async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as listener:
+        with _unavailable_as_error():
+            connecting = psycopg.AsyncConnection.connect(
+                self.url, autocommit=True, connect_timeout=5
+            )
+            async with await connecting as listener:
                 await listener.execute(QUERIES["listen_finished"])
                 while True:
                     job = await self.get(job_id)
@@ -342,8 +331,6 @@ class AsyncQueue(_Common):
                     gen = listener.notifies(timeout=min(remaining, WAIT_POLL_SECONDS), stop_after=1)
                     async for _ in gen:
                         pass
-        except psycopg.OperationalError as exc:
-            raise DatabaseUnavailable(str(exc).strip()) from exc
 
     async def claim(
         self, limit: int = 1, *, worker: str = "", queues: Sequence[str] | None = None
@@ -386,6 +373,17 @@ class AsyncQueue(_Common):
 
     async def read(self, name: str, **params: Any) -> list[dict[str, Any]]:
         return await self.run(t.read(name, **params))
+
+
+@contextlib.contextmanager
+def _unavailable_as_error() -> Iterator[None]:
+    """Raise the database being out of reach as DatabaseUnavailable."""
+    try:
+        yield
+    except PoolTimeout as exc:
+        raise DatabaseUnavailable(f"no database connection within the pool timeout: {exc}") from exc
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailable(str(exc).strip()) from exc
 
 
 def _drive(flow: Flow[T], cur: psycopg.Cursor[Any]) -> T:
