@@ -9,9 +9,14 @@ the body size limit run before any of this (middleware.py).
 # at run time, and the batch body's model is made inside create_app.
 
 import asyncio
+import base64
+import functools
+import hashlib
 import logging
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from importlib import resources
 from typing import Annotated, Any
 
 from fastapi import Body, FastAPI, Path, Query, Response
@@ -334,7 +339,40 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
     async def docs() -> HTMLResponse:
         return get_swagger_ui_html(openapi_url="/openapi.json", title="pgqueue API")
 
+    # -- dashboard: a static page, no token needed to load it (it holds no data) ----------
+
+    @app.get("/dashboard", include_in_schema=False)
+    async def dashboard() -> HTMLResponse:
+        page, headers = _dashboard_page()
+        return HTMLResponse(page, headers=headers)
+
     return app
+
+
+@functools.cache
+def _dashboard_page() -> tuple[bytes, dict[str, str]]:
+    """The page, and headers whose CSP allows only its own inline script and
+    style (by hash) and requests to this origin."""
+    page = (resources.files(__package__) / "dashboard" / "index.html").read_bytes()
+    text = page.decode("utf-8")
+
+    def hashes(tag: str) -> str:
+        blocks = re.findall(rf"<{tag}>(.*?)</{tag}>", text, flags=re.DOTALL)
+        return " ".join(
+            f"'sha256-{base64.b64encode(hashlib.sha256(b.encode()).digest()).decode()}'"
+            for b in blocks
+        )
+
+    csp = (
+        f"default-src 'none'; script-src {hashes('script')}; style-src {hashes('style')}; "
+        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    )
+    return page, {
+        "Content-Security-Policy": csp,
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
+        "Cache-Control": "no-cache",
+    }
 
 
 def _bounded_connect(url: str | None) -> str | None:

@@ -1,7 +1,9 @@
 """Two checks that run before routing and before the body is parsed.
 
 ``BearerAuth``: when any token is configured, every path except /healthz
-needs ``Authorization: Bearer <token>``. Admin tokens may do everything; read
+and /dashboard needs ``Authorization: Bearer <token>``. The dashboard is a
+static page that holds no data: it must load so it can ask for the token that
+its own requests then carry. Admin tokens may do everything; read
 tokens only GET and HEAD. Tokens are compared as SHA-256 digests with
 ``hmac.compare_digest`` against every configured token, so the time taken
 says nothing about how much of a token was right, or which one matched.
@@ -23,7 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = ["PUBLIC_PATHS", "READ_METHODS", "BearerAuth", "BodyLimit", "TokenSet"]
 
-PUBLIC_PATHS = frozenset({"/healthz"})
+PUBLIC_PATHS = frozenset({"/healthz", "/dashboard"})
 READ_METHODS = frozenset({"GET", "HEAD"})
 
 Access = Literal["admin", "read"]

@@ -1,0 +1,298 @@
+"""The dashboard in a real headless Chromium, against a real uvicorn.
+
+The app serves a real test database on loopback; Chromium loads /dashboard,
+runs its script (virtual time, so the 2 s refresh does not slow the test)
+and dumps the DOM it built. The DOM must show what the database holds: the
+queue counts and the jobs the test made, one per state.
+
+Needs Debian's ``chromium`` package (/usr/bin/chromium). Without it the
+tests fail; they do not skip.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+from pgqueue import JobState, Queue, Settings
+from pgqueue.api import create_app
+
+TOKEN = "dashboard-test-admin-token"
+CHROMIUM_TIMEOUT_SECONDS = 20
+
+
+def chromium_binary() -> str:
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        pytest.fail(
+            "chromium is not installed: these tests need a real headless browser. "
+            "Install Debian's package: apt-get install -y chromium"
+        )
+    return path
+
+
+def chromium(url: str, profile: Path, *extra: str) -> str:
+    """What Chromium prints for ``url`` (the DOM, by default)."""
+    args = [
+        chromium_binary(),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        "--virtual-time-budget=5000",
+        *(extra or ("--dump-dom",)),
+        url,
+    ]
+    done = subprocess.run(
+        args, capture_output=True, text=True, timeout=CHROMIUM_TIMEOUT_SECONDS, check=False
+    )
+    assert done.returncode == 0, f"chromium failed ({done.returncode}): {done.stderr[-2000:]}"
+    return done.stdout
+
+
+class LiveServer:
+    """uvicorn serving the app in a thread, on a socket bound beforehand."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        config = uvicorn.Config(
+            create_app(settings), lifespan="on", log_level="warning", access_log=False
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]})
+
+    def __enter__(self) -> LiveServer:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "uvicorn did not start"
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.sock.close()
+
+
+# -- reading the dumped DOM ------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    attrs: dict[str, str]
+    cells: list[tuple[dict[str, str], str]] = field(default_factory=list)
+
+    def col(self, name: str) -> str:
+        return next(text for attrs, text in self.cells if attrs.get("data-col") == name)
+
+
+class Dom(HTMLParser):
+    """Rows of each tbody (by id), and which elements carry ``hidden``."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tables: dict[str, list[Row]] = {}
+        self.hidden: set[str] = set()
+        self.ids: set[str] = set()
+        self._tbody: str | None = None
+        self._cell: tuple[dict[str, str], list[str]] | None = None
+        self.feed(text)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = {k: v or "" for k, v in attrs}
+        if "id" in a:
+            self.ids.add(a["id"])
+            if "hidden" in a:
+                self.hidden.add(a["id"])
+        if tag == "tbody" and "id" in a:
+            self._tbody = a["id"]
+            self.tables[a["id"]] = []
+        elif tag == "tr" and self._tbody:
+            self.tables[self._tbody].append(Row(a))
+        elif tag == "td" and self._tbody:
+            self._cell = (a, [])
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell[1].append(data)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "td" and self._cell is not None and self._tbody:
+            self.tables[self._tbody][-1].cells.append((self._cell[0], "".join(self._cell[1])))
+            self._cell = None
+        elif tag == "tbody":
+            self._tbody = None
+
+    def rows(self, tbody: str, key: str) -> dict[str, Row]:
+        return {r.attrs[key]: r for r in self.tables[tbody] if key in r.attrs}
+
+
+def element_text(dom: str, element_id: str) -> str:
+    match = re.search(rf'<pre id="{element_id}">(.*?)</pre>', dom, flags=re.DOTALL)
+    assert match, f"no #{element_id} in the DOM"
+    return html.unescape(match.group(1))
+
+
+# -- the data ------------------------------------------------------------------------------
+
+INJECTION = '<b id="injected">bold</b><img src=x onerror="document.title=1">'
+
+
+def make_jobs(queue: Queue) -> dict[str, int]:
+    """One job per state, ids by state. Claims pick the oldest first, so the
+    jobs that must run are enqueued (and finished) before the one that waits."""
+    ok = queue.enqueue("send_email", {"to": "a@example.com"})
+    [claimed] = queue.claim(worker="test")
+    assert claimed.id == ok.id
+    assert queue.ack(claimed, {"message_id": "m-42", "sent": True}) is JobState.SUCCEEDED
+
+    dead = queue.enqueue("charge_card", {"amount": 12}, max_attempts=1)
+    [claimed] = queue.claim(worker="test")
+    assert claimed.id == dead.id
+    assert queue.fail(claimed, "card declined: insufficient funds") is JobState.DEAD
+
+    waiting = queue.enqueue("resize_image", {"path": "a.png", "note": INJECTION}, queue="images")
+    return {"succeeded": ok.id, "dead": dead.id, "queued": waiting.id}
+
+
+EXPECTED_QUEUES = {  # what make_jobs did, per queue
+    "default": {"queued": 0, "running": 0, "succeeded": 1, "failed_attempts": 1, "dead": 1},
+    "images": {"queued": 1, "running": 0, "succeeded": 0, "failed_attempts": 0, "dead": 0},
+}
+
+
+# -- tests -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def browser_profile(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path / "chromium-profile"
+
+
+def test_dashboard_shows_queues_jobs_and_a_job_in_a_real_browser(
+    settings: Settings, queue: Queue, browser_profile: Path
+) -> None:
+    ids = make_jobs(queue)
+    in_db = {j.id: j for j in queue.list_jobs(limit=100)}
+    assert {in_db[i].state for i in ids.values()} == {JobState(s) for s in ids}
+
+    with LiveServer(settings) as server:
+        page = httpx.get(f"{server.url}/dashboard", timeout=5)
+        assert page.status_code == 200
+        assert page.headers["content-type"].startswith("text/html")
+        assert "default-src 'none'" in page.headers["content-security-policy"]
+        # The successful job's detail, opened by a link: #job=<id>.
+        dom_text = chromium(f"{server.url}/dashboard#job={ids['succeeded']}", browser_profile)
+
+    dom = Dom(dom_text)
+    assert "token-prompt" in dom.hidden and "app" not in dom.hidden
+
+    queues = dom.rows("queues-body", "data-queue")
+    assert set(queues) == set(EXPECTED_QUEUES)
+    for name, counts in EXPECTED_QUEUES.items():
+        for col, value in counts.items():
+            assert queues[name].col(col) == str(value), (name, col)
+
+    jobs = dom.rows("jobs-body", "data-job-id")
+    assert set(jobs) == {str(i) for i in in_db}
+    for job_id, job in in_db.items():
+        row = jobs[str(job_id)]
+        texts = [text for _, text in row.cells]
+        assert texts[:4] == [str(job.id), job.queue, job.task, str(job.state)]
+        assert row.attrs["data-state"] == str(job.state)
+    order = [int(r.attrs["data-job-id"]) for r in dom.tables["jobs-body"]]
+    assert order == sorted(in_db, reverse=True), "newest first"
+    assert "jobs-more" in dom.hidden, "one page: no next_cursor, no More button"
+
+    # Detail panel: payload and result as JSON, no error.
+    ok = in_db[ids["succeeded"]]
+    assert "detail-body" not in dom.hidden
+    assert json.loads(element_text(dom_text, "detail-payload")) == ok.payload
+    assert json.loads(element_text(dom_text, "detail-result")) == ok.result
+    assert element_text(dom_text, "detail-error") == "—"
+
+
+def test_dashboard_shows_the_error_and_escapes_job_data(
+    settings: Settings, queue: Queue, browser_profile: Path
+) -> None:
+    ids = make_jobs(queue)
+    with LiveServer(settings) as server:
+        dead_dom = chromium(f"{server.url}/dashboard#job={ids['dead']}", browser_profile)
+        queued_dom = chromium(f"{server.url}/dashboard#job={ids['queued']}", browser_profile)
+
+    dead = queue.get(ids["dead"])
+    assert element_text(dead_dom, "detail-error") == dead.last_error
+    assert element_text(dead_dom, "detail-result") == "—"
+
+    # Job data is text: the markup in the payload is shown, never parsed.
+    assert "injected" not in Dom(queued_dom).ids
+    assert "<img" not in queued_dom.replace(INJECTION, "")
+    assert json.loads(element_text(queued_dom, "detail-payload"))["note"] == INJECTION
+
+
+def test_more_button_appears_when_there_is_a_next_page(
+    settings: Settings, queue: Queue, browser_profile: Path
+) -> None:
+    queue.enqueue_many([{"task": "bulk", "payload": {"n": n}} for n in range(51)])
+    newest_first = [j.id for j in queue.list_jobs(limit=100)]
+    with LiveServer(settings) as server:
+        dom = Dom(chromium(f"{server.url}/dashboard", browser_profile))
+    shown = [int(r.attrs["data-job-id"]) for r in dom.tables["jobs-body"]]
+    assert shown == newest_first[:50]
+    assert "jobs-more" not in dom.hidden
+
+
+def test_with_a_token_the_page_loads_and_asks_for_it(
+    settings: Settings, queue: Queue, tmp_path: Path
+) -> None:
+    ids = make_jobs(queue)
+    with LiveServer(settings.replace(api_tokens=(TOKEN,))) as server:
+        # The page itself is public (it holds no data); the data is not.
+        assert httpx.get(f"{server.url}/dashboard", timeout=5).status_code == 200
+        assert httpx.get(f"{server.url}/queues", timeout=5).status_code == 401
+        assert httpx.get(f"{server.url}/dashboard/", timeout=5).status_code == 401
+
+        without = chromium(f"{server.url}/dashboard", tmp_path / "p1")
+        wrong = chromium(f"{server.url}/dashboard#token=not-the-token", tmp_path / "p2")
+        # The token in the fragment goes to sessionStorage, and leaves the DOM.
+        right = chromium(
+            f"{server.url}/dashboard#token={TOKEN}&job={ids['succeeded']}", tmp_path / "p3"
+        )
+
+    dom = Dom(without)
+    assert "token-prompt" not in dom.hidden and "app" in dom.hidden
+    assert not dom.rows("queues-body", "data-queue") and not dom.rows("jobs-body", "data-job-id")
+    assert "This API needs a token" in without
+
+    dom = Dom(wrong)
+    assert "token-prompt" not in dom.hidden and "app" in dom.hidden
+    assert "refused this token (unknown token)" in wrong
+
+    dom = Dom(right)
+    assert "token-prompt" in dom.hidden and "app" not in dom.hidden
+    assert set(dom.rows("queues-body", "data-queue")) == set(EXPECTED_QUEUES)
+    assert set(dom.rows("jobs-body", "data-job-id")) == {str(i) for i in ids.values()}
+    assert json.loads(element_text(right, "detail-result")) == queue.get(ids["succeeded"]).result
+    assert TOKEN not in right
