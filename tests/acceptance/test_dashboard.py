@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import re
+import select
 import shutil
 import socket
 import subprocess
@@ -49,14 +51,7 @@ def chromium(url: str, profile: Path, *extra: str) -> str:
     """What Chromium prints for ``url`` (the DOM, by default)."""
     args = [
         chromium_binary(),
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
+        *CHROMIUM_FLAGS,
         f"--user-data-dir={profile}",
         "--virtual-time-budget=5000",
         *(extra or ("--dump-dom",)),
@@ -67,6 +62,115 @@ def chromium(url: str, profile: Path, *extra: str) -> str:
     )
     assert done.returncode == 0, f"chromium failed ({done.returncode}): {done.stderr[-2000:]}"
     return done.stdout
+
+
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
+
+
+class DevTools:
+    """Chromium driven over the DevTools protocol on a pipe (fds 3 and 4,
+    messages ending in NUL): no port, no extra package. Real time, not
+    virtual, so that clicks and their fetches run as they would for a user."""
+
+    def __init__(self, url: str, profile: Path) -> None:
+        to_chrome_r, self._w = os.pipe()
+        self._r, from_chrome_w = os.pipe()
+
+        def fds() -> None:  # in the child: the protocol's fds are 3 and 4
+            os.dup2(to_chrome_r, 3)
+            os.dup2(from_chrome_w, 4)
+
+        self.proc = subprocess.Popen(
+            [chromium_binary(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
+             "--remote-debugging-pipe", "about:blank"],
+            preexec_fn=fds, close_fds=False,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        os.close(to_chrome_r)
+        os.close(from_chrome_w)
+        self.url = url
+        self._buffer = b""
+        self._next_id = 0
+        self.session = ""
+
+    def __enter__(self) -> DevTools:
+        targets = self.call("Target.getTargets", session=False)["targetInfos"]
+        page = next(t for t in targets if t["type"] == "page")
+        attached = self.call(
+            "Target.attachToTarget", {"targetId": page["targetId"], "flatten": True}, session=False
+        )
+        self.session = attached["sessionId"]  # type: ignore[assignment]
+        self.call("Page.navigate", {"url": self.url})
+        deadline = time.monotonic() + 10
+        while self.run("document.readyState") != "complete":
+            assert time.monotonic() < deadline, "the dashboard did not load"
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+        os.close(self._r)
+        os.close(self._w)
+
+    def call(self, method: str, params: dict[str, object] | None = None, *, session: bool = True,
+             timeout: float = CHROMIUM_TIMEOUT_SECONDS) -> dict[str, object]:  # fmt: skip
+        self._next_id += 1
+        message: dict[str, object] = {"id": self._next_id, "method": method, "params": params or {}}
+        if session:
+            message["sessionId"] = self.session
+        os.write(self._w, json.dumps(message).encode() + b"\0")
+        deadline = time.monotonic() + timeout
+        while True:
+            while b"\0" in self._buffer:
+                raw, self._buffer = self._buffer.split(b"\0", 1)
+                answer = json.loads(raw)
+                if answer.get("id") == self._next_id:
+                    assert "error" not in answer, answer["error"]
+                    return answer["result"]  # type: ignore[no-any-return]
+            left = deadline - time.monotonic()
+            assert left > 0, f"chromium did not answer {method}"
+            if select.select([self._r], [], [], left)[0]:
+                chunk = os.read(self._r, 1 << 16)
+                assert chunk, f"chromium closed the pipe (exit {self.proc.poll()})"
+                self._buffer += chunk
+
+    def run(self, script: str) -> object:
+        """The value of an async JS expression, evaluated in the page."""
+        result = self.call(
+            "Runtime.evaluate",
+            {"expression": script, "awaitPromise": True, "returnByValue": True},
+        )
+        assert "exceptionDetails" not in result, result["exceptionDetails"]
+        return result["result"]["value"]  # type: ignore[index]
+
+
+# Clicks a job's row, then a button of its detail panel, and returns what the
+# panel's message says once the API has answered.
+CLICK = """(async () => {
+  const until = async (f) => {
+    for (let i = 0; i < 200; i++) {
+      const v = f(); if (v) return v; await new Promise(r => setTimeout(r, 25));
+    }
+    throw new Error("timed out waiting in the page");
+  };
+  (await until(() => document.querySelector('#jobs-body tr[data-job-id="JOB"]'))).click();
+  await until(() => document.getElementById("detail-id").textContent === "#JOB");
+  const message = document.getElementById("detail-message");
+  document.getElementById("job-BUTTON").click();
+  return await until(() => /\\b(ok|error)\\b/.test(message.className)
+    && {kind: message.className.replace("message ", ""), text: message.textContent,
+        state: document.querySelector('#detail-fields dd[data-field="state"]').textContent});
+})()"""
 
 
 class LiveServer:
@@ -296,3 +400,45 @@ def test_with_a_token_the_page_loads_and_asks_for_it(
     assert set(dom.rows("jobs-body", "data-job-id")) == {str(i) for i in ids.values()}
     assert json.loads(element_text(right, "detail-result")) == queue.get(ids["succeeded"]).result
     assert TOKEN not in right
+
+
+def test_cancel_and_retry_buttons_call_the_api_and_show_its_409_message(
+    settings: Settings, queue: Queue, browser_profile: Path
+) -> None:
+    ids = make_jobs(queue)
+    with LiveServer(settings.replace(api_tokens=(TOKEN,))) as server:
+        # What the API itself says when a succeeded job is retried.
+        refused = httpx.post(
+            f"{server.url}/jobs/{ids['succeeded']}/retry",
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            timeout=5,
+        )
+        assert refused.status_code == 409
+        with DevTools(f"{server.url}/dashboard#token={TOKEN}", browser_profile) as page:
+            # The fragment's token moved to sessionStorage and left the address bar.
+            assert page.run("location.href") == f"{server.url}/dashboard"
+            assert page.run('sessionStorage.getItem("pgqueue.dashboard.token")') == TOKEN
+
+            def click(job: int, button: str) -> dict[str, str]:
+                script = CLICK.replace("JOB", str(job)).replace("BUTTON", button)
+                return page.run(script)  # type: ignore[return-value]
+
+            assert click(ids["succeeded"], "retry") == {
+                "kind": "error",
+                "text": refused.json()["message"],
+                "state": "succeeded",
+            }
+            assert queue.get(ids["succeeded"]).state is JobState.SUCCEEDED
+
+            assert click(ids["queued"], "cancel") == {
+                "kind": "ok",
+                "text": "Cancelled.",
+                "state": "cancelled",
+            }
+            assert queue.get(ids["queued"]).state is JobState.CANCELLED
+
+            assert click(ids["queued"], "retry")["state"] == "queued"
+            assert queue.get(ids["queued"]).state is JobState.QUEUED
+
+            assert click(ids["dead"], "cancel")["kind"] == "error"
+            assert queue.get(ids["dead"]).state is JobState.DEAD
