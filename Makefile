@@ -4,6 +4,10 @@ PY := $(VENV)/bin/python
 
 .PHONY: run test lint setup
 
+# The dashboard's test drives a real headless Chromium: Debian's package.
+CHROMIUM := /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
@@ -20,5 +24,9 @@ lint: setup
 	$(VENV)/bin/ruff format --check src tests bench examples
 	$(VENV)/bin/mypy
 
-test: setup lint
+$(CHROMIUM):
+	$(SUDO) apt-get update -qq
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+
+test: setup lint $(CHROMIUM)
 	$(VENV)/bin/pytest
