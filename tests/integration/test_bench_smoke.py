@@ -127,6 +127,16 @@ def test_maintenance_smoke(bench_url: str, out_dir: Path) -> None:
     assert data["per_reap_interval_for_workers"]["every_worker_ms"] > 0
 
 
+def test_fillfactor_smoke(bench_url: str, out_dir: Path) -> None:
+    from bench import fillfactor
+
+    out = out_dir / "fillfactor.json"
+    fillfactor.main(["--history", "300", "--jobs", "200", "--repeats", "1", "--out", str(out)])
+    cells = json.loads(out.read_text())["cells"]
+    assert len(cells) == 6
+    assert all(cell["wal_bytes_per_job"]["median"] > 0 for cell in cells.values())
+
+
 def test_plot_smoke(out_dir: Path) -> None:
     from bench import plot
 
