@@ -114,3 +114,17 @@ def bench_database(name: str = "bench") -> Iterator[str]:
         yield url
     finally:
         server.destroy()
+
+
+def add_finished_jobs(queue: Any, count: int, queue_name: str = "history") -> None:
+    """``count`` finished jobs made the way production makes them (enqueued,
+    claimed, acked), so that the table's pages look like a real history's. A
+    bulk INSERT of finished rows is faster but leaves different pages (see
+    bench.fillfactor)."""
+    from pgqueue import Outcome
+
+    for start in range(0, count, 50_000):
+        size = min(50_000, count - start)
+        queue.enqueue_many([{"task": "noop", "queue": queue_name} for _ in range(size)])
+        while claimed := queue.claim(100, worker="history", queues=[queue_name]):
+            queue.finish([Outcome.success(job, None) for job in claimed])

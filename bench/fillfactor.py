@@ -25,7 +25,7 @@ from typing import Any
 
 import psycopg
 
-from bench.common import bench_database, server_info, summary, write_result
+from bench.common import add_finished_jobs, bench_database, server_info, summary, write_result
 from pgqueue import Outcome, Queue, Settings
 
 HISTORY_SQL = (
@@ -34,15 +34,6 @@ HISTORY_SQL = (
     " now() - interval '1 day', now() - interval '1 day', now() - interval '1 day',"
     " '{\"ok\": true}' FROM generate_series(1, %s)"
 )
-
-
-def build_real_history(queue: Queue, count: int) -> None:
-    """Finished jobs made the way production makes them."""
-    for start in range(0, count, 50_000):
-        size = min(50_000, count - start)
-        queue.enqueue_many([{"task": "noop", "queue": "history"} for _ in range(size)])
-        while claimed := queue.claim(100, worker="history", queues=["history"]):
-            queue.finish([Outcome.success(job, None) for job in claimed])
 
 
 def drain_once(queue: Queue, admin: psycopg.Connection[Any], jobs: int) -> dict[str, float]:
@@ -82,7 +73,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     admin.execute("TRUNCATE pgqueue_jobs")
                     admin.execute(f"ALTER TABLE pgqueue_jobs SET (fillfactor = {fillfactor})")
                     if history == "real":
-                        build_real_history(queue, args.history)
+                        add_finished_jobs(queue, args.history)
                     elif history == "bulk_insert":
                         admin.execute(HISTORY_SQL, (args.history,))
                     admin.execute("VACUUM ANALYZE pgqueue_jobs")

@@ -7,8 +7,10 @@ latency with 0, 100k and 1M finished jobs in the table.
 One fresh server on disk (fsync and synchronous_commit on), the API in front
 of it, and the same live load at every size (bench/metrics_history.py's: 1,000
 queued, 200 scheduled and 50 running jobs over 4 queues). Only the history
-grows, added with bench/metrics_history.py's add_history (INSERT ... SELECT of
-finished jobs with their counters), then VACUUM ANALYZE. At each size:
+grows, added the way production adds it (bench.common.add_finished_jobs:
+jobs enqueued, claimed and acked; a bulk INSERT of finished rows leaves
+pages unlike a real history's, see bench.fillfactor), then VACUUM ANALYZE.
+At each size:
   * claim_ack_batch_100: JOBS jobs in their own queue, drained on one
     connection by claim(100, queues=[...]) + finish(...) (bench/core.py's
     loop, with a queue filter so the live load stays untouched);
@@ -40,8 +42,8 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 
 from bench.api_enqueue import api_server
-from bench.common import bench_database, server_info, summary, write_result
-from bench.metrics_history import add_history, add_live_load, check_exposition, scrape_latencies
+from bench.common import add_finished_jobs, bench_database, server_info, summary, write_result
+from bench.metrics_history import add_live_load, check_exposition, scrape_latencies
 from pgqueue import Outcome, Queue, Settings, migrate
 
 QUEUE = "drain"
@@ -181,7 +183,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             loaded = drained = 0
             for size in sizes:
                 began = time.perf_counter()
-                add_history(conn, size - loaded)
+                add_finished_jobs(queue, size - loaded)
                 loaded = size
                 conn.execute("VACUUM ANALYZE pgqueue_jobs")
                 conn.execute("CHECKPOINT")
@@ -250,6 +252,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "scrapes": args.scrapes,
             "live_load": "1,000 queued, 200 scheduled, 50 running over 4 queues "
             "(bench.metrics_history.add_live_load)",
+            "history": "enqueued, claimed and acked (bench.common.add_finished_jobs)",
         },
         "elapsed_seconds": time.monotonic() - started,
         "sizes": rows,
