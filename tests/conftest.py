@@ -13,11 +13,19 @@ from collections.abc import AsyncIterator, Iterator
 
 import psycopg
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from pgqueue import AsyncQueue, Queue, Settings, migrate
 from pgqueue.embedded import EmbeddedPostgres
 
 TEMPLATE = "pgqueue_template"
+
+# Property tests explore new random inputs on every developer run, and the
+# same fixed sequence in CI, so that a CI result does not depend on luck. A
+# failure found locally is a bug to fix and then a case to add by hand.
+hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    hypothesis_settings.load_profile("ci")
 
 
 def _tmpfs_root() -> str:

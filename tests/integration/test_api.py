@@ -513,6 +513,8 @@ BAD_JSON_BODIES: list[tuple[Any, str, int]] = [
     ({"task": "t", "run_at": "2030-01-01"}, "run_at", 422),
     ({"task": "t", "run_at": "tomorrow"}, "run_at", 422),
     ({"task": "t", "run_at": 1900000000}, "run_at", 422),
+    ({"task": "t", "run_at": "1"}, "run_at", 422),
+    ({"task": "t", "run_at": "1900000000"}, "run_at", 422),
     ({"task": "t", "run_at": "0001-01-01T00:00:00+14:00"}, "run_at", 422),
     ({"task": "t", "run_at": "9999-12-31T23:59:59-14:00"}, "run_at", 422),
     ({"task": "t", "delay_seconds": 5, "run_at": "2030-01-01T00:00:00Z"}, "run_at", 422),

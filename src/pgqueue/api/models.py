@@ -62,9 +62,14 @@ Seconds = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 
 
 def _text_only(value: Any) -> Any:
-    # Lax datetime parsing would read a bare number as a Unix time.
+    # Lax datetime parsing would read a bare number, or a string of digits,
+    # as a Unix time.
     if not isinstance(value, str):
         raise ValueError("must be an ISO 8601 string with a time zone")
+    try:
+        datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError("must be an ISO 8601 string with a time zone") from None
     return value
 
 
