@@ -17,9 +17,7 @@ import os
 import re
 import select
 import shutil
-import socket
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -28,10 +26,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
 from pgqueue import JobState, Queue, Settings
 from pgqueue.api import create_app
+from tests.support import LiveServer
 
 TOKEN = "dashboard-test-admin-token"
 CHROMIUM_TIMEOUT_SECONDS = 20
@@ -173,33 +171,6 @@ CLICK = """(async () => {
 })()"""
 
 
-class LiveServer:
-    """uvicorn serving the app in a thread, on a socket bound beforehand."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        config = uvicorn.Config(
-            create_app(settings), lifespan="on", log_level="warning", access_log=False
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]})
-
-    def __enter__(self) -> LiveServer:
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < deadline and self.thread.is_alive(), "uvicorn did not start"
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-        self.sock.close()
-
-
 # -- reading the dumped DOM ------------------------------------------------------------------
 
 
@@ -302,7 +273,7 @@ def test_dashboard_shows_queues_jobs_and_a_job_in_a_real_browser(
     in_db = {j.id: j for j in queue.list_jobs(limit=100)}
     assert {in_db[i].state for i in ids.values()} == {JobState(s) for s in ids}
 
-    with LiveServer(settings) as server:
+    with LiveServer(create_app(settings)) as server:
         page = httpx.get(f"{server.url}/dashboard", timeout=5)
         assert page.status_code == 200
         assert page.headers["content-type"].startswith("text/html")
@@ -342,7 +313,7 @@ def test_dashboard_shows_the_error_and_escapes_job_data(
     settings: Settings, queue: Queue, browser_profile: Path
 ) -> None:
     ids = make_jobs(queue)
-    with LiveServer(settings) as server:
+    with LiveServer(create_app(settings)) as server:
         dead_dom = chromium(f"{server.url}/dashboard#job={ids['dead']}", browser_profile)
         queued_dom = chromium(f"{server.url}/dashboard#job={ids['queued']}", browser_profile)
 
@@ -361,7 +332,7 @@ def test_more_button_appears_when_there_is_a_next_page(
 ) -> None:
     queue.enqueue_many([{"task": "bulk", "payload": {"n": n}} for n in range(51)])
     newest_first = [j.id for j in queue.list_jobs(limit=100)]
-    with LiveServer(settings) as server:
+    with LiveServer(create_app(settings)) as server:
         dom = Dom(chromium(f"{server.url}/dashboard", browser_profile))
     shown = [int(r.attrs["data-job-id"]) for r in dom.tables["jobs-body"]]
     assert shown == newest_first[:50]
@@ -372,7 +343,7 @@ def test_with_a_token_the_page_loads_and_asks_for_it(
     settings: Settings, queue: Queue, tmp_path: Path
 ) -> None:
     ids = make_jobs(queue)
-    with LiveServer(settings.replace(api_tokens=(TOKEN,))) as server:
+    with LiveServer(create_app(settings.replace(api_tokens=(TOKEN,)))) as server:
         # The page itself is public (it holds no data); the data is not.
         assert httpx.get(f"{server.url}/dashboard", timeout=5).status_code == 200
         assert httpx.get(f"{server.url}/queues", timeout=5).status_code == 401
@@ -406,7 +377,7 @@ def test_cancel_and_retry_buttons_call_the_api_and_show_its_409_message(
     settings: Settings, queue: Queue, browser_profile: Path
 ) -> None:
     ids = make_jobs(queue)
-    with LiveServer(settings.replace(api_tokens=(TOKEN,))) as server:
+    with LiveServer(create_app(settings.replace(api_tokens=(TOKEN,)))) as server:
         # What the API itself says when a succeeded job is retried.
         refused = httpx.post(
             f"{server.url}/jobs/{ids['succeeded']}/retry",

@@ -13,16 +13,12 @@ ten years ahead), so a few schema-valid bodies are rightly refused with 422.
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 import uuid
 from collections.abc import Iterator
 
 import psycopg
 import pytest
 import schemathesis
-import uvicorn
 from hypothesis import HealthCheck, settings
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
@@ -30,6 +26,7 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 from pgqueue import Settings
 from pgqueue.api import create_app
 from pgqueue.embedded import EmbeddedPostgres
+from tests.support import LiveServer
 
 TOKEN = "schema-test-admin-token"
 SETTINGS = Settings(
@@ -42,31 +39,6 @@ schema.config.generation.update(
     modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE],
     with_security_parameters=False,  # the real token is sent instead
 )
-
-
-class LiveServer:
-    """uvicorn serving an app in a thread, on a socket bound beforehand."""
-
-    def __init__(self, app: object) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        config = uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False)  # type: ignore[arg-type]
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]})
-
-    def __enter__(self) -> LiveServer:
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < deadline and self.thread.is_alive(), "uvicorn did not start"
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-        self.sock.close()
 
 
 @pytest.fixture(scope="module")
