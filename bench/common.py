@@ -128,3 +128,25 @@ def add_finished_jobs(queue: Any, count: int, queue_name: str = "history") -> No
         queue.enqueue_many([{"task": "noop", "queue": queue_name} for _ in range(size)])
         while claimed := queue.claim(100, worker="history", queues=[queue_name]):
             queue.finish([Outcome.success(job, None) for job in claimed])
+
+
+def start_latency_percentiles(url: str, jobs: int) -> dict[str, float]:
+    """Enqueue-to-start latency of the succeeded jobs (started_at - run_at,
+    the database clock), in ms: p50, p95, p99, max and mean. Raises if fewer
+    than ``jobs`` ran."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT extract(epoch FROM started_at - run_at)::float8 * 1000 "
+            "FROM pgqueue_jobs WHERE state = 'succeeded' ORDER BY 1"
+        ).fetchall()
+    ms = [r[0] for r in rows]
+    if len(ms) != jobs:
+        raise RuntimeError(f"only {len(ms)} of {jobs} jobs ran")
+    q = statistics.quantiles(ms, n=100, method="inclusive")
+    return {
+        "p50_ms": q[49],
+        "p95_ms": q[94],
+        "p99_ms": q[98],
+        "max_ms": ms[-1],
+        "mean_ms": statistics.fmean(ms),
+    }

@@ -34,7 +34,7 @@ from typing import Any
 
 import psycopg
 
-from bench.common import bench_database, server_info, write_result
+from bench.common import bench_database, server_info, start_latency_percentiles, write_result
 from bench.worker_throughput import clear
 from pgqueue import Queue, Settings
 
@@ -129,25 +129,7 @@ def run_once(
             if p.is_alive():
                 p.kill()
                 p.join()
-    with psycopg.connect(url, autocommit=True) as conn:
-        ms = [
-            r[0]
-            for r in conn.execute(
-                "SELECT extract(epoch FROM started_at - run_at)::float8 * 1000 "
-                "FROM pgqueue_jobs WHERE state = 'succeeded' ORDER BY 1"
-            ).fetchall()
-        ]
-    if len(ms) != jobs:
-        raise RuntimeError(f"only {len(ms)} of {jobs} jobs ran")
-    q = statistics.quantiles(ms, n=100, method="inclusive")
-    return {
-        "p50_ms": q[49],
-        "p95_ms": q[94],
-        "p99_ms": q[98],
-        "max_ms": ms[-1],
-        "mean_ms": statistics.fmean(ms),
-        "achieved_rate": jobs / produce_seconds,
-    }
+    return {**start_latency_percentiles(url, jobs), "achieved_rate": jobs / produce_seconds}
 
 
 def _ints(text: str) -> list[int]:

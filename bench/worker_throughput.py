@@ -36,7 +36,13 @@ from typing import Any
 
 import psycopg
 
-from bench.common import bench_database, server_info, summary, write_result
+from bench.common import (
+    bench_database,
+    server_info,
+    start_latency_percentiles,
+    summary,
+    write_result,
+)
 from pgqueue import Queue, Settings
 from pgqueue.embedded import EmbeddedPostgres
 from pgqueue.sql import QUERIES
@@ -247,23 +253,7 @@ def latency(url: str, jobs: int, per_second: float) -> dict[str, float]:
             time.sleep(0.5)
     finally:
         stop_workers(procs)
-    with psycopg.connect(url, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT extract(epoch FROM started_at - run_at)::float8 * 1000 "
-            "FROM pgqueue_jobs WHERE state = 'succeeded' ORDER BY 1"
-        ).fetchall()
-    ms = [r[0] for r in rows]
-    if len(ms) != jobs:
-        raise RuntimeError(f"only {len(ms)} of {jobs} latency jobs ran")
-    q = statistics.quantiles(ms, n=100, method="inclusive")
-    return {
-        "p50_ms": q[49],
-        "p95_ms": q[94],
-        "p99_ms": q[98],
-        "max_ms": ms[-1],
-        "jobs": jobs,
-        "per_second": per_second,
-    }
+    return {**start_latency_percentiles(url, jobs), "jobs": jobs, "per_second": per_second}
 
 
 # -- main ------------------------------------------------------------------------------------

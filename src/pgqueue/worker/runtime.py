@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import os
 import random
@@ -95,9 +94,6 @@ CONNECT_KWARGS: dict[str, Any] = {
 MAX_ERROR_CHARS = 4000
 
 Stage = Literal["running", "done", "writing"]
-# Job's fields in constructor order, for building jobs from tuples.
-JOB_FIELDS = tuple(f.name for f in dataclasses.fields(Job) if f.name != "duplicate")
-_STATES = {state.value: state for state in JobState}
 
 
 def backoff_delay(attempt: int) -> float:
@@ -193,16 +189,7 @@ class _Connection:
             except RETRYABLE_ERRORS:
                 await self._drop()
                 raise
-        if not rows:
-            return []
-        picks = [names.index(name) for name in JOB_FIELDS]
-        state = JOB_FIELDS.index("state")
-        jobs = []
-        for row in rows:
-            values = [row[i] for i in picks]
-            values[state] = _STATES[values[state]]
-            jobs.append(Job(*values))
-        return jobs
+        return Job.from_tuples(names, rows) if rows else []
 
     async def _connect(self) -> None:
         conn = await psycopg.AsyncConnection.connect(
