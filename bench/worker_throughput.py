@@ -270,6 +270,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", default=None)
     parser.add_argument("--child", nargs=3, metavar=("URL", "TASK", "CONCURRENCY"))
     args = parser.parse_args(argv)
+    if args.jobs % (CLIENTS * BATCH):
+        # The pgbench reference drains in whole transactions of BATCH rows per client.
+        parser.error(f"--jobs must be a multiple of {CLIENTS * BATCH}")
     if args.child:
         child(args.child[0], args.child[1], int(args.child[2]))
         return {}

@@ -137,6 +137,18 @@ def test_fillfactor_smoke(bench_url: str, out_dir: Path) -> None:
     assert all(cell["wal_bytes_per_job"]["median"] > 0 for cell in cells.values())
 
 
+def test_worker_throughput_smoke(bench_url: str, out_dir: Path) -> None:
+    from bench import worker_throughput
+
+    out = out_dir / "worker_throughput_smoke.json"
+    worker_throughput.main(
+        ["--jobs", "200", "--repeats", "1", "--latency-jobs", "20", "--out", str(out)]
+    )
+    data = json.loads(out.read_text())
+    assert all(r["median"] > 0 for r in data["rates_jobs_per_second"].values())
+    assert data["latency_idle_100_per_second"]["p50_ms"] > 0
+
+
 def test_plot_smoke(out_dir: Path) -> None:
     from bench import plot
 
