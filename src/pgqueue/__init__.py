@@ -35,6 +35,7 @@ from .errors import (
     JobNotRetryable,
     JobStateConflict,
     PgQueueError,
+    SchemaNotMigrated,
     WaitTimeout,
 )
 from .jobs import Job, JobSpec, JobState
@@ -59,6 +60,7 @@ __all__ = [
     "Outcome",
     "PgQueueError",
     "Queue",
+    "SchemaNotMigrated",
     "Settings",
     "WaitTimeout",
     "migrate",

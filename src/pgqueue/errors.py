@@ -8,7 +8,8 @@ PgQueueError
 │   ├── JobAlreadyFinished   cancel of a succeeded, dead or cancelled job
 │   └── JobNotRetryable      retry of a job that is not dead or cancelled
 ├── WaitTimeout           wait() gave up before the job finished
-└── DatabaseUnavailable   the database did not answer in time
+├── DatabaseUnavailable   the database did not answer in time
+└── SchemaNotMigrated     the database lacks pgqueue's tables, or has an older schema
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ __all__ = [
     "JobNotRetryable",
     "JobStateConflict",
     "PgQueueError",
+    "SchemaNotMigrated",
     "WaitTimeout",
 ]
 
@@ -78,3 +80,13 @@ class WaitTimeout(PgQueueError, TimeoutError):
 
 class DatabaseUnavailable(PgQueueError, ConnectionError):
     """The database could not be reached within the configured wait."""
+
+
+class SchemaNotMigrated(PgQueueError):
+    """The database has no pgqueue schema, or an older one than this code.
+    ``pending`` lists the migrations not applied (empty when unknown)."""
+
+    def __init__(self, pending: list[str] | None = None) -> None:
+        self.pending = list(pending or [])
+        missing = f" (missing: {', '.join(self.pending)})" if self.pending else ""
+        super().__init__(f"the database schema is not migrated{missing}: run `pgqueue migrate`")

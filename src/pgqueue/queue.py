@@ -24,7 +24,7 @@ from . import transitions as t
 from ._asyncpg import drive as drive_on_asyncpg
 from ._asyncpg import is_asyncpg_connection
 from .embedded import EmbeddedPostgres
-from .errors import DatabaseUnavailable, InvalidJob, WaitTimeout
+from .errors import DatabaseUnavailable, InvalidJob, SchemaNotMigrated, WaitTimeout
 from .jobs import Job, JobSpec, JobState
 from .settings import Settings
 from .sql import QUERIES
@@ -375,11 +375,23 @@ class AsyncQueue(_Common):
         return await self.run(t.read(name, **params))
 
 
+# What PostgreSQL says when pgqueue's tables, columns or functions are not
+# there: the database was never migrated, or is older than this code.
+SCHEMA_ERRORS = (
+    psycopg.errors.UndefinedTable,
+    psycopg.errors.UndefinedColumn,
+    psycopg.errors.UndefinedFunction,
+)
+
+
 @contextlib.contextmanager
 def _unavailable_as_error() -> Iterator[None]:
-    """Raise the database being out of reach as DatabaseUnavailable."""
+    """Raise the database being out of reach as DatabaseUnavailable, and a
+    missing schema as SchemaNotMigrated."""
     try:
         yield
+    except SCHEMA_ERRORS as exc:
+        raise SchemaNotMigrated() from exc
     except PoolTimeout as exc:
         raise DatabaseUnavailable(f"no database connection within the pool timeout: {exc}") from exc
     except psycopg.OperationalError as exc:

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from .errors import InvalidJob, JobAlreadyFinished, JobNotFound, JobNotRetryable
 from .jobs import Job, JobSpec, JobState, dump_json
+from .migrate import migration_versions
 from .settings import Settings
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "reap",
     "retry",
     "retry_dead",
+    "schema_pending",
 ]
 
 Row = dict[str, Any]
@@ -374,3 +376,14 @@ def read(name: str, **params: Any) -> Flow[list[Row]]:
     """Run a read-only named query and return its rows (stats, metrics)."""
     rows = yield Statement(name, params)
     return rows
+
+
+def schema_pending() -> Flow[list[str]]:
+    """The migrations this code needs that the database has not applied
+    (every one of them when it was never migrated); empty when up to date."""
+    rows = yield Statement("migration_table_exists", {})
+    applied: set[str] = set()
+    if rows[0]["present"]:
+        rows = yield Statement("migration_applied", {})
+        applied = {row["version"] for row in rows}
+    return [version for version in migration_versions() if version not in applied]

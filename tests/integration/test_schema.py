@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 
 from bench.common import add_finished_jobs
 from bench.metrics_history import add_live_load
-from pgqueue import DatabaseUnavailable, JobState, Queue, Settings, migrate
+from pgqueue import DatabaseUnavailable, JobState, Queue, SchemaNotMigrated, Settings, migrate
+from pgqueue import transitions as t
 from pgqueue.embedded import EmbeddedPostgres
-from pgqueue.migrate import migration_files
+from pgqueue.migrate import migration_files, migration_versions
 from pgqueue.sql import QUERIES
 from pgqueue.transitions import heartbeat
 
@@ -165,3 +166,13 @@ def test_queue_stats_reads_live_rows_only_after_churn(
     sql.execute("VACUUM ANALYZE pgqueue_jobs")
     plan = "\n".join(r[0] for r in sql.execute("EXPLAIN " + QUERIES["queue_stats"]).fetchall())
     assert "Seq Scan on pgqueue_jobs" not in plan, plan
+
+
+def test_schema_pending_lists_what_an_unmigrated_database_lacks(empty_db: str) -> None:
+    with Queue(empty_db) as q:
+        assert q.run(t.schema_pending()) == migration_versions()
+        with pytest.raises(SchemaNotMigrated, match="pgqueue migrate"):
+            q.enqueue("task")
+        migrate(empty_db)
+        assert q.run(t.schema_pending()) == []
+        assert q.enqueue("task").id >= 1

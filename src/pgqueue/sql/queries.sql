@@ -339,6 +339,10 @@ CREATE TABLE IF NOT EXISTS pgqueue_migrations (
     applied_at timestamptz NOT NULL DEFAULT now()
 );
 
+-- name: migration_table_exists
+-- Whether the record of applied migrations exists (false: never migrated).
+SELECT to_regclass('pgqueue_migrations') IS NOT NULL AS present;
+
 -- name: migration_applied
 -- Versions already applied.
 SELECT version FROM pgqueue_migrations ORDER BY version;
