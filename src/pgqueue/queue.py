@@ -17,12 +17,11 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 import psycopg
-from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
+from . import driver
 from . import transitions as t
-from ._asyncpg import drive as drive_on_asyncpg
-from ._asyncpg import is_asyncpg_connection
+from .driver import is_asyncpg_connection
 from .embedded import EmbeddedPostgres
 from .errors import DatabaseUnavailable, InvalidJob, SchemaNotMigrated, WaitTimeout
 from .jobs import Job, JobSpec, JobState
@@ -107,7 +106,7 @@ class _Common:
             "timeout": s.pool_timeout_seconds,
             # A server that accepts connections but never answers must not
             # hold a pool slot for minutes.
-            "kwargs": {"autocommit": True, "row_factory": dict_row, "connect_timeout": 5},
+            "kwargs": {"autocommit": True, "connect_timeout": 5},
             "name": "pgqueue",
         }
 
@@ -137,13 +136,12 @@ class Queue(_Common):
         """Run a transition on the caller's connection, or on a pooled one."""
         with _unavailable_as_error():
             if connection is not None:
-                conn = _caller_connection(connection)
-                with conn.cursor(row_factory=dict_row) as cur:
-                    return _drive(flow, cur)
+                with driver.tuple_cursor(_caller_connection(connection)) as cur:
+                    return driver.run(flow, driver.CursorSession(cur))
             with self._pool.connection() as conn:
                 tx = conn.transaction() if transaction else contextlib.nullcontext()
-                with tx, conn.cursor() as cur:
-                    return _drive(flow, cur)
+                with tx, driver.tuple_cursor(conn) as cur:
+                    return driver.run(flow, driver.CursorSession(cur))
 
     # -- producers ----------------------------------------------------------------
 
@@ -284,17 +282,14 @@ class AsyncQueue(_Common):
         """Run a transition on the caller's connection, or on a pooled one."""
         with _unavailable_as_error():
             if connection is not None and is_asyncpg_connection(connection):
-                return await drive_on_asyncpg(flow, connection)
+                return await driver.run_async(flow, driver.AsyncpgSession(connection))
             if connection is not None:
-                conn = _caller_connection(connection)
-                async with conn.cursor(row_factory=dict_row) as cur:
-                    return await _drive_async(flow, cur)
+                async with driver.async_tuple_cursor(_caller_connection(connection)) as cur:
+                    return await driver.run_async(flow, driver.AsyncCursorSession(cur))
             async with self._connection() as conn:
-                if transaction:
-                    async with conn.transaction(), conn.cursor() as cur:
-                        return await _drive_async(flow, cur)
-                async with conn.cursor() as cur:
-                    return await _drive_async(flow, cur)
+                tx = conn.transaction() if transaction else contextlib.nullcontext()
+                async with tx, driver.async_tuple_cursor(conn) as cur:
+                    return await driver.run_async(flow, driver.AsyncCursorSession(cur))
 
     async def enqueue(
         self, task: str, payload: Any = None, *, connection: Any = None, **fields: Any
@@ -396,38 +391,3 @@ def _unavailable_as_error() -> Iterator[None]:
         raise DatabaseUnavailable(f"no database connection within the pool timeout: {exc}") from exc
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(str(exc).strip()) from exc
-
-
-def _drive(flow: Flow[T], cur: psycopg.Cursor[Any]) -> T:
-    """Run each statement the transition yields, sending back its rows."""
-    try:
-        statement = next(flow)
-        while True:
-            if statement.copy_rows is not None:
-                with cur.copy(QUERIES[statement.name]) as copy:
-                    for row in statement.copy_rows:
-                        copy.write_row(row)
-                rows = []
-            else:
-                cur.execute(QUERIES[statement.name], statement.params)
-                rows = cur.fetchall() if cur.description else []
-            statement = flow.send(rows)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
-
-
-async def _drive_async(flow: Flow[T], cur: psycopg.AsyncCursor[Any]) -> T:
-    try:
-        statement = next(flow)
-        while True:
-            if statement.copy_rows is not None:
-                async with cur.copy(QUERIES[statement.name]) as copy:
-                    for row in statement.copy_rows:
-                        await copy.write_row(row)
-                rows = []
-            else:
-                await cur.execute(QUERIES[statement.name], statement.params)
-                rows = await cur.fetchall() if cur.description else []
-            statement = flow.send(rows)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]

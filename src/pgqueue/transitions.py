@@ -14,6 +14,7 @@ drift apart, and the worker runtime uses the same ones.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -53,14 +54,17 @@ ENQUEUE_CHUNK = 5000
 @dataclass(frozen=True, slots=True)
 class Statement:
     """One statement to run: a query name and its parameters, or for a COPY
-    statement, the rows to send."""
+    statement, the rows to send. With ``jobs``, the flow is sent its rows as
+    ``Job`` objects instead of dicts (the statement returns whole job rows)."""
 
     name: str
     params: dict[str, Any]
     copy_rows: list[tuple[Any, ...]] | None = None
+    jobs: bool = False
 
 
-Flow = Generator[Statement, list[Row], T]
+# A flow is sent a list of dict rows, or of Jobs for a ``jobs`` statement.
+Flow = Generator[Statement, list[Any], T]
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,14 +125,14 @@ def enqueue(spec: JobSpec) -> Flow[Job]:
     # CONFLICT waits for it, and if it rolled back our insert goes ahead on
     # the next try. Two rounds always settle it under READ COMMITTED.
     for _ in range(3):
-        rows = yield Statement("job_enqueue", params)
-        if rows:
-            return Job.from_row(rows[0])
-        rows = yield Statement(
-            "job_get_by_idempotency_key", {"idempotency_key": spec.idempotency_key}
+        jobs: list[Job] = yield Statement("job_enqueue", params, jobs=True)
+        if jobs:
+            return jobs[0]
+        jobs = yield Statement(
+            "job_get_by_idempotency_key", {"idempotency_key": spec.idempotency_key}, jobs=True
         )
-        if rows:
-            return Job.from_row(rows[0], duplicate=True)
+        if jobs:
+            return dataclasses.replace(jobs[0], duplicate=True)
     raise RuntimeError(f"idempotency key {spec.idempotency_key!r} kept changing hands")
 
 
@@ -226,19 +230,21 @@ def claim(
     lease_seconds: float | None = None,
 ) -> Flow[list[Job]]:
     """Claim up to ``limit`` runnable jobs (of ``queues``, or of all)."""
-    name = "job_claim" + {0: "", 1: "_in_queue"}.get(len(queues or ()), "_in_queues")
-    name += "" if settings.skip_locked else "_blocking"
-    rows = yield Statement(
-        name,
+    one_queue = len(queues) == 1 if queues else False
+    jobs: list[Job] = yield Statement(
+        "job_claim",
         {
             "limit": limit,
-            "queues": list(queues or ()),
+            # One queue walks that queue's index; several are a filter.
+            "queue": queues[0] if queues and one_queue else None,
+            "queues": list(queues) if queues and not one_queue else None,
             "lease_seconds": lease_seconds or settings.lease_seconds,
             "worker": worker,
             "latency_bounds": list(settings.latency_buckets),
         },
+        jobs=True,
     )
-    return [Job.from_row(row) for row in rows]
+    return jobs
 
 
 def heartbeat(held: Sequence[tuple[int, int]], lease_seconds: float) -> Flow[set[int]]:
@@ -311,26 +317,26 @@ def next_run_in(queues: Sequence[str] | None) -> Flow[float | None]:
 
 
 def get(job_id: int) -> Flow[Job]:
-    rows = yield Statement("job_get", {"id": _job_id(job_id)})
-    if not rows:
+    jobs: list[Job] = yield Statement("job_get", {"id": _job_id(job_id)}, jobs=True)
+    if not jobs:
         raise JobNotFound(job_id)
-    return Job.from_row(rows[0])
+    return jobs[0]
 
 
 def cancel(job_id: int) -> Flow[Job]:
     """Cancel a queued or running job (revoking its lease)."""
-    rows = yield Statement("job_cancel", {"id": _job_id(job_id)})
-    if rows:
-        return Job.from_row(rows[0])
+    jobs: list[Job] = yield Statement("job_cancel", {"id": _job_id(job_id)}, jobs=True)
+    if jobs:
+        return jobs[0]
     job = yield from get(job_id)
     raise JobAlreadyFinished(job_id, job.state, "cancel")
 
 
 def retry(job_id: int) -> Flow[Job]:
     """Put a dead or cancelled job back to queued with a fresh attempt budget."""
-    rows = yield Statement("job_retry", {"id": _job_id(job_id)})
-    if rows:
-        return Job.from_row(rows[0])
+    jobs: list[Job] = yield Statement("job_retry", {"id": _job_id(job_id)}, jobs=True)
+    if jobs:
+        return jobs[0]
     job = yield from get(job_id)
     raise JobNotRetryable(job_id, job.state, "retry")
 
@@ -353,7 +359,7 @@ def list_jobs(
         raise InvalidJob("state", f"must be one of {', '.join(JobState)}, got {state!r}")
     if not 1 <= limit <= 1000:
         raise InvalidJob("limit", f"must be between 1 and 1000, got {limit}")
-    rows = yield Statement(
+    jobs: list[Job] = yield Statement(
         "job_list",
         {
             "state": state,
@@ -362,8 +368,9 @@ def list_jobs(
             "before_id": None if before_id is None else _job_id(before_id),
             "limit": limit,
         },
+        jobs=True,
     )
-    return [Job.from_row(row) for row in rows]
+    return jobs
 
 
 def _job_id(job_id: Any) -> int:

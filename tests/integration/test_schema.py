@@ -65,7 +65,14 @@ def _plan(sql: psycopg.Connection, name: str, params: dict[str, object]) -> str:
     return "\n".join(r[0] for r in rows)
 
 
-CLAIM = {"limit": 10, "lease_seconds": 30, "worker": "w", "latency_bounds": [0.1, 1.0]}
+CLAIM = {
+    "limit": 10,
+    "queue": None,
+    "queues": None,
+    "lease_seconds": 30,
+    "worker": "w",
+    "latency_bounds": [0.1, 1.0],
+}
 
 
 def test_claim_reads_the_partial_index(queue: Queue, sql: psycopg.Connection) -> None:
@@ -73,7 +80,9 @@ def test_claim_reads_the_partial_index(queue: Queue, sql: psycopg.Connection) ->
     sql.execute("ANALYZE pgqueue_jobs")
     plan = _plan(sql, "job_claim", CLAIM)
     assert "pgqueue_jobs_claim" in plan and "Seq Scan on pgqueue_jobs" not in plan
-    plan = _plan(sql, "job_claim_in_queue", {**CLAIM, "queues": ["default"]})
+    plan = _plan(sql, "job_claim", {**CLAIM, "queues": ["default", "other"]})
+    assert "pgqueue_jobs_claim" in plan and "Seq Scan on pgqueue_jobs" not in plan
+    plan = _plan(sql, "job_claim", {**CLAIM, "queue": "default"})
     assert "Index Scan using pgqueue_jobs_claim_queue" in plan
 
 

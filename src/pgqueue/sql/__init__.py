@@ -28,19 +28,4 @@ def _load() -> dict[str, LiteralString]:
     return queries
 
 
-def _claim_variants(queries: dict[str, LiteralString]) -> None:
-    """Expand the job_claim template: with or without a queue filter, with
-    SKIP LOCKED or with a plain (blocking) FOR UPDATE."""
-    template = queries["job_claim"]
-    # One queue gets an equality, so that the planner can walk the
-    # (queue, priority, run_at, id) index in order; several get ANY.
-    in_queue = "AND queue = (%(queues)s::text[])[1]"
-    in_queues = "AND queue = ANY(%(queues)s::text[])"
-    for suffix, queue_filter in (("", ""), ("_in_queue", in_queue), ("_in_queues", in_queues)):
-        for mode, lock in (("", "SKIP LOCKED"), ("_blocking", "")):
-            text = template.replace("/* queues */", queue_filter).replace("/* skip_locked */", lock)
-            queries[f"job_claim{suffix}{mode}"] = text
-
-
 QUERIES = _load()
-_claim_variants(QUERIES)

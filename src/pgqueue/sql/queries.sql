@@ -72,26 +72,39 @@ COPY pgqueue_jobs (id, queue, task, payload, priority, max_attempts, timeout_sec
 SELECT count(pg_notify('pgqueue_jobs', q)) AS notified FROM unnest(%(queues)s::text[]) AS q;
 
 -- name: job_claim
--- Claim up to `limit` runnable jobs: mark them running, count the attempt, and
--- give each a lease and a fresh fencing token. A template: the loader makes
--- the variants with a queue filter, and with a plain FOR UPDATE instead of
--- SKIP LOCKED (for the benchmark that shows why SKIP LOCKED matters).
-WITH picked AS (
-    -- The partial indexes pgqueue_jobs_claim(_queue) hold only queued rows,
-    -- in this order; SKIP LOCKED lets concurrent claimers take the next free
-    -- rows instead of queueing behind each other's row locks.
+-- Claim up to `limit` runnable jobs of one `queue`, of any of `queues`, or
+-- (both NULL) of every queue: mark them running, count the attempt, and give
+-- each a lease and a fresh fencing token.
+WITH in_one_queue AS (
+    -- One queue walks its own index, pgqueue_jobs_claim_queue, in claim order,
+    -- so that a flood in another queue costs this claim nothing. With a NULL
+    -- `queue` the index scan finds nothing at once.
     SELECT id FROM pgqueue_jobs
-    WHERE state = 'queued' AND run_at <= now() /* queues */
+    WHERE queue = %(queue)s::text AND state = 'queued' AND run_at <= now()
     ORDER BY priority DESC, run_at, id
     LIMIT %(limit)s
-    FOR UPDATE /* skip_locked */
+    FOR UPDATE SKIP LOCKED
+), in_any_queue AS (
+    -- Otherwise the index of all queued rows, pgqueue_jobs_claim, with the
+    -- queues as a filter. "%(queue)s IS NULL" is a one-time filter: when a
+    -- single queue was given, this branch is never executed. (A single
+    -- "queue = ANY(...)" cannot use the per-queue index in order.)
+    SELECT id FROM pgqueue_jobs
+    WHERE %(queue)s::text IS NULL AND state = 'queued' AND run_at <= now()
+      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+    ORDER BY priority DESC, run_at, id
+    LIMIT %(limit)s
+    -- SKIP LOCKED lets concurrent claimers take the next free rows instead of
+    -- queueing behind each other's row locks.
+    FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE pgqueue_jobs j
     SET state = 'running', attempts = j.attempts + 1,
         lease_token = nextval('pgqueue_lease_token_seq'),
         lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
         worker = %(worker)s, started_at = now()
-    FROM picked WHERE j.id = picked.id
+    FROM (SELECT id FROM in_one_queue UNION ALL SELECT id FROM in_any_queue) picked
+    WHERE j.id = picked.id
     RETURNING j.*, now() - j.run_at AS waited
 ), latency AS (
     INSERT INTO pgqueue_start_latency AS h (queue, shard, bucket, count, sum_seconds)
