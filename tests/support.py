@@ -2,11 +2,36 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import socket
 import threading
 import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import uvicorn
+
+from pgqueue.worker import AsyncWorker
+
+
+@contextlib.asynccontextmanager
+async def running(worker: AsyncWorker) -> AsyncIterator[AsyncWorker]:
+    """The worker runs on the test's loop for the block; stopped after it."""
+    task = asyncio.create_task(worker.run())
+    try:
+        yield worker
+    finally:
+        await worker.stop()
+        await task
+
+
+async def until(predicate: Callable[[], Any], timeout: float = 10.0) -> None:  # noqa: ASYNC109
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.01)
 
 
 class LiveServer:

@@ -37,6 +37,7 @@ from .errors import (
     PgQueueError,
     SchemaNotMigrated,
     WaitTimeout,
+    WorkerFailed,
 )
 from .jobs import Job, JobSpec, JobState
 from .migrate import migrate
@@ -63,6 +64,7 @@ __all__ = [
     "SchemaNotMigrated",
     "Settings",
     "WaitTimeout",
+    "WorkerFailed",
     "migrate",
 ]
 

@@ -34,6 +34,8 @@ from .sql import QUERIES
 from .transitions import Flow, Statement
 
 __all__ = [
+    "RETRYABLE_ERRORS",
+    "SCHEMA_ERRORS",
     "AsyncCursorSession",
     "AsyncSession",
     "AsyncpgSession",
@@ -48,6 +50,27 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+# Errors after which the same statement can succeed later: the database is
+# unreachable or the session is gone, or the server refuses for now (a
+# read-only standby after a failover, a serialization failure, a deadlock, a
+# lock timeout). Anything else from the driver is a bug or bad data.
+RETRYABLE_ERRORS = (
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+    OSError,
+    psycopg.errors.ReadOnlySqlTransaction,
+    psycopg.errors.SerializationFailure,
+    psycopg.errors.DeadlockDetected,
+    psycopg.errors.LockNotAvailable,
+)
+# What PostgreSQL says when pgqueue's tables, columns or functions are not
+# there: the database was never migrated, or is older than this code.
+SCHEMA_ERRORS = (
+    psycopg.errors.UndefinedTable,
+    psycopg.errors.UndefinedColumn,
+    psycopg.errors.UndefinedFunction,
+)
 
 
 class Session(Protocol):

@@ -9,7 +9,8 @@ PgQueueError
 │   └── JobNotRetryable      retry of a job that is not dead or cancelled
 ├── WaitTimeout           wait() gave up before the job finished
 ├── DatabaseUnavailable   the database did not answer in time
-└── SchemaNotMigrated     the database lacks pgqueue's tables, or has an older schema
+├── SchemaNotMigrated     the database lacks pgqueue's tables, or has an older schema
+└── WorkerFailed          a part of a worker failed unexpectedly; the worker stopped
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ __all__ = [
     "PgQueueError",
     "SchemaNotMigrated",
     "WaitTimeout",
+    "WorkerFailed",
 ]
 
 
@@ -90,3 +92,14 @@ class SchemaNotMigrated(PgQueueError):
         self.pending = list(pending or [])
         missing = f" (missing: {', '.join(self.pending)})" if self.pending else ""
         super().__init__(f"the database schema is not migrated{missing}: run `pgqueue migrate`")
+
+
+class WorkerFailed(PgQueueError):
+    """A part of the worker (``part``: claims, outcomes, heartbeats, ...)
+    failed unexpectedly. The worker stopped gracefully; the cause is chained
+    and was logged with its traceback."""
+
+    def __init__(self, worker: str, part: str, cause: BaseException) -> None:
+        self.worker = worker
+        self.part = part
+        super().__init__(f"worker {worker}: {part} failed: {type(cause).__name__}: {cause}")

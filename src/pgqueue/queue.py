@@ -21,7 +21,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from . import driver
 from . import transitions as t
-from .driver import is_asyncpg_connection
+from .driver import SCHEMA_ERRORS, is_asyncpg_connection
 from .embedded import EmbeddedPostgres
 from .errors import DatabaseUnavailable, InvalidJob, SchemaNotMigrated, WaitTimeout
 from .jobs import Job, JobSpec, JobState
@@ -368,15 +368,6 @@ class AsyncQueue(_Common):
 
     async def read(self, name: str, **params: Any) -> list[dict[str, Any]]:
         return await self.run(t.read(name, **params))
-
-
-# What PostgreSQL says when pgqueue's tables, columns or functions are not
-# there: the database was never migrated, or is older than this code.
-SCHEMA_ERRORS = (
-    psycopg.errors.UndefinedTable,
-    psycopg.errors.UndefinedColumn,
-    psycopg.errors.UndefinedFunction,
-)
 
 
 @contextlib.contextmanager

@@ -5,12 +5,10 @@ the test's own event loop."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import psycopg
@@ -18,24 +16,7 @@ import pytest
 
 from pgqueue import AsyncQueue, Job, JobState, Queue, Settings
 from pgqueue.worker import AsyncWorker, TaskRegistry
-
-
-@contextlib.asynccontextmanager
-async def running(worker: AsyncWorker) -> AsyncIterator[AsyncWorker]:
-    task = asyncio.create_task(worker.run())
-    try:
-        yield worker
-    finally:
-        await worker.stop()
-        await task
-
-
-async def until(predicate: Callable[[], Any], timeout: float = 10.0) -> None:  # noqa: ASYNC109
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
+from tests.support import running, until
 
 
 def delay_of(sql: psycopg.Connection[Any], job_id: int) -> float:

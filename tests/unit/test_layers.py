@@ -15,7 +15,7 @@ CORE = [
     "errors.py",
     "migrate.py",
     "embedded.py",
-    "_asyncpg.py",
+    "driver.py",
     "sql/__init__.py",
 ]
 OUTER = ("worker", "api", "cli")

@@ -5,6 +5,10 @@ interpreter exit, so one hung handler (past its timeout, which cannot kill a
 thread) would keep a stopped worker from exiting. These threads are daemons.
 They also hand results back in batches: one loop wake-up for every result
 that finished since the last one, instead of one per job.
+
+A handler given up on (its timeout passed, or its lease was lost) keeps its
+thread until it returns: ``abandon`` counts it in ``hung`` until then, so
+that the worker does not count its slot as free.
 """
 
 from __future__ import annotations
@@ -24,9 +28,16 @@ _Item = tuple[Callable[[Any], Any], Any, "asyncio.Future[Any]"]
 class ThreadPool:
     """Run ``fn(arg)`` on up to ``size`` daemon threads; await the result."""
 
-    def __init__(self, size: int, name: str = "pgqueue-handler") -> None:
+    def __init__(
+        self,
+        size: int,
+        name: str = "pgqueue-handler",
+        on_hung_return: Callable[[], None] = lambda: None,
+    ) -> None:
         self.size = size
+        self.hung = 0  # abandoned handlers still running; loop thread only
         self._name = name
+        self._on_hung_return = on_hung_return
         self._work: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._outstanding = 0  # submitted and not yet returned; loop thread only
@@ -48,6 +59,21 @@ class ThreadPool:
             thread.start()
         self._work.put((fn, arg, future))
         return future
+
+    def abandon(self, future: asyncio.Future[Any]) -> None:
+        """The caller gave up on ``future``; its thread runs on until the
+        handler returns, and its late result or error is dropped."""
+        if future.done():
+            return
+        self.hung += 1
+
+        def returned(done: asyncio.Future[Any]) -> None:
+            self.hung -= 1
+            if not done.cancelled():
+                done.exception()  # retrieved: nobody else will look at it
+            self._on_hung_return()
+
+        future.add_done_callback(returned)
 
     @property
     def busy(self) -> int:

@@ -1,0 +1,69 @@
+"""Keeping leases: one heartbeat statement extends every held lease.
+
+Every ``heartbeat_seconds`` the lease keeper extends the leases of all held
+jobs in one ``job_heartbeat``, fenced by their tokens. A job missing from the
+reply lost its lease (it was reaped after a stall, or cancelled): an async
+handler still running is cancelled, a sync handler's late result will be
+dropped, an outcome waiting in the outbox is dropped by the completer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from ..settings import Settings
+from ..transitions import heartbeat
+from .connection import FlowRunner
+from .faults import WAIT_OUT, Backoff, EventLog
+from .registry import HeldJobs, Stage
+
+__all__ = ["LeaseKeeper"]
+
+
+class LeaseKeeper:
+    def __init__(
+        self, conn: FlowRunner, held: HeldJobs, settings: Settings, events: EventLog
+    ) -> None:
+        self.conn = conn
+        self.held = held
+        self.settings = settings
+        self.events = events
+
+    async def run(self) -> None:
+        interval = self.settings.heartbeat_seconds
+        backoff = Backoff(self.events, "heartbeat")
+        while True:
+            # After a failure, try again sooner: the leases are running out.
+            await asyncio.sleep(backoff.within(interval))
+            try:
+                await self.beat()
+            except WAIT_OUT as exc:
+                backoff.note(exc)
+                continue
+            backoff.succeeded()
+
+    async def beat(self) -> None:
+        """Extend every held lease once; drop the jobs whose lease is gone."""
+        leases = self.held.leases()
+        if not leases:
+            return
+        still = await self.conn.run(heartbeat(leases, self.settings.lease_seconds))
+        self.events(logging.DEBUG, "heartbeat", "extended %d leases", len(still))
+        for job_id, _ in leases:
+            if job_id not in still:
+                self._lost(job_id)
+
+    def _lost(self, job_id: int) -> None:
+        held = self.held.lose(job_id)
+        if held is None:
+            return
+        self.events(
+            logging.WARNING,
+            "lost",
+            "job %d: lease lost (reaped or cancelled); dropping it",
+            job_id,
+            job=held.job,
+        )
+        if held.stage is Stage.RUNNING and held.task is not None:
+            held.task.cancel()
