@@ -2,31 +2,15 @@
 
 from __future__ import annotations
 
-import functools
 import logging
-from importlib.resources import files
-from typing import LiteralString
 
 import psycopg
 
-from .sql import QUERIES
+from .sql import QUERIES, migration_files
 
-__all__ = ["migrate", "migration_versions"]
+__all__ = ["migrate"]
 
 log = logging.getLogger("pgqueue.migrate")
-
-
-@functools.cache
-def migration_files() -> list[tuple[str, LiteralString]]:
-    """(version, SQL) of every migration, in the order they apply."""
-    folder = files("pgqueue").joinpath("migrations")
-    found = sorted((p for p in folder.iterdir() if p.name.endswith(".sql")), key=lambda p: p.name)
-    return [(p.name.removesuffix(".sql"), p.read_text("utf-8")) for p in found]
-
-
-def migration_versions() -> list[str]:
-    """The versions this code expects, in order."""
-    return [version for version, _ in migration_files()]
 
 
 def migrate(url: str) -> list[str]:

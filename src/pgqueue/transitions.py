@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 
 from .errors import InvalidJob, JobAlreadyFinished, JobNotFound, JobNotRetryable
 from .jobs import Job, JobSpec, JobState, dump_json
-from .migrate import migration_versions
 from .settings import Settings
+from .sql import migration_versions
 
 __all__ = [
     "Flow",

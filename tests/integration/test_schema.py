@@ -16,8 +16,7 @@ from bench.metrics_history import add_live_load
 from pgqueue import DatabaseUnavailable, JobState, Queue, SchemaNotMigrated, Settings, migrate
 from pgqueue import transitions as t
 from pgqueue.embedded import EmbeddedPostgres
-from pgqueue.migrate import migration_files, migration_versions
-from pgqueue.sql import QUERIES
+from pgqueue.sql import QUERIES, migration_files, migration_versions
 from pgqueue.transitions import heartbeat
 
 

@@ -1,16 +1,18 @@
-"""All SQL of pgqueue, loaded from ``queries.sql`` into a dict keyed by name.
+"""All SQL of pgqueue: ``queries.sql`` loaded into a dict keyed by name, and
+the migration files of ``pgqueue/migrations``.
 
-Each block in the file starts with ``-- name: <entity>_<action>``. Nothing
-else in the package holds SQL, except the migrations.
+Each block in queries.sql starts with ``-- name: <entity>_<action>``. Nothing
+else in the package holds SQL.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from importlib.resources import files
 from typing import LiteralString
 
-__all__ = ["QUERIES"]
+__all__ = ["QUERIES", "migration_files", "migration_versions"]
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
@@ -29,3 +31,16 @@ def _load() -> dict[str, LiteralString]:
 
 
 QUERIES = _load()
+
+
+@functools.cache
+def migration_files() -> list[tuple[str, LiteralString]]:
+    """(version, SQL) of every migration, in the order they apply."""
+    folder = files("pgqueue").joinpath("migrations")
+    found = sorted((p for p in folder.iterdir() if p.name.endswith(".sql")), key=lambda p: p.name)
+    return [(p.name.removesuffix(".sql"), p.read_text("utf-8")) for p in found]
+
+
+def migration_versions() -> list[str]:
+    """The versions this code expects, in order."""
+    return [version for version, _ in migration_files()]

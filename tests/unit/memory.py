@@ -1,0 +1,219 @@
+"""A scripted in-memory database for the unit tier.
+
+``MemoryDatabase`` answers pgqueue's named statements by name, with a method
+per statement that mimics what the SQL does to a dict of job rows (as
+procrastinate's InMemoryConnector does). It is for testing flow logic and the
+worker's parts without PostgreSQL, never for proving what the database does:
+the integration tier does that against a real server.
+
+Tests script faults with ``db.fail(name, exc, times)``, read every statement
+sent from ``db.statements``, and move the clock with ``db.advance(seconds)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+from pgqueue import driver
+from pgqueue.jobs import Job
+from pgqueue.sql import migration_versions
+from pgqueue.transitions import Flow, Statement
+
+T = TypeVar("T")
+Row = dict[str, Any]
+
+
+class MemoryDatabase:
+    def __init__(self, *, migrated: bool = True) -> None:
+        self.jobs: dict[int, Row] = {}
+        self.migrated = migrated
+        self.clock = datetime(2030, 1, 1, tzinfo=UTC)
+        self.statements: list[Statement] = []
+        self._faults: list[tuple[str, BaseException]] = []
+        self._ids = itertools.count(1)
+        self._tokens = itertools.count(1)
+
+    # -- scripting -----------------------------------------------------------------
+
+    def fail(self, name: str, exc: BaseException, times: int = 1) -> None:
+        """The next ``times`` statements called ``name`` raise ``exc``."""
+        self._faults += [(name, exc)] * times
+
+    def advance(self, seconds: float) -> None:
+        self.clock += timedelta(seconds=seconds)
+
+    def sent(self, name: str) -> list[Statement]:
+        return [s for s in self.statements if s.name == name]
+
+    def add(self, task: str = "t", **fields: Any) -> int:
+        job_id = next(self._ids)
+        row: Row = {
+            "id": job_id,
+            "queue": "default",
+            "task": task,
+            "payload": {},
+            "priority": 0,
+            "state": "queued",
+            "run_at": self.clock,
+            "attempts": 0,
+            "max_attempts": 5,
+            "timeout_seconds": None,
+            "lease_token": None,
+            "lease_expires_at": None,
+            "worker": None,
+            "last_error": None,
+            "result": None,
+            "idempotency_key": None,
+            "enqueued_at": self.clock,
+            "started_at": None,
+            "finished_at": None,
+        }
+        row.update(fields)
+        self.jobs[job_id] = row
+        return job_id
+
+    def state(self, job_id: int) -> str:
+        return str(self.jobs[job_id]["state"])
+
+    # -- the session --------------------------------------------------------------
+
+    def execute(self, statement: Statement) -> list[Any]:
+        self.statements.append(statement)
+        for index, (name, exc) in enumerate(self._faults):
+            if name == statement.name:
+                del self._faults[index]
+                raise exc
+        rows: list[Row] = getattr(self, statement.name)(**statement.params)
+        return [Job.from_row(row) for row in rows] if statement.jobs else rows
+
+    # -- statements -----------------------------------------------------------------
+
+    def migration_table_exists(self) -> list[Row]:
+        return [{"present": self.migrated}]
+
+    def migration_applied(self) -> list[Row]:
+        return [{"version": v} for v in migration_versions()]
+
+    def job_get(self, id: int) -> list[Row]:
+        return [dict(self.jobs[id])] if id in self.jobs else []
+
+    def job_claim(
+        self,
+        limit: int,
+        queue: str | None,
+        queues: list[str] | None,
+        lease_seconds: float,
+        worker: str,
+        latency_bounds: list[float],
+    ) -> list[Row]:
+        wanted = {queue} if queue else set(queues or ())
+        runnable = [
+            row
+            for row in self.jobs.values()
+            if row["state"] == "queued"
+            and row["run_at"] <= self.clock
+            and (not wanted or row["queue"] in wanted)
+        ]
+        runnable.sort(key=lambda r: (-r["priority"], r["run_at"], r["id"]))
+        for row in runnable[:limit]:
+            row.update(
+                state="running",
+                attempts=row["attempts"] + 1,
+                lease_token=next(self._tokens),
+                lease_expires_at=self.clock + timedelta(seconds=lease_seconds),
+                worker=worker,
+                started_at=self.clock,
+            )
+        return [dict(row) for row in runnable[:limit]]
+
+    def _held(self, job_id: int, token: int) -> Row | None:
+        row = self.jobs.get(job_id)
+        if row is None or row["state"] != "running" or row["lease_token"] != token:
+            return None
+        return row
+
+    def job_heartbeat(self, ids: list[int], tokens: list[int], lease_seconds: float) -> list[Row]:
+        still = []
+        for job_id, token in zip(ids, tokens, strict=True):
+            row = self._held(job_id, token)
+            if row is not None:
+                row["lease_expires_at"] = self.clock + timedelta(seconds=lease_seconds)
+                still.append({"id": job_id})
+        return still
+
+    def job_finish(
+        self,
+        ids: list[int],
+        tokens: list[int],
+        succeeded: list[bool],
+        results: list[str | None],
+        errors: list[str | None],
+        retryable: list[bool],
+        **_: Any,
+    ) -> list[Row]:
+        out = []
+        for job_id, token, ok, error, again in zip(
+            ids, tokens, succeeded, errors, retryable, strict=True
+        ):
+            row = self._held(job_id, token)
+            if row is None:
+                continue
+            if ok:
+                row.update(state="succeeded", finished_at=self.clock)
+            elif again and row["attempts"] < row["max_attempts"]:
+                row.update(state="queued", last_error=error, run_at=self.clock)
+            else:
+                row.update(state="dead", last_error=error, finished_at=self.clock)
+            row["lease_expires_at"] = None
+            out.append({"id": job_id, "state": row["state"]})
+        return out
+
+    def job_reap(self, limit: int, **_: Any) -> list[Row]:
+        out = []
+        for row in self.jobs.values():
+            expires = row["lease_expires_at"]
+            if row["state"] == "running" and expires is not None and expires < self.clock:
+                left = row["attempts"] < row["max_attempts"]
+                row.update(state="queued" if left else "dead", lease_expires_at=None)
+                out.append({"id": row["id"], "state": row["state"]})
+        return out[:limit]
+
+    def job_prune(self, retention_seconds: float, limit: int) -> list[Row]:
+        return [{"pruned": 0}]
+
+    def job_next_run_at(self, queues: list[str] | None) -> list[Row]:
+        return [{"seconds": None}]
+
+
+class MemorySession:
+    """The database as an asyncio session."""
+
+    def __init__(self, db: MemoryDatabase) -> None:
+        self.db = db
+
+    async def execute(self, statement: Statement) -> list[Any]:
+        return self.db.execute(statement)
+
+
+class MemoryConnection:
+    """A worker connection (``FlowRunner``) over the in-memory database."""
+
+    def __init__(self, db: MemoryDatabase) -> None:
+        self.db = db
+        self.closed = False
+
+    async def run(self, flow: Flow[T]) -> T:
+        return await driver.run_async(flow, MemorySession(self.db))
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+async def no_hints() -> AsyncIterator[str | None]:
+    """A LISTEN stream that says "listening" once and then nothing."""
+    yield None
+    await asyncio.Event().wait()

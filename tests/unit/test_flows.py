@@ -1,0 +1,130 @@
+"""The state machine's flows and the driver, without a database: each flow
+is driven over a scripted session that answers by statement name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from pgqueue import JobAlreadyFinished, JobNotRetryable, JobSpec, JobState, Settings, driver
+from pgqueue import transitions as t
+from pgqueue.sql import migration_versions
+from pgqueue.transitions import Statement
+from tests.unit.memory import MemoryDatabase, MemorySession
+
+Answer = Callable[[dict[str, Any]], list[Any]]
+
+
+class Scripted:
+    """A session that answers each statement name with a function of its
+    parameters, and records what was sent."""
+
+    def __init__(self, **answers: Answer) -> None:
+        self.answers = answers
+        self.sent: list[Statement] = []
+
+    def execute(self, statement: Statement) -> list[Any]:
+        self.sent.append(statement)
+        return self.answers[statement.name](statement.params)
+
+
+SETTINGS = Settings()
+
+
+def test_enqueue_returns_the_existing_job_when_its_key_is_taken() -> None:
+    db = MemoryDatabase()
+    existing = db.add("t", idempotency_key="k")
+    session = Scripted(
+        job_enqueue=lambda p: [],
+        job_get_by_idempotency_key=lambda p: db.execute(
+            Statement("job_get", {"id": existing}, jobs=True)
+        ),
+    )
+    job = driver.run(t.enqueue(JobSpec.build("t", idempotency_key="k")), session)
+    assert (job.id, job.duplicate) == (existing, True)
+    assert [s.name for s in session.sent] == ["job_enqueue", "job_get_by_idempotency_key"]
+
+
+def test_enqueue_gives_up_when_a_key_keeps_changing_hands() -> None:
+    session = Scripted(job_enqueue=lambda p: [], job_get_by_idempotency_key=lambda p: [])
+    with pytest.raises(RuntimeError, match="kept changing hands"):
+        driver.run(t.enqueue(JobSpec.build("t", idempotency_key="k")), session)
+    assert len(session.sent) == 6
+
+
+@pytest.mark.parametrize(
+    ("queues", "queue", "several"),
+    [(None, None, None), (["a"], "a", None), (["a", "b"], None, ["a", "b"])],
+)
+def test_claim_walks_one_queues_index_or_filters_several(
+    queues: list[str] | None, queue: str | None, several: list[str] | None
+) -> None:
+    db = MemoryDatabase()
+    driver.run(t.claim(SETTINGS, limit=5, worker="w", queues=queues), db)
+    [sent] = db.sent("job_claim")
+    assert (sent.params["queue"], sent.params["queues"], sent.jobs) == (queue, several, True)
+
+
+def test_claim_takes_the_highest_priority_first_and_only_its_queues() -> None:
+    db = MemoryDatabase()
+    low, high = db.add(priority=0), db.add(priority=9)
+    db.add(queue="other", priority=99)
+    jobs = driver.run(t.claim(SETTINGS, limit=10, worker="w", queues=["default"]), db)
+    assert [j.id for j in jobs] == [high, low]
+    assert all(j.state is JobState.RUNNING and j.lease_token for j in jobs)
+
+
+def test_finish_is_fenced_by_the_token_of_the_attempt() -> None:
+    db = MemoryDatabase()
+    job_id = db.add()
+    [job] = driver.run(t.claim(SETTINGS, limit=1, worker="w"), db)
+    stale = t.Outcome(job_id, job.lease_token - 1, True, result_json="1")  # type: ignore[operator]
+    assert driver.run(t.finish(SETTINGS, [stale]), db) == {}
+    current = t.Outcome.success(job, 1)
+    assert driver.run(t.finish(SETTINGS, [current]), db) == {job_id: JobState.SUCCEEDED}
+
+
+def test_an_unstorable_result_becomes_a_failed_attempt_before_any_statement() -> None:
+    db = MemoryDatabase()
+    db.add()
+    [job] = driver.run(t.claim(SETTINGS, limit=1, worker="w"), db)
+    outcome = t.Outcome.success(job, float("nan"))
+    assert not outcome.succeeded and "cannot store" in (outcome.error or "")
+
+
+def test_cancel_and_retry_say_why_they_do_not_apply() -> None:
+    db = MemoryDatabase()
+    done = db.add(state="succeeded")
+    session = Scripted(
+        job_cancel=lambda p: [],
+        job_retry=lambda p: [],
+        job_get=lambda p: db.execute(Statement("job_get", p, jobs=True)),
+    )
+    with pytest.raises(JobAlreadyFinished, match="it is succeeded"):
+        driver.run(t.cancel(done), session)
+    with pytest.raises(JobNotRetryable, match="it is succeeded"):
+        driver.run(t.retry(done), session)
+
+
+def test_schema_pending_lists_every_migration_of_a_never_migrated_database() -> None:
+    assert driver.run(t.schema_pending(), MemoryDatabase(migrated=False)) == migration_versions()
+    assert driver.run(t.schema_pending(), MemoryDatabase()) == []
+
+
+def test_list_jobs_refuses_a_bad_state_before_sending_anything() -> None:
+    session = Scripted()
+    with pytest.raises(ValueError, match="state"):
+        driver.run(t.list_jobs(state="nope"), session)
+    assert session.sent == []
+
+
+async def test_the_async_driver_runs_the_same_flows() -> None:
+    db = MemoryDatabase()
+    db.add()
+    jobs = await driver.run_async(t.claim(SETTINGS, limit=3, worker="w"), MemorySession(db))
+    assert len(jobs) == 1
+    held = [(jobs[0].id, jobs[0].lease_token)]
+    still = await driver.run_async(t.heartbeat(held, 30), MemorySession(db))  # type: ignore[arg-type]
+    assert still == {jobs[0].id}

@@ -1,0 +1,279 @@
+"""Each part of the worker on its own, and the whole worker, over the
+in-memory database: slot accounting, the executor's outcomes, batched and
+fenced writes with their fallbacks, lost leases, claims bounded by free
+slots, supervision, and waiting for a schema."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgqueue import Job, JobState, Settings, WorkerFailed, driver
+from pgqueue import transitions as t
+from pgqueue.worker import AsyncWorker
+from pgqueue.worker._threads import ThreadPool
+from pgqueue.worker.completer import Completer
+from pgqueue.worker.executor import Executor
+from pgqueue.worker.faults import EventLog
+from pgqueue.worker.handlers import resolve_tasks
+from pgqueue.worker.leases import LeaseKeeper
+from pgqueue.worker.producer import Producer
+from pgqueue.worker.registry import HeldJobs, Stage
+from tests.support import running, until
+from tests.unit.memory import MemoryConnection, MemoryDatabase, no_hints
+
+SETTINGS = Settings(database_url="memory://", poll_interval_seconds=0.05)
+EVENTS = EventLog("unit")
+
+
+def claimed(db: MemoryDatabase, count: int = 1, **fields: Any) -> list[Job]:
+    for _ in range(count):
+        db.add(**fields)
+    return driver.run(t.claim(SETTINGS, limit=count, worker="unit"), db)
+
+
+# -- the registry ----------------------------------------------------------------------
+
+
+def test_free_slots_count_running_handlers_hung_threads_and_unwritten_outcomes() -> None:
+    hung = [0]
+    held = HeldJobs(4, hung_threads=lambda: hung[0])
+    jobs = claimed(MemoryDatabase(), 4)
+    assert held.free_slots() == 4
+    first = held.hold(jobs[0])
+    held.hold(jobs[1])
+    assert held.free_slots() == 2
+    hung[0] = 1
+    assert held.free_slots() == 1
+    held.handler_finished(first)
+    assert held.free_slots() == 2  # its outcome is not written yet: still held
+    assert len(held) == 2
+    held.release(jobs[0].id)
+    assert held.free_slots() == 2 and len(held) == 1
+
+
+def test_a_lease_being_written_is_not_lost_by_a_heartbeat() -> None:
+    held = HeldJobs(2)
+    [job] = claimed(MemoryDatabase())
+    entry = held.hold(job)
+    entry.stage = Stage.WRITING
+    assert held.leases() == [] and held.lose(job.id) is None
+    entry.stage = Stage.DONE
+    assert held.lose(job.id) is entry and entry.lost and held.lose(job.id) is None
+
+
+# -- the executor -------------------------------------------------------------------------
+
+
+def executor(handlers: dict[str, Any], threads: ThreadPool | None = None) -> Executor:
+    return Executor(resolve_tasks(handlers), threads or ThreadPool(2), EVENTS)
+
+
+async def test_the_executor_turns_every_ending_into_an_outcome() -> None:
+    async def slow(job: Job) -> None:
+        await asyncio.sleep(5)
+
+    run = executor({"ok": lambda job: {"x": 1}, "raises": lambda job: 1 / 0, "slow": slow})
+    db = MemoryDatabase()
+    [ok, raises, slow_job, unknown] = [
+        claimed(db, task=name, timeout_seconds=0.05 if name == "slow" else None)[0]
+        for name in ("ok", "raises", "slow", "nope")
+    ]
+    assert (await run.execute(ok)).result_json == '{"x":1}'
+    assert "ZeroDivisionError" in ((await run.execute(raises)).error or "")
+    timed_out = await run.execute(slow_job)
+    assert "timed out after 0.05 s; handler cancelled" in (timed_out.error or "")
+    assert "unknown task 'nope'" in ((await run.execute(unknown)).error or "")
+
+
+async def test_a_sync_handler_past_its_timeout_keeps_its_slot_until_its_thread_returns() -> None:
+    release = threading.Event()
+    returned = asyncio.Event()
+    threads = ThreadPool(2, on_hung_return=returned.set)
+    run = executor({"hang": lambda job: release.wait(5)}, threads)
+    [job] = claimed(MemoryDatabase(), task="hang", timeout_seconds=0.05)
+    outcome = await run.execute(job)
+    assert not outcome.succeeded and "its thread runs on" in (outcome.error or "")
+    assert threads.hung == 1
+    release.set()
+    await asyncio.wait_for(returned.wait(), 5)
+    assert threads.hung == 0
+
+
+# -- the completer -------------------------------------------------------------------------
+
+
+def completer(db: MemoryDatabase, held: HeldJobs) -> Completer:
+    return Completer(MemoryConnection(db), held, SETTINGS, EVENTS)
+
+
+async def test_outcomes_go_out_in_one_statement_and_are_released() -> None:
+    db = MemoryDatabase()
+    held = HeldJobs(10)
+    writer = completer(db, held)
+    jobs = claimed(db, 3)
+    for job in jobs:
+        writer.submit(held.hold(job), t.Outcome.success(job, None))
+    task = asyncio.create_task(writer.run())
+    await until(lambda: len(held) == 0, 5)
+    task.cancel()
+    assert len(db.sent("job_finish")) == 1
+    assert {db.state(j.id) for j in jobs} == {"succeeded"}
+
+
+async def test_a_refused_batch_is_written_one_by_one_and_a_lost_connection_retried() -> None:
+    db = MemoryDatabase()
+    held = HeldJobs(10)
+    writer = completer(db, held)
+    jobs = claimed(db, 2)
+    db.fail("job_finish", psycopg.OperationalError("connection lost"))
+    db.fail("job_finish", psycopg.DataError("bad value"))
+    for job in jobs:
+        writer.submit(held.hold(job), t.Outcome.success(job, None))
+    task = asyncio.create_task(writer.run())
+    await until(lambda: len(held) == 0, 5)
+    task.cancel()
+    # lost connection, refused batch, then one statement per outcome
+    assert [len(s.params["ids"]) for s in db.sent("job_finish")] == [2, 2, 1, 1]
+    assert {db.state(j.id) for j in jobs} == {"succeeded"}
+
+
+async def test_an_outcome_whose_lease_was_lost_while_waiting_is_dropped() -> None:
+    db = MemoryDatabase()
+    held = HeldJobs(10)
+    writer = completer(db, held)
+    [job] = claimed(db)
+    writer.submit(held.hold(job), t.Outcome.success(job, None))
+    held.lose(job.id)
+    task = asyncio.create_task(writer.run())
+    await until(lambda: len(held) == 0, 5)
+    task.cancel()
+    assert db.sent("job_finish") == [] and writer.stats["lost"] == 1
+
+
+# -- the lease keeper -----------------------------------------------------------------------
+
+
+async def test_a_lost_lease_cancels_the_running_handler() -> None:
+    db = MemoryDatabase()
+    held = HeldJobs(10)
+    keeper = LeaseKeeper(MemoryConnection(db), held, SETTINGS, EVENTS)
+    kept, lost = claimed(db, 2)
+    for job in (kept, lost):
+        held.hold(job).task = asyncio.create_task(asyncio.sleep(10))
+    db.jobs[lost.id]["state"] = "cancelled"  # an operator cancelled it
+    await keeper.beat()
+    assert [s.params["ids"] for s in db.sent("job_heartbeat")] == [[kept.id, lost.id]]
+    entry = held.get(lost.id)
+    assert entry is not None and entry.lost
+    await asyncio.sleep(0)
+    assert entry.task is not None and entry.task.cancelled()
+    kept_task = held.get(kept.id).task  # type: ignore[union-attr]
+    assert kept_task is not None and not kept_task.done()
+    kept_task.cancel()
+
+
+# -- the producer -------------------------------------------------------------------------
+
+
+async def test_the_producer_claims_no_more_than_the_free_slots() -> None:
+    db = MemoryDatabase()
+    for _ in range(5):
+        db.add()
+    held = HeldJobs(2)
+    started: list[Job] = []
+
+    def start(jobs: list[Job]) -> None:
+        for job in jobs:
+            held.hold(job)
+        started.extend(jobs)
+
+    producer = Producer(MemoryConnection(db), held, SETTINGS, EVENTS, queues=None, start=start)
+    task = asyncio.create_task(producer.run())
+    await until(lambda: len(started) == 2)
+    await asyncio.sleep(0.1)  # no slot is free: no further claim
+    assert [s.params["limit"] for s in db.sent("job_claim")] == [2]
+    producer.stop()
+    await asyncio.wait_for(task, 5)
+
+
+# -- the whole worker ------------------------------------------------------------------------
+
+
+def memory_worker(db: MemoryDatabase, handlers: dict[str, Any], **kwargs: Any) -> AsyncWorker:
+    return AsyncWorker(
+        handlers,
+        settings=SETTINGS,
+        connect=lambda url: MemoryConnection(db),
+        hints=lambda url: no_hints(),
+        **kwargs,
+    )
+
+
+async def test_the_worker_runs_jobs_from_claim_to_ack() -> None:
+    db = MemoryDatabase()
+    ids = [db.add("echo") for _ in range(20)]
+    worker = memory_worker(db, {"echo": lambda job: job.id}, concurrency=5)
+    async with running(worker):
+        await until(lambda: all(db.state(i) == "succeeded" for i in ids))
+    assert worker.stats["succeeded"] == 20 and worker.stats["claimed"] == 20
+
+
+async def test_an_unexpected_error_in_a_part_stops_the_worker(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    db = MemoryDatabase()
+    db.fail("job_claim", RuntimeError("a bug"))
+    caplog.set_level(logging.ERROR, logger="pgqueue.worker")
+    with pytest.raises(WorkerFailed, match="claims failed: RuntimeError: a bug"):
+        await asyncio.wait_for(memory_worker(db, {}).run(), 5)
+    assert "Traceback" in caplog.text
+
+
+async def test_database_errors_are_waited_out_not_fatal() -> None:
+    db = MemoryDatabase()
+    db.fail("job_claim", psycopg.OperationalError("server closed the connection"), times=3)
+    job_id = db.add("echo")
+    async with running(memory_worker(db, {"echo": lambda job: None})):
+        await until(lambda: db.state(job_id) == "succeeded")
+    assert len(db.sent("job_claim")) >= 4
+
+
+async def test_the_worker_waits_for_the_schema_and_starts_when_it_appears(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="pgqueue.worker")
+    db = MemoryDatabase(migrated=False)
+    job_id = db.add("echo")
+    async with running(memory_worker(db, {"echo": lambda job: None})):
+        await until(lambda: "schema not migrated" in caplog.text)
+        await asyncio.sleep(0.2)
+        assert db.sent("job_claim") == [] and db.state(job_id) == "queued"
+        db.migrated = True
+        await until(lambda: db.state(job_id) == "succeeded")
+    assert caplog.text.count("schema not migrated") == 1
+
+
+async def test_a_stopped_worker_fails_the_attempts_of_handlers_past_the_shutdown_timeout() -> None:
+    db = MemoryDatabase()
+    job_id = db.add("slow")
+
+    async def slow(job: Job) -> None:
+        await asyncio.sleep(30)
+
+    worker = AsyncWorker(
+        {"slow": slow},
+        settings=SETTINGS.replace(shutdown_timeout_seconds=0.1),
+        connect=lambda url: MemoryConnection(db),
+        hints=lambda url: no_hints(),
+    )
+    async with running(worker):
+        await until(lambda: db.state(job_id) == "running")
+    assert db.state(job_id) == "queued"
+    assert "interrupted" in db.jobs[job_id]["last_error"]
+    assert JobState(db.state(job_id)) is JobState.QUEUED
