@@ -23,6 +23,7 @@ lint: setup
 	$(VENV)/bin/ruff check src tests bench examples
 	$(VENV)/bin/ruff format --check src tests bench examples
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 $(CHROMIUM):
 	$(SUDO) apt-get update -qq
