@@ -26,14 +26,12 @@ from .embedded import EmbeddedPostgres
 from .errors import DatabaseUnavailable, InvalidJob, SchemaNotMigrated, WaitTimeout
 from .jobs import Job, JobSpec, JobState
 from .settings import Settings
-from .sql import QUERIES
 from .transitions import Enqueued, Flow, Outcome
+from .waiting import WAIT_POLL_SECONDS, AsyncWaiters, Waiters
 
 __all__ = ["AsyncQueue", "Queue", "resolve_url"]
 
 T = TypeVar("T")
-# wait() re-reads the job at least this often, in case a notification is lost.
-WAIT_POLL_SECONDS = 1.0
 
 
 def resolve_url(settings: Settings) -> str:
@@ -120,8 +118,10 @@ class Queue(_Common):
         self._pool = ConnectionPool(
             self.url, check=ConnectionPool.check_connection, open=True, **self._pool_kwargs()
         )
+        self._waiters = Waiters(self.url)
 
     def close(self) -> None:
+        self._waiters.close()
         self._pool.close()
 
     def __enter__(self) -> Self:
@@ -165,11 +165,7 @@ class Queue(_Common):
     def wait(self, job_id: int, timeout: float) -> Job:
         """Block until the job succeeds, dies or is cancelled; raise WaitTimeout."""
         deadline = time.monotonic() + timeout
-        with (
-            _unavailable_as_error(),
-            psycopg.connect(self.url, autocommit=True, connect_timeout=5) as listener,
-        ):
-            listener.execute(QUERIES["listen_finished"])
+        with self._waiters.waiting(job_id) as ended:
             while True:
                 job = self.get(job_id)
                 remaining = deadline - time.monotonic()
@@ -177,8 +173,8 @@ class Queue(_Common):
                     return job
                 if remaining <= 0:
                     raise WaitTimeout(job_id, timeout)
-                for _ in listener.notifies(timeout=min(remaining, WAIT_POLL_SECONDS), stop_after=1):
-                    pass
+                ended.wait(min(remaining, WAIT_POLL_SECONDS))
+                ended.clear()
 
     # -- workers --------------------------------------------------------------------
 
@@ -238,6 +234,7 @@ class AsyncQueue(_Common):
         super().__init__(url, settings)
         self.url = url or ""
         self._pool: AsyncConnectionPool | None = None
+        self._waiters: AsyncWaiters | None = None
         self._opening = asyncio.Lock()
 
     async def open(self) -> Self:
@@ -253,9 +250,13 @@ class AsyncQueue(_Common):
                 )
                 await pool.open()
                 self._pool = pool
+                self._waiters = AsyncWaiters(self.url)
         return self
 
     async def close(self) -> None:
+        if self._waiters is not None:
+            await self._waiters.close()
+            self._waiters = None
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
@@ -310,22 +311,18 @@ class AsyncQueue(_Common):
         """As Queue.wait, without blocking the event loop."""
         deadline = time.monotonic() + timeout
         await self.open()
-        with _unavailable_as_error():
-            connecting = psycopg.AsyncConnection.connect(
-                self.url, autocommit=True, connect_timeout=5
-            )
-            async with await connecting as listener:
-                await listener.execute(QUERIES["listen_finished"])
-                while True:
-                    job = await self.get(job_id)
-                    remaining = deadline - time.monotonic()
-                    if job.state.finished:
-                        return job
-                    if remaining <= 0:
-                        raise WaitTimeout(job_id, timeout)
-                    gen = listener.notifies(timeout=min(remaining, WAIT_POLL_SECONDS), stop_after=1)
-                    async for _ in gen:
-                        pass
+        assert self._waiters is not None
+        async with self._waiters.waiting(job_id) as ended:
+            while True:
+                job = await self.get(job_id)
+                remaining = deadline - time.monotonic()
+                if job.state.finished:
+                    return job
+                if remaining <= 0:
+                    raise WaitTimeout(job_id, timeout)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(ended.wait(), min(remaining, WAIT_POLL_SECONDS))
+                ended.clear()
 
     async def claim(
         self, limit: int = 1, *, worker: str = "", queues: Sequence[str] | None = None

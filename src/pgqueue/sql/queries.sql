@@ -161,8 +161,13 @@ WITH outcome AS (
     SET succeeded = c.succeeded + excluded.succeeded, failed = c.failed + excluded.failed,
         dead = c.dead + excluded.dead
 ), woken AS (
-    SELECT pg_notify('pgqueue_finished', '')
-    WHERE %(notify_finished)s AND EXISTS (SELECT 1 FROM finished WHERE state <> 'queued')
+    -- Waiters of these jobs (wait()) learn which jobs ended: their ids, a few
+    -- hundred per notification, so that a payload stays under NOTIFY's 8000
+    -- bytes whatever the batch size.
+    SELECT pg_notify('pgqueue_finished', string_agg(id::text, ','))
+    FROM (SELECT id, (row_number() OVER ()) / 300 AS chunk
+          FROM finished WHERE state <> 'queued' AND %(notify_finished)s) ended
+    GROUP BY chunk
 )
 SELECT id, state FROM finished, (SELECT count(*) FROM woken) w;
 
@@ -194,8 +199,14 @@ WITH expired AS (
     FROM reaped GROUP BY 1, 2 ORDER BY 1, 2
     ON CONFLICT (queue, shard) DO UPDATE
     SET failed = c.failed + excluded.failed, dead = c.dead + excluded.dead
+), woken AS (
+    -- A job reaped dead has ended: its waiters learn it, as in job_finish.
+    SELECT pg_notify('pgqueue_finished', string_agg(id::text, ','))
+    FROM (SELECT id, (row_number() OVER ()) / 300 AS chunk
+          FROM reaped WHERE state = 'dead') ended
+    GROUP BY chunk
 )
-SELECT id, state FROM reaped;
+SELECT id, state FROM reaped, (SELECT count(*) FROM woken) w;
 
 -- name: job_cancel
 -- Cancel a queued or running job; a running job's lease is revoked, so its
@@ -210,7 +221,7 @@ WITH cancelled AS (
     SELECT queue, pg_backend_pid() %% 16, 1 FROM cancelled
     ON CONFLICT (queue, shard) DO UPDATE SET cancelled = c.cancelled + 1
 ), woken AS (
-    SELECT pg_notify('pgqueue_finished', '') FROM cancelled
+    SELECT pg_notify('pgqueue_finished', id::text) FROM cancelled
 )
 SELECT cancelled.* FROM cancelled, (SELECT count(*) FROM woken) w;
 
@@ -334,7 +345,8 @@ SELECT 1 AS ok;
 LISTEN pgqueue_jobs;
 
 -- name: listen_finished
--- Subscribe to "some job finished" hints, for wait().
+-- Subscribe to "these jobs ended" hints (payload: job ids, comma-separated),
+-- for wait().
 LISTEN pgqueue_finished;
 
 -- name: migration_lock
