@@ -15,7 +15,7 @@ import pytest
 from pgqueue import AsyncQueue, JobState, Queue, Settings, migrate
 from pgqueue.embedded import EmbeddedPostgres
 from pgqueue.worker import AsyncWorker
-from tests.support import running
+from tests.support import running, until
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +65,7 @@ def test_hundreds_of_waiting_threads_share_one_queues_listener(small_server: str
 
             async def work_until_done() -> None:
                 async with running(worker):
-                    while not all(w.done() for w in waits):
-                        await asyncio.sleep(0.05)
+                    await until(lambda: all(w.done() for w in waits), 60)
 
             asyncio.run(work_until_done())
             states = {w.result().state for w in waits}
