@@ -119,7 +119,7 @@ async def test_outcomes_go_out_in_one_statement_and_are_released() -> None:
     jobs = claimed(db, 3)
     for job in jobs:
         writer.submit(held.hold(job), t.Outcome.success(job, None))
-    task = asyncio.create_task(writer.run())
+    task = asyncio.create_task(writer.write_loop())
     await until(lambda: len(held) == 0, 5)
     task.cancel()
     assert len(db.sent("job_finish")) == 1
@@ -135,7 +135,7 @@ async def test_a_refused_batch_is_written_one_by_one_and_a_lost_connection_retri
     db.fail("job_finish", psycopg.DataError("bad value"))
     for job in jobs:
         writer.submit(held.hold(job), t.Outcome.success(job, None))
-    task = asyncio.create_task(writer.run())
+    task = asyncio.create_task(writer.write_loop())
     await until(lambda: len(held) == 0, 5)
     task.cancel()
     # lost connection, refused batch, then one statement per outcome
@@ -150,7 +150,7 @@ async def test_an_outcome_whose_lease_was_lost_while_waiting_is_dropped() -> Non
     [job] = claimed(db)
     writer.submit(held.hold(job), t.Outcome.success(job, None))
     held.lose(job.id)
-    task = asyncio.create_task(writer.run())
+    task = asyncio.create_task(writer.write_loop())
     await until(lambda: len(held) == 0, 5)
     task.cancel()
     assert db.sent("job_finish") == [] and writer.stats["lost"] == 1
@@ -194,7 +194,7 @@ async def test_the_producer_claims_no_more_than_the_free_slots() -> None:
         started.extend(jobs)
 
     producer = Producer(MemoryConnection(db), held, SETTINGS, EVENTS, queues=None, start=start)
-    task = asyncio.create_task(producer.run())
+    task = asyncio.create_task(producer.claim_loop())
     await until(lambda: len(started) == 2)
     await asyncio.sleep(0.1)  # no slot is free: no further claim
     assert [s.params["limit"] for s in db.sent("job_claim")] == [2]

@@ -71,7 +71,8 @@ class Completer:
         self._full.set()
         self._ready.set()
 
-    async def run(self) -> None:
+    async def write_loop(self) -> None:
+        """Write batches of outcomes as they come, for ever."""
         backoff = Backoff(self.events, "writing outcomes")
         while True:
             batch = await self._next_batch()

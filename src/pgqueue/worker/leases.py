@@ -30,7 +30,8 @@ class LeaseKeeper:
         self.settings = settings
         self.events = events
 
-    async def run(self) -> None:
+    async def heartbeat_loop(self) -> None:
+        """``beat()`` every heartbeat interval, for ever."""
         interval = self.settings.heartbeat_seconds
         backoff = Backoff(self.events, "heartbeat")
         while True:

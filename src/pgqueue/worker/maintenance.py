@@ -30,7 +30,8 @@ class Maintenance:
         self.settings = settings
         self.events = events
 
-    async def run(self) -> None:
+    async def maintenance_loop(self) -> None:
+        """Reap and prune at their (jittered) intervals, for ever."""
         s = self.settings
         now = time.monotonic()
         next_reap = now + random.uniform(0, s.reap_interval_seconds)

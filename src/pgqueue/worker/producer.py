@@ -65,7 +65,8 @@ class Producer:
         self._wake.set()
         self.held.slot_freed.set()
 
-    async def run(self) -> None:
+    async def claim_loop(self) -> None:
+        """Claim whenever there are free slots and work may be ready, until stopped."""
         backoff = Backoff(self.events, "claim")
         while not self.stopping:
             free = self.held.free_slots()
@@ -133,7 +134,7 @@ class Producer:
         else:
             self._next_due = None
 
-    async def listen(self, hints: Listen) -> None:
+    async def listen_loop(self, hints: Listen) -> None:
         """Wake the claim loop on every hint for one of our queues; reconnect
         (with backoff) when the listening connection is lost."""
         backoff = Backoff(self.events, "listen connection")

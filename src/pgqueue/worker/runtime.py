@@ -2,13 +2,13 @@
 
 One job's path, by calls::
 
-    Producer.run           claims jobs (producer.py) and hands them to
-    AsyncWorker._start     which holds each (registry.py) and runs
-    AsyncWorker._run_job   -> Executor.execute (executor.py): the handler, an Outcome
-                           -> Completer.submit  (completer.py): written in a batch,
-                              fenced by the attempt's token, then released
-    LeaseKeeper.run        extends the leases of held jobs (leases.py)
-    Maintenance.run        reaps expired leases, prunes old jobs (maintenance.py)
+    Producer.claim_loop     claims jobs (producer.py) and hands them to
+    AsyncWorker._start      which holds each (registry.py) and runs
+    AsyncWorker._run_job    -> Executor.execute (executor.py): the handler, an Outcome
+                            -> Completer.submit (completer.py): written in a batch by
+                               Completer.write_loop, fenced by the attempt's token
+    LeaseKeeper.heartbeat_loop      extends the leases of held jobs (leases.py)
+    Maintenance.maintenance_loop    reaps expired leases, prunes old jobs (maintenance.py)
 
 Supervision: each part runs as a task of its own. A part waits out database
 faults itself (logs, backs off, goes on). Anything else it raises is logged
@@ -203,13 +203,13 @@ class AsyncWorker:
     def _start_parts(self) -> None:
         url = self.url
         parts: dict[str, Coroutine[Any, Any, None]] = {
-            "outcomes": self.completer.run(),
-            "heartbeats": self.lease_keeper.run(),
-            "claims": self.producer.run(),
-            "maintenance": self.maintenance.run(),
+            "outcomes": self.completer.write_loop(),
+            "heartbeats": self.lease_keeper.heartbeat_loop(),
+            "claims": self.producer.claim_loop(),
+            "maintenance": self.maintenance.maintenance_loop(),
         }
         if self.listen:
-            parts["wake-ups"] = self.producer.listen(lambda: self._hints(url))
+            parts["wake-ups"] = self.producer.listen_loop(lambda: self._hints(url))
         for name, coro in parts.items():
             task = asyncio.create_task(coro, name=f"pgqueue-{name}")
             task.add_done_callback(functools.partial(self._part_ended, name))
