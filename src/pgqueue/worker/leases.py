@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 
 from ..settings import Settings
 from ..transitions import heartbeat
@@ -21,14 +22,12 @@ from .registry import HeldJobs, Stage
 __all__ = ["LeaseKeeper"]
 
 
+@dataclass
 class LeaseKeeper:
-    def __init__(
-        self, conn: FlowRunner, held: HeldJobs, settings: Settings, events: EventLog
-    ) -> None:
-        self.conn = conn
-        self.held = held
-        self.settings = settings
-        self.events = events
+    conn: FlowRunner
+    held: HeldJobs
+    settings: Settings
+    events: EventLog
 
     async def heartbeat_loop(self) -> None:
         """``beat()`` every heartbeat interval, for ever."""
