@@ -5,18 +5,23 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from typing import Any
 
 import uvicorn
 
+from pgqueue.api.server import uvicorn_config
+
 
 class LiveServer:
-    """uvicorn serving an app in a thread, on a socket bound beforehand."""
+    """uvicorn serving an app in a thread, on a socket bound beforehand,
+    configured as ``pgqueue api`` runs it (``options`` change that)."""
 
-    def __init__(self, app: object) -> None:
+    def __init__(self, app: object, **options: Any) -> None:
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        config = uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False)  # type: ignore[arg-type]
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn_config(app, log_level="warning", access_log=False, **options)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]})
 
