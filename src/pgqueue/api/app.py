@@ -125,7 +125,7 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
         app.add_middleware(BearerAuth, tokens=tokens)
     else:
         app.add_middleware(
-            SameOrigin, allowed_hosts=(*settings.api_allowed_hosts, settings.api_host)
+            SameOrigin, allowed_hosts=settings.api_allowed_hosts, bound_host=settings.api_host
         )
 
     batch_model = batch_request_model(settings.api_max_batch)

@@ -238,10 +238,10 @@ def _is_ip(name: str) -> bool:
 
 
 class SameOrigin:
-    def __init__(self, app: ASGIApp, allowed_hosts: Iterable[str]) -> None:
+    def __init__(self, app: ASGIApp, allowed_hosts: Iterable[str], bound_host: str) -> None:
         self.app = app
         self.configured = {_host_name(h) for h in allowed_hosts if h.strip()}
-        self.names = self.configured | {"localhost"}
+        self.names = self.configured | {"localhost", _host_name(bound_host)}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -287,8 +287,9 @@ class SameOrigin:
         return None
 
     def _same_origin(self, origin: str, host: str) -> bool:
-        """The page that sent the request is on this server (as the browser
-        reached it, or under a configured name, e.g. behind a proxy)."""
+        """The page that sent the request is on this server: as the browser
+        reached it (any scheme: a proxy may end TLS), or under a configured
+        name (a proxy may rewrite Host)."""
         parts = urlsplit(origin.lower())
         if not parts.hostname:  # "null": a sandboxed frame, a file, a redirect
             return False
