@@ -2,14 +2,36 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import uvicorn
 
+from pgqueue import Settings
+from pgqueue.api import create_app
 from pgqueue.api.server import uvicorn_config
+
+
+@contextlib.asynccontextmanager
+async def api_client(
+    settings: Settings, base_url: str = "http://localhost", **client: Any
+) -> AsyncIterator[httpx.AsyncClient]:
+    """The app over ``settings``, started as uvicorn would (its lifespan),
+    called through httpx's ASGI transport. localhost is a name the API
+    answers to without tokens."""
+    app = create_app(settings)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url=base_url, **client
+        ) as http,
+    ):
+        yield http
 
 
 class LiveServer:

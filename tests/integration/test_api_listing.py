@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from pgqueue import AsyncQueue, Outcome, Settings
-from pgqueue.api import create_app
+from tests.support import api_client
 
 HEAVY = ("payload", "result", "last_error")
 BIG = "x" * 200_000
@@ -17,12 +17,8 @@ BIG = "x" * 200_000
 
 @pytest.fixture
 async def api(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(settings)
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as c,
-    ):
-        yield c
+    async with api_client(settings) as client:
+        yield client
 
 
 async def big_jobs(aqueue: AsyncQueue) -> None:

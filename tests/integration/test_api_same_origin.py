@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from pgqueue import AsyncQueue, JobState, Settings
-from pgqueue.api import create_app
+from tests.support import api_client
 
 PORT = 8000
 
@@ -20,13 +20,8 @@ PORT = 8000
 @pytest.fixture
 async def open_api(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
     """No token configured; `queue.internal` is a configured name."""
-    app = create_app(settings.replace(api_allowed_hosts=("queue.internal",)))
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url=f"http://127.0.0.1:{PORT}"
-        ) as client,
-    ):
+    allowed = settings.replace(api_allowed_hosts=("queue.internal",))
+    async with api_client(allowed, base_url=f"http://127.0.0.1:{PORT}") as client:
         yield client
 
 
@@ -77,11 +72,7 @@ async def test_other_names_are_refused_before_anything_runs(
 
 
 async def test_the_bound_host_name_is_allowed(settings: Settings) -> None:
-    app = create_app(settings.replace(api_host="queue.lan"))
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as client,
-    ):
+    async with api_client(settings.replace(api_host="queue.lan"), base_url="http://x") as client:
         assert (await client.get("/healthz", headers={"Host": "queue.lan:8000"})).status_code == 200
         assert (await client.get("/healthz", headers={"Host": "other.lan"})).status_code == 400
 
@@ -154,13 +145,8 @@ async def test_this_servers_own_pages_and_plain_clients_may_write(
 async def test_with_tokens_bearer_auth_does_this_job(settings: Settings) -> None:
     # A page elsewhere cannot send the token, so no Host or Origin rule
     # applies: clients may use any name for the server.
-    app = create_app(settings.replace(api_tokens=("admin-token",)))
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://queue-api.svc"
-        ) as client,
-    ):
+    protected = settings.replace(api_tokens=("admin-token",))
+    async with api_client(protected, base_url="http://queue-api.svc") as client:
         job = (await client.post("/jobs", json={"task": "t"}, headers=_bearer())).json()
         forged = await client.post(
             f"/jobs/{job['id']}/cancel", headers={"Origin": "http://attacker.example"}

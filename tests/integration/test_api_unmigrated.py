@@ -12,9 +12,9 @@ import psycopg
 import pytest
 
 from pgqueue import Settings, migrate
-from pgqueue.api import create_app
 from pgqueue.embedded import EmbeddedPostgres
 from pgqueue.migrate import migration_versions
+from tests.support import api_client
 
 
 @pytest.fixture
@@ -27,19 +27,10 @@ def unmigrated_url(pg_server: EmbeddedPostgres) -> Iterator[str]:
         conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
-async def client(url: str) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(Settings(database_url=url), url=url)
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as c,
-    ):
-        yield c
-
-
 @pytest.fixture
 async def api(unmigrated_url: str) -> AsyncIterator[httpx.AsyncClient]:
-    async for c in client(unmigrated_url):
-        yield c
+    async with api_client(Settings(database_url=unmigrated_url)) as client:
+        yield client
 
 
 def assert_not_migrated(response: httpx.Response) -> None:
@@ -81,7 +72,7 @@ async def test_a_schema_older_than_the_code_is_not_healthy(db_url: str) -> None:
     newest = migration_versions()[-1]
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute("DELETE FROM pgqueue_migrations WHERE version = %s", (newest,))
-    async for api in client(db_url):
+    async with api_client(Settings(database_url=db_url)) as api:
         health = await api.get("/healthz")
         assert_not_migrated(health)
         assert f"(missing: {newest})" in health.json()["message"]
