@@ -230,12 +230,17 @@ class EmbeddedPostgres:
             _write_private(self.password_file, password + "\n")
         return password
 
+    def _server_owner(self) -> pwd.struct_passwd:
+        """The OS user the server runs as: the owner of its data folder."""
+        return pwd.getpwuid(self.pgdata.stat().st_uid)
+
     def _auth_files(self) -> dict[str, str]:
-        os_user = pwd.getpwuid(self.pgdata.stat().st_uid).pw_name
+        os_user = self._server_owner().pw_name
         return {"pg_hba.conf": _HBA, "pg_ident.conf": _IDENT.format(os_user=os_user)}
 
     def _write_auth_files(self) -> None:
-        owner = _server_user()
+        # The server reads them: as root, we write them as its user's files.
+        owner = self._server_owner() if os.geteuid() == 0 else None
         for name, text in self._auth_files().items():
             _write_private(self.pgdata / name, text, owner=owner)
 
