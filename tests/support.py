@@ -10,8 +10,12 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import httpx
 import uvicorn
 
+from pgqueue import Settings
+from pgqueue.api import create_app
+from pgqueue.api.server import uvicorn_config
 from pgqueue.worker import AsyncWorker
 
 
@@ -34,14 +38,33 @@ async def until(predicate: Callable[[], Any], timeout: float = 10.0) -> None:  #
         await asyncio.sleep(0.01)
 
 
-class LiveServer:
-    """uvicorn serving an app in a thread, on a socket bound beforehand."""
+@contextlib.asynccontextmanager
+async def api_client(
+    settings: Settings, base_url: str = "http://localhost", **client: Any
+) -> AsyncIterator[httpx.AsyncClient]:
+    """The app over ``settings``, started as uvicorn would (its lifespan),
+    called through httpx's ASGI transport. localhost is a name the API
+    answers to without tokens."""
+    app = create_app(settings)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url=base_url, **client
+        ) as http,
+    ):
+        yield http
 
-    def __init__(self, app: object) -> None:
+
+class LiveServer:
+    """uvicorn serving an app in a thread, on a socket bound beforehand,
+    configured as ``pgqueue api`` runs it (``options`` change that)."""
+
+    def __init__(self, app: object, **options: Any) -> None:
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        config = uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False)  # type: ignore[arg-type]
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn_config(app, log_level="warning", access_log=False, **options)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]})
 

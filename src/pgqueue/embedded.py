@@ -7,6 +7,15 @@ start costs a connection, not an initdb.
 
 PostgreSQL refuses to run as root. When we are root, the server runs as the
 system user ``pgqueue`` (created if missing) and owns its data folder.
+
+Nobody gets in without the password. It is made at the first start, kept in
+``data_dir``/password (mode 0600, owned by the user who runs pgqueue, which
+is root when the server runs as ``pgqueue``), and it is part of ``url``: show
+that URL redacted, and hand it to child processes through the environment,
+not argv. TCP needs it (SCRAM-SHA-256); no Unix socket is configured, and
+pg_hba.conf would let only the server's own OS user use one. Folders made
+before this, which trusted every local connection, get a password and the
+new pg_hba.conf at their next start.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import fcntl
 import importlib.util
 import os
 import pwd
+import secrets
 import shutil
 import socket
 import subprocess
@@ -23,8 +33,13 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Literal
+from urllib.parse import quote
+
+import psycopg
+from psycopg.conninfo import make_conninfo
 
 from .errors import DatabaseUnavailable
+from .sql import QUERIES
 
 __all__ = ["EmbeddedPostgres", "StopMode"]
 
@@ -59,6 +74,22 @@ _BASE_CONFIG = {
     "log_line_prefix": "'%m [%p] '",
 }
 
+# Who may connect. The server compares these files with what it finds on
+# every start and rewrites them (and sets the password) when they differ.
+_HBA = """\
+# Written by pgqueue: rewritten at start when it differs.
+# TCP needs the superuser's password (the data folder's "password" file).
+host  all  all  127.0.0.1/32  scram-sha-256
+host  all  all  ::1/128       scram-sha-256
+# No Unix socket is configured; were one, only the server's own OS user
+# could use it (map "server" in pg_ident.conf).
+local all  all                peer map=server
+"""
+_IDENT = """\
+# Written by pgqueue. MAPNAME  SYSTEM-USERNAME  PG-USERNAME
+server  {os_user}  postgres
+"""
+
 
 class EmbeddedPostgres:
     """A PostgreSQL server in ``data_dir``/pgdata, listening on 127.0.0.1."""
@@ -67,13 +98,17 @@ class EmbeddedPostgres:
         self.data_dir = Path(data_dir).absolute()
         self.pgdata = self.data_dir / "pgdata"
         self.log_file = self.data_dir / "postgres.log"
+        self.password_file = self.data_dir / "password"
         self.options = dict(options or {})
 
     # -- public -----------------------------------------------------------
 
     @property
     def url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        """The superuser's URL, password included: redact it when shown."""
+        password = self._password()
+        user = f"postgres:{quote(password, safe='')}" if password else "postgres"
+        return f"postgresql://{user}@127.0.0.1:{self.port}/postgres"
 
     @property
     def port(self) -> int:
@@ -86,6 +121,8 @@ class EmbeddedPostgres:
                 self._initdb()
             if not self.is_running():
                 self._pg_ctl("start", "-l", str(self.log_file), *self._start_options())
+            if not self._auth_files_current():
+                self._require_password()
         return self.url
 
     def is_running(self) -> bool:
@@ -148,23 +185,112 @@ class EmbeddedPostgres:
             os.chown(self.pgdata, user.pw_uid, user.pw_gid)
             self.log_file.touch()
             os.chown(self.log_file, user.pw_uid, user.pw_gid)
-        self._run(
-            [
-                str(self.binary("initdb")),
-                "-D",
-                str(self.pgdata),
-                "-U",
-                "postgres",
-                "--auth=trust",
-                "--encoding=UTF8",
-                "--no-instructions",
-            ]
-        )
+        # initdb runs as the server user, who may not read our password file.
+        pwfile = self.data_dir / ".initdb-password"
+        _write_private(pwfile, self._new_or_kept_password(), owner=user)
+        try:
+            self._run(
+                [
+                    str(self.binary("initdb")),
+                    "-D",
+                    str(self.pgdata),
+                    "-U",
+                    "postgres",
+                    f"--pwfile={pwfile}",
+                    "--auth-host=scram-sha-256",
+                    "--auth-local=peer",
+                    "--encoding=UTF8",
+                    "--no-instructions",
+                ]
+            )
+        finally:
+            pwfile.unlink(missing_ok=True)
+        self._write_auth_files()
         config = dict(_BASE_CONFIG, port=str(_free_port()))
         with open(self.pgdata / "postgresql.conf", "a", encoding="utf-8") as conf:
             conf.write("\n# pgqueue embedded server\n")
             conf.writelines(f"{k} = {v}\n" for k, v in config.items())
         (self.data_dir / "port").write_text(config["port"])
+
+    def _password(self) -> str | None:
+        try:
+            return self.password_file.read_text(encoding="utf-8").strip() or None
+        except FileNotFoundError:
+            return None  # a folder from before passwords; its next start makes one
+        except PermissionError:
+            raise DatabaseUnavailable(
+                f"cannot read {self.password_file}: the embedded server in {self.data_dir} "
+                "belongs to another user"
+            ) from None
+
+    def _new_or_kept_password(self) -> str:
+        password = self._password()
+        if password is None:
+            password = secrets.token_urlsafe(32)
+            _write_private(self.password_file, password + "\n")
+        return password
+
+    def _server_owner(self) -> pwd.struct_passwd:
+        """The OS user the server runs as: the owner of its data folder."""
+        return pwd.getpwuid(self.pgdata.stat().st_uid)
+
+    def _auth_files(self) -> dict[str, str]:
+        os_user = self._server_owner().pw_name
+        return {"pg_hba.conf": _HBA, "pg_ident.conf": _IDENT.format(os_user=os_user)}
+
+    def _write_auth_files(self) -> None:
+        # The server reads them: as root, we write them as its user's files.
+        owner = self._server_owner() if os.geteuid() == 0 else None
+        for name, text in self._auth_files().items():
+            _write_private(self.pgdata / name, text, owner=owner)
+
+    def _auth_files_current(self) -> bool:
+        try:
+            return all(
+                (self.pgdata / name).read_text(encoding="utf-8") == text
+                for name, text in self._auth_files().items()
+            )
+        except PermissionError:
+            raise DatabaseUnavailable(
+                f"the embedded server in {self.data_dir} belongs to another user"
+            ) from None
+
+    def _require_password(self) -> None:
+        """Give the running server's superuser our password, then make TCP
+        need it. The first step logs in as the old pg_hba.conf allows: a
+        folder made before passwords trusts every local connection."""
+        password = self._new_or_kept_password()
+        try:
+            with psycopg.connect(self.url, autocommit=True, connect_timeout=10) as conn:
+                verifier = conn.pgconn.encrypt_password(
+                    password.encode(), b"postgres", b"scram-sha-256"
+                )
+                with psycopg.ClientCursor(conn) as cursor:
+                    cursor.execute(QUERIES["server_set_password"], {"verifier": verifier.decode()})
+        except psycopg.OperationalError as exc:
+            raise DatabaseUnavailable(
+                f"cannot log in to the embedded server in {self.data_dir} to set its "
+                f"password (was {self.password_file} changed?): {exc}"
+            ) from exc
+        self._write_auth_files()
+        self._pg_ctl("reload")
+        self._wait_for_password_rule()
+
+    def _wait_for_password_rule(self, timeout: float = 10.0) -> None:
+        """Return once the server refuses a wrong password: a reload only
+        signals the server, which reads pg_hba.conf a moment later."""
+        wrong = make_conninfo(self.url, password="not-" + secrets.token_hex(8))
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                psycopg.connect(wrong, connect_timeout=2).close()
+            except psycopg.OperationalError:
+                return
+            if time.monotonic() > deadline:
+                raise DatabaseUnavailable(
+                    f"the embedded server in {self.data_dir} did not load its new pg_hba.conf"
+                )
+            time.sleep(0.05)
 
     def _pg_ctl(
         self, action: str, *args: str, check: bool = True
@@ -226,6 +352,22 @@ def _server_user() -> pwd.struct_passwd | None:
         return pwd.getpwnam(SERVER_USER)
 
 
+def _write_private(path: Path, text: str, owner: pwd.struct_passwd | None = None) -> None:
+    """Replace ``path`` with ``text``, readable by one user only (0600):
+    ``owner``, or ourselves. Written aside and renamed, so a crash leaves
+    the old file or the new one, never half of one."""
+    aside = path.with_name(f".{path.name}.new")
+    fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        os.fchmod(fd, 0o600)  # O_CREAT's mode does not apply to an existing file
+        if owner is not None:
+            os.fchown(fd, owner.pw_uid, owner.pw_gid)
+        handle.write(text)
+        handle.flush()
+        os.fsync(fd)
+    os.replace(aside, path)
+
+
 def _make_traversable(path: Path) -> None:
     """Let the server user reach ``path``: o+x on it and every parent."""
     for folder in [path, *path.parents]:
@@ -249,8 +391,6 @@ def _tail(path: Path, lines: int = 20) -> str:
 
 def wait_until_ready(url: str, timeout: float = 30.0) -> None:
     """Block until ``url`` accepts connections (used after a restart)."""
-    import psycopg
-
     deadline = time.monotonic() + timeout
     while True:
         try:

@@ -54,6 +54,9 @@ class Settings:
     api_read_tokens: tuple[str, ...] = ()
     api_max_body_bytes: int = 1_048_576
     api_max_batch: int = 1000
+    # Without tokens, Host names the API answers to besides IP addresses,
+    # localhost and api_host (a page on any other name is DNS rebinding).
+    api_allowed_hosts: tuple[str, ...] = ()
     # Upper bounds of the enqueue-to-start histogram, in seconds.
     latency_buckets: tuple[float, ...] = field(
         default=(

@@ -13,12 +13,7 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import re
-import select
-import shutil
-import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
@@ -29,128 +24,10 @@ import pytest
 
 from pgqueue import JobState, Queue, Settings
 from pgqueue.api import create_app
+from tests.browser import DevTools, chromium
 from tests.support import LiveServer
 
 TOKEN = "dashboard-test-admin-token"
-CHROMIUM_TIMEOUT_SECONDS = 20
-
-
-def chromium_binary() -> str:
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if path is None:
-        pytest.fail(
-            "chromium is not installed: these tests need a real headless browser. "
-            "Install Debian's package: apt-get install -y chromium"
-        )
-    return path
-
-
-def chromium(url: str, profile: Path, *extra: str) -> str:
-    """What Chromium prints for ``url`` (the DOM, by default)."""
-    args = [
-        chromium_binary(),
-        *CHROMIUM_FLAGS,
-        f"--user-data-dir={profile}",
-        "--virtual-time-budget=5000",
-        *(extra or ("--dump-dom",)),
-        url,
-    ]
-    done = subprocess.run(
-        args, capture_output=True, text=True, timeout=CHROMIUM_TIMEOUT_SECONDS, check=False
-    )
-    assert done.returncode == 0, f"chromium failed ({done.returncode}): {done.stderr[-2000:]}"
-    return done.stdout
-
-
-CHROMIUM_FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-)
-
-
-class DevTools:
-    """Chromium driven over the DevTools protocol on a pipe (fds 3 and 4,
-    messages ending in NUL): no port, no extra package. Real time, not
-    virtual, so that clicks and their fetches run as they would for a user."""
-
-    def __init__(self, url: str, profile: Path) -> None:
-        to_chrome_r, self._w = os.pipe()
-        self._r, from_chrome_w = os.pipe()
-
-        def fds() -> None:  # in the child: the protocol's fds are 3 and 4
-            os.dup2(to_chrome_r, 3)
-            os.dup2(from_chrome_w, 4)
-
-        self.proc = subprocess.Popen(
-            [chromium_binary(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
-             "--remote-debugging-pipe", "about:blank"],
-            preexec_fn=fds, close_fds=False,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        os.close(to_chrome_r)
-        os.close(from_chrome_w)
-        self.url = url
-        self._buffer = b""
-        self._next_id = 0
-        self.session = ""
-
-    def __enter__(self) -> DevTools:
-        targets = self.call("Target.getTargets", session=False)["targetInfos"]
-        page = next(t for t in targets if t["type"] == "page")
-        attached = self.call(
-            "Target.attachToTarget", {"targetId": page["targetId"], "flatten": True}, session=False
-        )
-        self.session = attached["sessionId"]  # type: ignore[assignment]
-        self.call("Page.navigate", {"url": self.url})
-        deadline = time.monotonic() + 10
-        while self.run("document.readyState") != "complete":
-            assert time.monotonic() < deadline, "the dashboard did not load"
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.proc.kill()
-        self.proc.wait(10)
-        os.close(self._r)
-        os.close(self._w)
-
-    def call(self, method: str, params: dict[str, object] | None = None, *, session: bool = True,
-             timeout: float = CHROMIUM_TIMEOUT_SECONDS) -> dict[str, object]:  # fmt: skip
-        self._next_id += 1
-        message: dict[str, object] = {"id": self._next_id, "method": method, "params": params or {}}
-        if session:
-            message["sessionId"] = self.session
-        os.write(self._w, json.dumps(message).encode() + b"\0")
-        deadline = time.monotonic() + timeout
-        while True:
-            while b"\0" in self._buffer:
-                raw, self._buffer = self._buffer.split(b"\0", 1)
-                answer = json.loads(raw)
-                if answer.get("id") == self._next_id:
-                    assert "error" not in answer, answer["error"]
-                    return answer["result"]  # type: ignore[no-any-return]
-            left = deadline - time.monotonic()
-            assert left > 0, f"chromium did not answer {method}"
-            if select.select([self._r], [], [], left)[0]:
-                chunk = os.read(self._r, 1 << 16)
-                assert chunk, f"chromium closed the pipe (exit {self.proc.poll()})"
-                self._buffer += chunk
-
-    def run(self, script: str) -> object:
-        """The value of an async JS expression, evaluated in the page."""
-        result = self.call(
-            "Runtime.evaluate",
-            {"expression": script, "awaitPromise": True, "returnByValue": True},
-        )
-        assert "exceptionDetails" not in result, result["exceptionDetails"]
-        return result["result"]["value"]  # type: ignore[index]
-
 
 # Clicks a job's row, then a button of its detail panel, and returns what the
 # panel's message says once the API has answered.
@@ -169,6 +46,11 @@ CLICK = """(async () => {
     && {kind: message.className.replace("message ", ""), text: message.textContent,
         state: document.querySelector('#detail-fields dd[data-field="state"]').textContent});
 })()"""
+
+
+def click_button(page: DevTools, job: int, button: str) -> dict[str, str]:
+    script = CLICK.replace("JOB", str(job)).replace("BUTTON", button)
+    return page.run(script)  # type: ignore[return-value]
 
 
 # -- reading the dumped DOM ------------------------------------------------------------------
@@ -391,8 +273,7 @@ def test_cancel_and_retry_buttons_call_the_api_and_show_its_409_message(
             assert page.run('sessionStorage.getItem("pgqueue.dashboard.token")') == TOKEN
 
             def click(job: int, button: str) -> dict[str, str]:
-                script = CLICK.replace("JOB", str(job)).replace("BUTTON", button)
-                return page.run(script)  # type: ignore[return-value]
+                return click_button(page, job, button)
 
             assert click(ids["succeeded"], "retry") == {
                 "kind": "error",
@@ -413,3 +294,31 @@ def test_cancel_and_retry_buttons_call_the_api_and_show_its_409_message(
 
             assert click(ids["dead"], "cancel")["kind"] == "error"
             assert queue.get(ids["dead"]).state is JobState.DEAD
+
+
+def test_without_a_token_the_page_still_changes_jobs_and_lists_them_light(
+    settings: Settings, queue: Queue, browser_profile: Path
+) -> None:
+    # No token: the API takes writes only from its own pages (same origin,
+    # JSON), which the dashboard is.
+    ids = make_jobs(queue)
+    with (
+        LiveServer(create_app(settings)) as server,
+        DevTools(f"{server.url}/dashboard", browser_profile) as page,
+    ):
+        assert click_button(page, ids["queued"], "cancel") == {
+            "kind": "ok",
+            "text": "Cancelled.",
+            "state": "cancelled",
+        }
+        assert queue.get(ids["queued"]).state is JobState.CANCELLED
+        assert click_button(page, ids["queued"], "retry")["state"] == "queued"
+        assert queue.get(ids["queued"]).state is JobState.QUEUED
+
+        requested: list[str] = page.run(  # type: ignore[assignment]
+            'performance.getEntriesByType("resource").map((e) => e.name)'
+        )
+    listings = [url for url in requested if "/jobs?" in url]
+    assert listings and all("fields=summary" in url for url in listings), requested
+    # The panel fetched the one job it shows, whole.
+    assert f"{server.url}/jobs/{ids['queued']}" in requested

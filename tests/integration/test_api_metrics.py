@@ -22,7 +22,7 @@ async def api(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(settings, url=settings.database_url)
     async with (
         app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as c,
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as c,
     ):
         yield c
 

@@ -9,31 +9,25 @@ the body size limit run before any of this (middleware.py).
 # at run time, and the batch body's model is made inside create_app.
 
 import asyncio
-import base64
-import functools
-import hashlib
 import logging
-import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from importlib import resources
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import Body, FastAPI, Path, Query, Response
-from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.openapi.utils import get_openapi
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from starlette.convertors import StringConvertor, register_url_convertor
 
-from ..errors import DatabaseUnavailable
+from .. import transitions as t
+from ..errors import DatabaseUnavailable, SchemaNotMigrated
 from ..jobs import JobState
 from ..queue import AsyncQueue
 from ..settings import Settings
 from . import metrics
-from .http_errors import ERROR_RESPONSES, error_response, install_handlers
-from .middleware import PUBLIC_PATHS, BearerAuth, BodyLimit, TokenSet
+from .http_errors import ERROR_RESPONSES, error_response, install_handlers, schema_not_migrated
+from .middleware import BearerAuth, BodyLimit, HeadAsGet, SameOrigin, TokenSet
 from .models import (
     MAX_JOB_ID,
     QUEUE_PATTERN,
@@ -45,12 +39,14 @@ from .models import (
     Health,
     JobList,
     JobOut,
+    JobSummary,
     QueueJobs,
     QueueList,
     QueueOut,
     QueueTotals,
     batch_request_model,
 )
+from .pages import install_pages
 
 __all__ = ["HEALTH_TIMEOUT_SECONDS", "create_app"]
 
@@ -116,14 +112,21 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
-        openapi_url=None,  # served below, behind auth
+        openapi_url=None,  # served by pages.py, behind auth
     )
     app.state.queue = queue
     app.state.settings = settings
     install_handlers(app)
-    # Added last runs first: auth, then the body limit, then routing.
+    # Added last runs first: auth (or, without tokens, the same-origin
+    # checks), then the body limit, then HEAD as GET, then routing.
+    app.add_middleware(HeadAsGet)
     app.add_middleware(BodyLimit, max_bytes=settings.api_max_body_bytes)
-    app.add_middleware(BearerAuth, tokens=tokens)
+    if tokens.enabled:
+        app.add_middleware(BearerAuth, tokens=tokens)
+    else:
+        app.add_middleware(
+            SameOrigin, allowed_hosts=settings.api_allowed_hosts, bound_host=settings.api_host
+        )
 
     batch_model = batch_request_model(settings.api_max_batch)
 
@@ -213,16 +216,30 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
             ),
         ] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+        fields: Annotated[
+            Literal["full", "summary"],
+            Query(
+                description="summary: every field but payload, result and last_error, "
+                "which can be large (for listings that refresh often; GET /jobs/{id} "
+                "has them all)."
+            ),
+        ] = "full",
     ) -> JobList:
-        jobs = await queue.list_jobs(
-            state=None if state is None else str(state),
-            queue=queue_name,
-            task=task,
-            before_id=cursor,
-            limit=limit,
-        )
+        filters: dict[str, Any] = {
+            "state": None if state is None else str(state),
+            "queue": queue_name,
+            "task": task,
+            "before_id": cursor,
+            "limit": limit,
+        }
+        jobs: list[JobOut | JobSummary]
+        if fields == "summary":
+            rows = await queue.read("job_list_summary", **filters)
+            jobs = [JobSummary.model_validate(row) for row in rows]
+        else:
+            jobs = [JobOut.of(job) for job in await queue.list_jobs(**filters)]
         next_cursor = jobs[-1].id if len(jobs) == limit else None
-        return JobList(jobs=[JobOut.of(j) for j in jobs], next_cursor=next_cursor)
+        return JobList(jobs=jobs, next_cursor=next_cursor)
 
     @app.post(
         "/jobs/{job_id:pgqueue_job_id}/cancel",
@@ -300,12 +317,13 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
         tags=["monitoring"],
         response_model=Health,
         responses={503: ERROR_RESPONSES[503], 500: ERROR_RESPONSES[500]},
-        summary="200 when the database answers; 503 within 2 s when it does not",
+        summary="200 when the database answers and its schema is up to date; "
+        "503 (within 2 s) when it does not answer or is not migrated",
     )
     async def healthz() -> Health | JSONResponse:
         try:
             async with asyncio.timeout(HEALTH_TIMEOUT_SECONDS):
-                await queue.read("db_ping")
+                pending = await queue.run(t.schema_pending())
         except (TimeoutError, DatabaseUnavailable) as exc:
             log.warning(
                 "health check failed: %s", exc or "timed out", extra={"action": "api_health_failed"}
@@ -316,63 +334,12 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
                 "the database did not answer",
                 headers={"Retry-After": "1"},
             )
+        if pending:
+            return schema_not_migrated(SchemaNotMigrated(pending))
         return Health(status="ok")
 
-    # -- documentation (behind the same auth as everything else) ------------------------
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            schema = get_openapi(
-                title=app.title, version=app.version, summary=app.summary, routes=app.routes
-            )
-            _add_security(schema)
-            app.openapi_schema = schema
-        return app.openapi_schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
-
-    @app.get("/openapi.json", include_in_schema=False)
-    async def openapi_json() -> JSONResponse:
-        return JSONResponse(app.openapi())
-
-    @app.get("/docs", include_in_schema=False)
-    async def docs() -> HTMLResponse:
-        return get_swagger_ui_html(openapi_url="/openapi.json", title="pgqueue API")
-
-    # -- dashboard: a static page, no token needed to load it (it holds no data) ----------
-
-    @app.get("/dashboard", include_in_schema=False)
-    async def dashboard() -> HTMLResponse:
-        page, headers = _dashboard_page()
-        return HTMLResponse(page, headers=headers)
-
+    install_pages(app)
     return app
-
-
-@functools.cache
-def _dashboard_page() -> tuple[bytes, dict[str, str]]:
-    """The page, and headers whose CSP allows only its own inline script and
-    style (by hash) and requests to this origin."""
-    page = (resources.files(__package__) / "dashboard" / "index.html").read_bytes()
-    text = page.decode("utf-8")
-
-    def hashes(tag: str) -> str:
-        blocks = re.findall(rf"<{tag}>(.*?)</{tag}>", text, flags=re.DOTALL)
-        return " ".join(
-            f"'sha256-{base64.b64encode(hashlib.sha256(b.encode()).digest()).decode()}'"
-            for b in blocks
-        )
-
-    csp = (
-        f"default-src 'none'; script-src {hashes('script')}; style-src {hashes('style')}; "
-        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
-    )
-    return page, {
-        "Content-Security-Policy": csp,
-        "X-Content-Type-Options": "nosniff",
-        "Referrer-Policy": "no-referrer",
-        "Cache-Control": "no-cache",
-    }
 
 
 def _bounded_connect(url: str | None) -> str | None:
@@ -382,18 +349,3 @@ def _bounded_connect(url: str | None) -> str | None:
     if not url or "connect_timeout" in conninfo_to_dict(url):
         return url or None
     return make_conninfo(url, connect_timeout=CONNECT_TIMEOUT_SECONDS)
-
-
-def _add_security(schema: dict[str, Any]) -> None:
-    """Declare the bearer scheme on every operation but the public ones."""
-    schema.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = {
-        "type": "http",
-        "scheme": "bearer",
-        "description": "PGQUEUE_API_TOKENS (admin) or PGQUEUE_API_READ_TOKENS (GET only). "
-        "Not required when the server has no token configured.",
-    }
-    for path, operations in schema.get("paths", {}).items():
-        if path in PUBLIC_PATHS:
-            continue
-        for operation in operations.values():
-            operation["security"] = [{"bearer": []}]

@@ -9,6 +9,7 @@ psycopg.DataError                    422 invalid_input  (the database refused a 
 JobNotFound                          404 not_found
 JobStateConflict                     409 conflict
 DatabaseUnavailable                  503 database_unavailable  (Retry-After: 1)
+SchemaNotMigrated                    503 schema_not_migrated   (run `pgqueue migrate`)
 HTTPException (404 route, 405, ...)  its status
 anything else                        500 internal_error, logged, no traceback sent
 """
@@ -26,10 +27,16 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route
 
-from ..errors import DatabaseUnavailable, InvalidJob, JobNotFound, JobStateConflict
+from ..errors import (
+    DatabaseUnavailable,
+    InvalidJob,
+    JobNotFound,
+    JobStateConflict,
+    SchemaNotMigrated,
+)
 from .models import API_FIELD, ErrorBody
 
-__all__ = ["ERROR_RESPONSES", "error_response", "install_handlers"]
+__all__ = ["ERROR_RESPONSES", "error_response", "install_handlers", "schema_not_migrated"]
 
 log = logging.getLogger("pgqueue.api")
 
@@ -156,6 +163,21 @@ async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
+def schema_not_migrated(exc: SchemaNotMigrated) -> JSONResponse:
+    """503: the database answers, but pgqueue's tables are missing or older
+    than this code. Not a bug: an operator has a command to run."""
+    missing = f" (missing: {', '.join(exc.pending)})" if exc.pending else ""
+    log.warning("schema not migrated%s", missing, extra={"action": "api_schema_not_migrated"})
+    return error_response(
+        503, "schema_not_migrated", f"schema not migrated{missing}: run `pgqueue migrate`"
+    )
+
+
+async def _schema_missing(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, SchemaNotMigrated)
+    return schema_not_migrated(exc)
+
+
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     if exc.status_code == 400:
@@ -176,8 +198,9 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 def _allowed_methods(request: Request) -> list[str]:
-    """Every method of the path. Starlette's own Allow header names only the
-    first route that matched the path (POST /jobs, not GET /jobs as well)."""
+    """Every method of the path, and HEAD where GET is (middleware.HeadAsGet).
+    Starlette's own Allow header names only the first route that matched the
+    path (POST /jobs, not GET /jobs as well)."""
     methods: set[str] = set()
     for route in request.app.routes:
         if isinstance(route, Route) and route.methods:
@@ -185,6 +208,8 @@ def _allowed_methods(request: Request) -> list[str]:
             probe = {**request.scope, "method": next(iter(route.methods))}
             if route.matches(probe)[0] == Match.FULL:
                 methods |= route.methods
+    if "GET" in methods:
+        methods.add("HEAD")
     return sorted(methods)
 
 
@@ -205,6 +230,7 @@ def install_handlers(app: FastAPI) -> None:
     app.add_exception_handler(JobNotFound, _not_found)
     app.add_exception_handler(JobStateConflict, _conflict)
     app.add_exception_handler(DatabaseUnavailable, _unavailable)
+    app.add_exception_handler(SchemaNotMigrated, _schema_missing)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     # Exception goes to Starlette's outermost middleware: the response is
     # ours, and the exception is still raised afterwards for the server log.
@@ -223,5 +249,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     413: _doc("The body is larger than the configured limit."),
     422: _doc("A field is missing, unknown, of the wrong type or out of range."),
     500: _doc("A bug; the server log has the details."),
-    503: _doc("The database did not answer in time; retry."),
+    503: _doc(
+        "The database did not answer in time (retry), or its schema is not migrated "
+        "(run `pgqueue migrate`)."
+    ),
 }

@@ -44,6 +44,7 @@ __all__ = [
     "Health",
     "JobList",
     "JobOut",
+    "JobSummary",
     "Problem",
     "QueueList",
     "QueueOut",
@@ -154,14 +155,13 @@ def batch_request_model(max_batch: int) -> type[BaseModel]:
     return BatchEnqueueRequest
 
 
-class JobOut(BaseModel):
-    """A job as the API shows it."""
+class JobSummary(BaseModel):
+    """A job without the fields that can be large: what GET /jobs?fields=summary lists."""
 
     id: int
     queue: str
     task: str
     state: JobState
-    payload: dict[str, Any]
     priority: int
     attempts: int
     max_attempts: int
@@ -170,11 +170,17 @@ class JobOut(BaseModel):
     idempotency_key: str | None
     worker: str | None
     lease_expires_at: datetime | None
-    last_error: str | None
-    result: Any = Field(description="What the handler returned (any JSON), once succeeded.")
     enqueued_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+
+
+class JobOut(JobSummary):
+    """A job as the API shows it."""
+
+    payload: dict[str, Any]
+    last_error: str | None
+    result: Any = Field(description="What the handler returned (any JSON), once succeeded.")
 
     @classmethod
     def of(cls, job: Job) -> JobOut:
@@ -213,7 +219,9 @@ class BatchEnqueued(BaseModel):
 
 
 class JobList(BaseModel):
-    jobs: list[JobOut]
+    jobs: list[JobOut | JobSummary] = Field(
+        description="Every field, or with fields=summary, all but payload, result and last_error."
+    )
     next_cursor: int | None = Field(
         description="Pass as `cursor` to get the next page; null on the last page."
     )

@@ -1089,7 +1089,8 @@ def _server_status(server: EmbeddedPostgres) -> dict[str, Any]:
         "running": running,
         "pid": server.pid() if running else None,
         "port": port,
-        "url": server.url if port is not None else None,
+        # Redacted: `pgqueue db url` is the one command that prints the password.
+        "url": _redact(server.url) if port is not None else None,
         "data_dir": str(server.data_dir),
         "initialised": (server.pgdata / "PG_VERSION").exists(),
     }
@@ -1110,7 +1111,7 @@ def db_start(
     else:
         verb = "already running" if was_running else "started"
         state.out.print(
-            f"{verb}: {url} (pid {server.pid()}, data in {escape(str(server.data_dir))})"
+            f"{verb}: {_redact(url)} (pid {server.pid()}, data in {escape(str(server.data_dir))})"
         )
 
 
@@ -1162,12 +1163,12 @@ def db_status(
 
 @db_app.command("url")
 def db_url(ctx: typer.Context) -> None:
-    """Print the embedded server's URL (for psql "$(pgqueue db url)")."""
+    """Print the embedded server's URL, password included (for psql "$(pgqueue db url)")."""
     server = _server(ctx)
     status = _server_status(server)
     if status["url"] is None:
         _fail(f"no embedded server in {server.data_dir}; 'pgqueue db start' creates one")
-    typer.echo(status["url"])
+    typer.echo(server.url)
     if not status["running"]:
         _state(ctx).err.print("[yellow]note:[/] the server is stopped ('pgqueue db start')")
 

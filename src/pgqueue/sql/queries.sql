@@ -265,6 +265,20 @@ WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
 ORDER BY id DESC
 LIMIT %(limit)s;
 
+-- name: job_list_summary
+-- Like job_list, without the heavy columns (payload, result, last_error):
+-- what a listing that polls needs, without reading large values.
+SELECT id, queue, task, priority, state, run_at, attempts, max_attempts,
+       timeout_seconds, idempotency_key, worker, lease_expires_at,
+       enqueued_at, started_at, finished_at
+FROM pgqueue_jobs
+WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(task)s::text IS NULL OR task = %(task)s::text)
+  AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
 -- name: job_prune
 -- Delete up to `limit` finished jobs older than the retention period. The
 -- counters already hold their outcomes, so metrics do not move.
@@ -339,6 +353,12 @@ SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
 -- name: db_ping
 -- The database answers.
 SELECT 1 AS ok;
+
+-- name: server_set_password
+-- The embedded server's superuser password, given as a SCRAM verifier made
+-- by the client, so the password itself never reaches the server or its
+-- logs. A utility statement takes no parameters: run it on a ClientCursor.
+ALTER ROLE postgres PASSWORD %(verifier)s;
 
 -- name: listen_jobs
 -- Subscribe to "jobs are ready" hints (payload: the queue name).
