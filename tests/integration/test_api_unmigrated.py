@@ -13,7 +13,7 @@ import pytest
 
 from pgqueue import Settings, migrate
 from pgqueue.embedded import EmbeddedPostgres
-from pgqueue.migrate import migration_versions
+from pgqueue.sql import migration_versions
 from tests.support import api_client
 
 
