@@ -26,8 +26,9 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route
 
+from ..checks import printable
 from ..errors import DatabaseUnavailable, InvalidJob, JobNotFound, JobStateConflict
-from .models import API_FIELD, ErrorBody
+from .models import ErrorBody
 
 __all__ = ["ERROR_RESPONSES", "error_response", "install_handlers"]
 
@@ -64,7 +65,9 @@ def error_response(
 
 
 def _field_name(loc: Sequence[Any]) -> str:
-    """('body', 'jobs', 3, 'priority') -> 'jobs[3].priority'; ('query', 'limit') -> 'limit'."""
+    """('body', 'jobs', 3, 'priority') -> 'jobs[3].priority'; ('query', 'limit') -> 'limit'.
+    An unknown field's name is the client's own text, which may hold a lone
+    surrogate: it is escaped, since the response must be UTF-8."""
     parts = list(loc[1:]) if loc and loc[0] in ("body", "query", "path", "header") else list(loc)
     name = ""
     for part in parts:
@@ -72,13 +75,7 @@ def _field_name(loc: Sequence[Any]) -> str:
             name += f"[{part}]"
         else:
             name += ("." if name else "") + str(part)
-    return name or (str(loc[0]) if loc else "body")
-
-
-def _api_field(field: str) -> str:
-    """A JobSpec field name in the API's words (delay -> delay_seconds)."""
-    head, dot, last = field.rpartition(".")
-    return f"{head}{dot}{API_FIELD.get(last, last)}"
+    return printable(name) or (str(loc[0]) if loc else "body")
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
@@ -116,13 +113,12 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _invalid_job(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, InvalidJob)
-    field = _api_field(exc.field)
     return error_response(
         422,
         "invalid_input",
-        f"{field}: {exc.problem}",
-        field=field,
-        problems=[(field, exc.problem)],
+        f"{exc.field}: {exc.problem}",
+        field=exc.field,
+        problems=[(exc.field, exc.problem)],
     )
 
 
