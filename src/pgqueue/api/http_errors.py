@@ -26,7 +26,6 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route
 
-from ..checks import printable
 from ..errors import DatabaseUnavailable, InvalidJob, JobNotFound, JobStateConflict
 from .models import ErrorBody
 
@@ -65,9 +64,7 @@ def error_response(
 
 
 def _field_name(loc: Sequence[Any]) -> str:
-    """('body', 'jobs', 3, 'priority') -> 'jobs[3].priority'; ('query', 'limit') -> 'limit'.
-    An unknown field's name is the client's own text, which may hold a lone
-    surrogate: it is escaped, since the response must be UTF-8."""
+    """('body', 'jobs', 3, 'priority') -> 'jobs[3].priority'; ('query', 'limit') -> 'limit'."""
     parts = list(loc[1:]) if loc and loc[0] in ("body", "query", "path", "header") else list(loc)
     name = ""
     for part in parts:
@@ -75,7 +72,7 @@ def _field_name(loc: Sequence[Any]) -> str:
             name += f"[{part}]"
         else:
             name += ("." if name else "") + str(part)
-    return printable(name) or (str(loc[0]) if loc else "body")
+    return name or (str(loc[0]) if loc else "body")
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
@@ -98,6 +95,8 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
             problem = "is required"
         elif kind == "extra_forbidden":
             problem = "is not a known field"
+        elif kind == "string_unicode":  # a field name with a lone surrogate
+            problem = "has a field name that is not valid Unicode text (a lone surrogate)"
         elif field == "body" and kind in ("model_attributes_type", "dict_type"):
             problem = "must be a JSON object, sent with Content-Type: application/json"
         problems.append((field, problem))
