@@ -16,9 +16,9 @@ import pytest
 from typer.testing import CliRunner
 
 from pgqueue import AsyncQueue, InvalidJob, Job, Queue, Settings
-from pgqueue.api import create_app
 from pgqueue.cli import app as cli
 from pgqueue.jobs import FIELD_ALIASES, JOB_FIELDS, MAX_PRIORITY, JobSpec
+from tests.support import asgi_client, count_jobs, refusals
 
 CANONICAL = [
     "task",
@@ -33,22 +33,13 @@ CANONICAL = [
 ]
 
 
-def count(sql: psycopg.Connection[Any]) -> int:
-    return sql.execute("SELECT count(*) FROM pgqueue_jobs").fetchone()[0]  # type: ignore[index]
-
-
 def delay_of(job: Job) -> float:
     return (job.run_at - job.enqueued_at).total_seconds()
 
 
 @pytest.fixture
 async def api(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
-    """ASGITransport re-raises app exceptions: a 500 fails the test."""
-    app = create_app(settings, url=settings.database_url)
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as client,
-    ):
+    async with asgi_client(settings) as client:
         yield client
 
 
@@ -103,16 +94,10 @@ async def test_a_name_with_its_alias_or_delay_with_run_at_is_refused(
     field: str,
     problem: str,
 ) -> None:
-    with pytest.raises(InvalidJob) as sync:
-        queue.enqueue("t", **fields)
-    with pytest.raises(InvalidJob) as async_:
-        await aqueue.enqueue("t", **fields)
-    with pytest.raises(InvalidJob) as batch:
-        queue.enqueue_many([{"task": "t"}, {"task": "t", **fields}])
-    assert sync.value.field == async_.value.field == field
-    assert problem in sync.value.problem
-    assert batch.value.field == f"jobs[1].{field}"
-    assert count(sql) == 0
+    sync, async_, batch = await refusals(queue, aqueue, {"task": "t", **fields})
+    assert sync.field == async_.field == field and problem in sync.problem
+    assert batch.field == f"jobs[1].{field}"
+    assert count_jobs(sql) == 0
 
 
 async def test_a_misspelt_keyword_is_invalid_job_not_type_error(
@@ -131,7 +116,7 @@ async def test_a_misspelt_keyword_is_invalid_job_not_type_error(
     with pytest.raises(InvalidJob) as not_a_job:
         queue.enqueue_many([{"task": "t"}, ["t"]])
     assert not_a_job.value.field == "jobs[1]"
-    assert count(sql) == 0
+    assert count_jobs(sql) == 0
 
 
 def test_errors_name_the_field_as_the_caller_spelt_it(queue: Queue) -> None:
@@ -187,7 +172,7 @@ async def test_http_names_the_field_as_sent(
     assert one.status_code == 422 and one.json()["field"] == field, one.text
     batch = await api.post("/jobs/batch", json={"jobs": [{"task": "a"}, body]})
     assert batch.status_code == 422 and batch.json()["field"] == f"jobs[1].{field}", batch.text
-    assert count(sql) == 0
+    assert count_jobs(sql) == 0
 
 
 async def test_the_http_schema_is_built_from_the_job_fields(api: httpx.AsyncClient) -> None:

@@ -18,16 +18,14 @@ decimals and objects with their keys sorted and unique. So:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pgqueue import JobState, Queue, Settings
-from pgqueue.api import create_app
+from tests.support import asgi_client
 
 # Python writes a float with an exponent from this magnitude on.
 EXPONENT_FROM = 1e16
@@ -110,19 +108,11 @@ def test_key_order_is_jsonbs(queue: Queue) -> None:
     assert back == sent and list(back) == ["a", "bb", "ccc"]
 
 
-@pytest.fixture
-async def api(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(settings, url=settings.database_url)
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as client,
-    ):
-        yield client
-
-
-async def test_over_http_a_repeated_key_keeps_its_last_value(api: httpx.AsyncClient) -> None:
+async def test_over_http_a_repeated_key_keeps_its_last_value(settings: Settings) -> None:
     body = b'{"task": "t", "payload": {"a": 1, "n": 1.952655949840793e+16, "a": 2}}'
-    created = await api.post("/jobs", content=body, headers={"content-type": "application/json"})
-    assert created.status_code == 201, created.text
-    job = (await api.get(f"/jobs/{created.json()['id']}")).json()
+    async with asgi_client(settings) as api:
+        headers = {"content-type": "application/json"}
+        created = await api.post("/jobs", content=body, headers=headers)
+        assert created.status_code == 201, created.text
+        job = (await api.get(f"/jobs/{created.json()['id']}")).json()
     assert job["payload"] == {"a": 2, "n": 19526559498407930}

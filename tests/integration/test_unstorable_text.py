@@ -17,11 +17,11 @@ import psycopg
 import pytest
 from typer.testing import CliRunner
 
-from pgqueue import AsyncQueue, InvalidJob, Job, JobState, Queue, Settings
+from pgqueue import AsyncQueue, Job, JobState, Queue, Settings
 from pgqueue.api import create_app
 from pgqueue.cli import app as cli
 from pgqueue.worker import AsyncWorker
-from tests.support import LiveServer
+from tests.support import LiveServer, count_jobs, refusals
 
 LONE = "\ud800"
 
@@ -37,10 +37,6 @@ BAD_JOBS: list[tuple[dict[str, Any], str]] = [
     ({"task": "t", "payload": {"x": "a\x00b"}}, "payload"),
 ]
 IDS = [f"{field}-{i}" for i, (_, field) in enumerate(BAD_JOBS)]
-
-
-def count(sql: psycopg.Connection[Any]) -> int:
-    return sql.execute("SELECT count(*) FROM pgqueue_jobs").fetchone()[0]  # type: ignore[index]
 
 
 def as_json(value: Any) -> bytes:
@@ -59,19 +55,10 @@ async def test_the_library_refuses_it_naming_the_field(
     fields: dict[str, Any],
     field: str,
 ) -> None:
-    args = dict(fields)
-    task, payload = args.pop("task"), args.pop("payload", None)
-    with pytest.raises(InvalidJob) as sync:
-        queue.enqueue(task, payload, **args)
-    with pytest.raises(InvalidJob) as async_:
-        await aqueue.enqueue(task, payload, **args)
-    with pytest.raises(InvalidJob) as batch:
-        queue.enqueue_many([{"task": "fine"}, fields])
-    assert sync.value.field == async_.value.field == field
-    assert batch.value.field == f"jobs[1].{field}"
-    # The message can itself be printed, logged and sent as UTF-8.
-    str(sync.value).encode("utf-8")
-    assert count(sql) == 0
+    sync, async_, batch = await refusals(queue, aqueue, fields)
+    assert sync.field == async_.field == field and batch.field == f"jobs[1].{field}"
+    str(sync).encode("utf-8")  # the message can itself be printed, logged and sent
+    assert count_jobs(sql) == 0
 
 
 def test_a_result_or_an_error_text_with_a_lone_surrogate_is_a_failed_attempt(
@@ -139,7 +126,7 @@ def test_http_answers_422_naming_the_field(
     )
     assert batch.status_code == 422, batch.text
     assert batch.json()["field"] == f"jobs[1].{field}"
-    assert count(sql) == 0
+    assert count_jobs(sql) == 0
 
 
 def test_http_refuses_a_field_name_that_is_not_valid_unicode(
@@ -153,7 +140,7 @@ def test_http_refuses_a_field_name_that_is_not_valid_unicode(
     batch = http.post("/jobs/batch", content=body, headers=headers)
     assert batch.status_code == 422, batch.text
     assert batch.json()["field"] == "jobs[1]"
-    assert count(sql) == 0
+    assert count_jobs(sql) == 0
 
 
 # -- the command line -------------------------------------------------------------------
@@ -189,4 +176,4 @@ def test_enqueue_says_so_in_one_line(db_url: str, sql: psycopg.Connection[Any]) 
         "error: invalid job: payload: contains a lone surrogate (\\ud800), "
         "which is not valid Unicode text"
     )
-    assert count(sql) == 0
+    assert count_jobs(sql) == 0
