@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from pgqueue import AsyncQueue, InvalidJob, Job, Queue, Settings
 from pgqueue.cli import app as cli
 from pgqueue.jobs import FIELD_ALIASES, JOB_FIELDS, MAX_PRIORITY, JobSpec
-from tests.support import asgi_client, count_jobs, refusals
+from tests.input_support import asgi_client, count_jobs, refusals
 
 CANONICAL = [
     "task",

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pgqueue import JobState, Queue, Settings
-from tests.support import asgi_client
+from tests.input_support import asgi_client
 
 # Python writes a float with an exponent from this magnitude on.
 EXPONENT_FROM = 1e16

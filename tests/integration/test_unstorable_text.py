@@ -21,7 +21,8 @@ from pgqueue import AsyncQueue, Job, JobState, Queue, Settings
 from pgqueue.api import create_app
 from pgqueue.cli import app as cli
 from pgqueue.worker import AsyncWorker
-from tests.support import LiveServer, count_jobs, refusals
+from tests.input_support import count_jobs, refusals
+from tests.support import LiveServer
 
 LONE = "\ud800"
 
