@@ -62,13 +62,9 @@ def _schema(job_field: JobField, *, alias: bool = False) -> Any:
 
 
 def _job_model() -> type[_Job]:
-    fields: dict[str, Any] = {}
-    for job_field in JOB_FIELDS:
-        # Any: the values are checked by JobSpec.from_fields, not here.
-        fields[job_field.name] = (Any, _schema(job_field))
-    for job_field in JOB_FIELDS:
-        if job_field.alias:
-            fields[job_field.alias] = (Any, _schema(job_field, alias=True))
+    # Any: the values are judged by JobSpec.from_fields, not by pydantic.
+    fields: dict[str, Any] = {f.name: (Any, _schema(f)) for f in JOB_FIELDS}
+    fields |= {f.alias: (Any, _schema(f, alias=True)) for f in JOB_FIELDS if f.alias}
     return create_model("EnqueueRequest", __base__=_Job, __doc__="One job to add.", **fields)
 
 
