@@ -9,7 +9,6 @@ PACKAGE = Path(__file__).resolve().parents[2] / "src" / "pgqueue"
 # The core knows nothing of the runtime, the HTTP layer or the command line.
 CORE = [
     "jobs.py",
-    "checks.py",
     "transitions.py",
     "queue.py",
     "settings.py",
