@@ -1,6 +1,6 @@
 """What a job is, and the one shape every new job has on every surface.
 
-A new job has nine fields, named as the columns of the jobs table are:
+A new job has nine fields, named after the columns of the jobs table:
 
     task, payload, queue, priority, delay_seconds, run_at, max_attempts,
     timeout_seconds, idempotency_key
