@@ -4,7 +4,7 @@ Layout (one guess finds each part):
 
     sql/queries.sql     every statement, named; sql/__init__.py loads them
     migrations/*.sql    the schema, applied in order by migrate()
-    jobs.py             Job, JobState, JobSpec (validation of new jobs)
+    jobs.py             Job, JobState, JobSpec, JOB_FIELDS (the one shape of a new job)
     transitions.py      the state machine: one I/O-free generator per transition
     queue.py            Queue (blocking) and AsyncQueue (asyncio) drive them
     worker/             the asyncio worker runtime

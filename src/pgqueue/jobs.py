@@ -1,29 +1,59 @@
-"""What a job is, and the checks every new job passes before it is written."""
+"""What a job is, and the one shape every new job has on every surface.
+
+A new job has nine fields, named after the columns of the jobs table:
+
+    task, payload, queue, priority, delay_seconds, run_at, max_attempts,
+    timeout_seconds, idempotency_key
+
+``delay`` and ``timeout`` are aliases of ``delay_seconds`` and
+``timeout_seconds``; a job that gives a name and its alias is refused.
+``JOB_FIELDS`` describes each field once (its rule, default and meaning).
+``JobSpec.from_fields`` checks a mapping of fields against it: the library's
+``enqueue`` and ``enqueue_many``, the HTTP API and ``pgqueue enqueue-file``
+all call it, and the HTTP request model and its OpenAPI schema are built from
+the same table (``api/models.py``). Errors name the field as the caller
+spelled it.
+"""
 
 from __future__ import annotations
 
+import difflib
 import enum
-import json
-import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, NamedTuple
 
+from .checks import Integer, Key, Moment, Name, Payload, Rule, Seconds, dump_json, printable
 from .errors import InvalidJob
 
-__all__ = ["Job", "JobSpec", "JobState", "dump_json"]
+__all__ = [
+    "FIELD_ALIASES",
+    "JOB_FIELDS",
+    "MAX_ATTEMPTS",
+    "MAX_DELAY_SECONDS",
+    "MAX_KEY_LENGTH",
+    "MAX_PRIORITY",
+    "MAX_TIMEOUT_SECONDS",
+    "QUEUE_NAME",
+    "TASK_NAME",
+    "Job",
+    "JobField",
+    "JobSpec",
+    "JobState",
+    "build_specs",
+    "dump_json",
+]
 
 MAX_PRIORITY = 32767
 MAX_ATTEMPTS = 1000
+DEFAULT_MAX_ATTEMPTS = 5
 MAX_DELAY_SECONDS = 10 * 365 * 24 * 3600.0
 MAX_TIMEOUT_SECONDS = 7 * 24 * 3600.0
 MAX_KEY_LENGTH = 255
-# A run_at in the past means "now"; one before this year is a mistake.
-MIN_RUN_AT_YEAR = 1970
-_QUEUE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,62}")
-_TASK_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:\-]{0,199}")
+TASK_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:\-]{0,199}")
+QUEUE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,62}")
 
 
 class JobState(enum.StrEnum):
@@ -97,9 +127,91 @@ _STATE_INDEX = _COLUMNS.index("state")
 _STATES = {state.value: state for state in JobState}
 
 
+# -- a new job -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class JobField:
+    """One field of a new job. A missing field takes ``default``; so does a
+    null one when ``nullable``. ``alias`` is another accepted name."""
+
+    name: str
+    rule: Rule
+    description: str
+    default: Any = None
+    nullable: bool = True
+    required: bool = False
+    alias: str | None = None
+
+
+JOB_FIELDS: tuple[JobField, ...] = (
+    JobField("task", Name(TASK_NAME), "The handler's name.", nullable=False, required=True),
+    JobField(
+        "payload",
+        Payload(),
+        "The job's arguments: a JSON object (no NaN or Infinity, no NUL character, "
+        "no lone surrogate).",
+        default={},
+    ),
+    JobField("queue", Name(QUEUE_NAME), "The queue's name.", default="default", nullable=False),
+    JobField(
+        "priority",
+        Integer(-MAX_PRIORITY, MAX_PRIORITY),
+        "Higher runs first.",
+        default=0,
+        nullable=False,
+    ),
+    JobField(
+        "delay_seconds",
+        Seconds(0.0, MAX_DELAY_SECONDS),
+        "Run no earlier than this many seconds from now.",
+        default=0,
+        alias="delay",
+    ),
+    JobField(
+        "run_at",
+        Moment(MAX_DELAY_SECONDS),
+        "Run no earlier than this time (ISO 8601 with a time zone; a time in the past "
+        "means now). Give delay_seconds or run_at, not both.",
+    ),
+    JobField(
+        "max_attempts",
+        Integer(1, MAX_ATTEMPTS),
+        "Attempts before the job is dead (default: the setting default_max_attempts).",
+    ),
+    JobField(
+        "timeout_seconds",
+        Seconds(0.0, MAX_TIMEOUT_SECONDS, exclusive_low=True),
+        "Time limit of one attempt (default: the handler's own, else none).",
+        alias="timeout",
+    ),
+    JobField(
+        "idempotency_key",
+        Key(MAX_KEY_LENGTH),
+        "A second enqueue with this key returns the first job and writes nothing.",
+    ),
+)
+FIELD_ALIASES = {f.alias: f.name for f in JOB_FIELDS if f.alias}
+_REQUIRED = [f.name for f in JOB_FIELDS if f.required]
+# Each field by every name it is accepted by.
+_BY_NAME = {name: f for f in JOB_FIELDS for name in (f.name, f.alias) if name}
+# The checked value of each field when it is missing (max_attempts: the caller's default).
+_DEFAULTS: dict[str, Any] = {
+    f.name: None if f.default is None else f.rule.check(f.name, f.default) for f in JOB_FIELDS
+}
+
+
+def _unknown(name: Any) -> InvalidJob:
+    shown = printable(str(name))
+    guess = difflib.get_close_matches(shown, _BY_NAME, n=1)
+    known = ", ".join(f.name for f in JOB_FIELDS)
+    hint = f"did you mean '{guess[0]}'?" if guess else f"the fields are {known}"
+    return InvalidJob(shown, f"unknown field '{shown}' ({hint})")
+
+
 class JobSpec(NamedTuple):
-    """A validated request to enqueue one job. Construct with ``JobSpec.build``.
-    (A named tuple: bulk enqueues build a hundred thousand of them.)"""
+    """A validated request to enqueue one job: build it with ``from_fields``
+    (or ``build``). A named tuple: bulk enqueues build a hundred thousand."""
 
     task: str
     payload_json: str
@@ -112,127 +224,63 @@ class JobSpec(NamedTuple):
     idempotency_key: str | None
 
     @classmethod
-    def build(
-        cls,
-        task: Any,
-        payload: Any = None,
-        *,
-        queue: Any = "default",
-        priority: Any = 0,
-        delay: Any = None,
-        run_at: Any = None,
-        max_attempts: Any = 5,
-        timeout: Any = None,
-        idempotency_key: Any = None,
+    def from_fields(
+        cls, given: Mapping[str, Any], *, default_max_attempts: int = DEFAULT_MAX_ATTEMPTS
     ) -> JobSpec:
-        """Check every argument; raise InvalidJob naming the first bad one."""
-        if delay is not None and run_at is not None:
-            raise InvalidJob("delay", "give delay or run_at, not both")
+        """Check a mapping of fields (canonical names or aliases; a missing
+        or null optional field takes its default); raise InvalidJob naming
+        the first bad field in the mapping's order, unknown fields included."""
+        values = dict(_DEFAULTS)
+        names: dict[str, str] = {}  # canonical name -> the name it was given by
+        for name, value in given.items():
+            job_field = _BY_NAME.get(name)
+            if job_field is None:
+                raise _unknown(name)
+            if job_field.name in names:
+                raise InvalidJob(
+                    job_field.name, f"give {names[job_field.name]} or {name}, not both"
+                )
+            names[job_field.name] = name
+            if value is not None or not job_field.nullable:
+                values[job_field.name] = job_field.rule.check(name, value)
+        for required in _REQUIRED:
+            if required not in names:
+                raise InvalidJob(required, "missing")
+        delay = names.get("delay_seconds")
+        if values["run_at"] is not None and delay is not None and given[delay] is not None:
+            raise InvalidJob("run_at", f"give {delay} or run_at, not both")
         return cls(
-            _name("task", task, _TASK_NAME),
-            _payload(payload),
-            _name("queue", queue, _QUEUE_NAME),
-            _integer("priority", priority, -MAX_PRIORITY, MAX_PRIORITY),
-            None if run_at is None else _aware("run_at", run_at),
-            0.0 if delay is None else _seconds("delay", delay, 0.0, MAX_DELAY_SECONDS) or 0.0,
-            _integer("max_attempts", max_attempts, 1, MAX_ATTEMPTS),
-            None
-            if timeout is None
-            else _seconds("timeout", timeout, 0.0, MAX_TIMEOUT_SECONDS, open_low=True),
-            None if idempotency_key is None else _key(idempotency_key),
+            values["task"],
+            values["payload"],
+            values["queue"],
+            values["priority"],
+            values["run_at"],
+            values["delay_seconds"],
+            values["max_attempts"] or default_max_attempts,
+            values["timeout_seconds"],
+            values["idempotency_key"],
         )
 
-
-# Built once: json.dumps with non-default options builds an encoder per call.
-_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
-# Names already seen valid; bulk enqueues repeat a few names many times.
-_VALID_NAMES: set[tuple[str, str]] = set()
-
-
-def dump_json(value: Any, field: str) -> str:
-    """Serialise to JSON that PostgreSQL's jsonb accepts, or raise InvalidJob.
-
-    jsonb refuses NaN/Infinity and the NUL character; json.dumps would write
-    the first two and escape the third, so both are checked here.
-    """
-    try:
-        text = _ENCODER.encode(value)
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise InvalidJob(field, f"not JSON-serialisable ({exc})") from None
-    if "\\u0000" in text:
-        raise InvalidJob(field, "contains a NUL character, which PostgreSQL cannot store")
-    return text
+    @classmethod
+    def build(cls, task: Any, payload: Any = None, **fields: Any) -> JobSpec:
+        """``from_fields`` with the task, payload and fields as arguments."""
+        return cls.from_fields({"task": task, "payload": payload, **fields})
 
 
-def _payload(payload: Any) -> str:
-    if payload is None:
-        payload = {}
-    if not isinstance(payload, dict):
-        raise InvalidJob("payload", f"must be a JSON object (dict), got {type(payload).__name__}")
-    return dump_json(payload, "payload")
-
-
-def _name(field: str, value: Any, pattern: re.Pattern[str]) -> str:
-    if not isinstance(value, str):
-        raise InvalidJob(field, f"must be a string, got {type(value).__name__}")
-    if (field, value) in _VALID_NAMES:
-        return value
-    if not pattern.fullmatch(value):
-        raise InvalidJob(
-            field,
-            f"{value[:80]!r} is not a valid {field} name: it must match {pattern.pattern}",
-        )
-    if len(_VALID_NAMES) < 10_000:
-        _VALID_NAMES.add((field, value))
-    return value
-
-
-def _integer(field: str, value: Any, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidJob(field, f"must be an integer, got {type(value).__name__}")
-    if not low <= value <= high:
-        raise InvalidJob(field, f"must be between {low} and {high}, got {value}")
-    return value
-
-
-def _seconds(
-    field: str, value: Any, low: float, high: float, *, open_low: bool = False
-) -> float | None:
-    if value is None:
-        return None
-    if hasattr(value, "total_seconds"):
-        value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidJob(field, f"must be a number of seconds, got {type(value).__name__}")
-    if not math.isfinite(value) or value < low or (open_low and value == low) or value > high:
-        bound = f"more than {low:g}" if open_low else f"at least {low:g}"
-        raise InvalidJob(field, f"must be {bound} and at most {high:g} seconds, got {value}")
-    return float(value)
-
-
-def _aware(field: str, value: Any) -> datetime | None:
-    if value is None:
-        return None
-    if not isinstance(value, datetime):
-        raise InvalidJob(field, f"must be a datetime, got {type(value).__name__}")
-    if value.tzinfo is None or value.utcoffset() is None:
-        raise InvalidJob(field, "must have a time zone (a naive datetime is ambiguous)")
-    try:
-        in_utc = value.astimezone(UTC)
-    except OverflowError:
-        in_utc = None
-    if in_utc is None or not MIN_RUN_AT_YEAR <= in_utc.year <= 9999:
-        raise InvalidJob(field, f"must be between the years {MIN_RUN_AT_YEAR} and 9999 in UTC")
-    return value
-
-
-def _key(value: Any) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise InvalidJob("idempotency_key", f"must be a string, got {type(value).__name__}")
-    if not 1 <= len(value) <= MAX_KEY_LENGTH:
-        raise InvalidJob("idempotency_key", f"must be 1 to {MAX_KEY_LENGTH} characters")
-    if "\x00" in value:
-        raise InvalidJob("idempotency_key", "contains a NUL character")
-    return value
+def build_specs(
+    jobs: Iterable[JobSpec | Mapping[str, Any]], *, default_max_attempts: int
+) -> list[JobSpec]:
+    """Validate a batch up front, so that one bad job writes nothing; the
+    error names the job by its index: ``jobs[3].priority``."""
+    specs = []
+    for index, job in enumerate(jobs):
+        if isinstance(job, JobSpec):
+            specs.append(job)
+            continue
+        if not isinstance(job, Mapping):
+            raise InvalidJob(f"jobs[{index}]", f"must be a mapping, got {type(job).__name__}")
+        try:
+            specs.append(JobSpec.from_fields(job, default_max_attempts=default_max_attempts))
+        except InvalidJob as exc:
+            raise InvalidJob(f"jobs[{index}].{exc.field}", exc.problem) from None
+    return specs

@@ -23,8 +23,8 @@ from . import driver
 from . import transitions as t
 from .driver import SCHEMA_ERRORS, is_asyncpg_connection
 from .embedded import EmbeddedPostgres
-from .errors import DatabaseUnavailable, InvalidJob, SchemaNotMigrated, WaitTimeout
-from .jobs import Job, JobSpec, JobState
+from .errors import DatabaseUnavailable, SchemaNotMigrated, WaitTimeout
+from .jobs import Job, JobSpec, JobState, build_specs
 from .settings import Settings
 from .transitions import Enqueued, Flow, Outcome
 from .waiting import WAIT_POLL_SECONDS, AsyncWaiters, Waiters
@@ -39,26 +39,6 @@ def resolve_url(settings: Settings) -> str:
     if settings.database_url:
         return settings.database_url
     return EmbeddedPostgres(settings.data_dir).ensure_running()
-
-
-def build_specs(jobs: Iterable[JobSpec | Mapping[str, Any]], settings: Settings) -> list[JobSpec]:
-    """Validate a batch up front, so that one bad job writes nothing."""
-    specs = []
-    for index, job in enumerate(jobs):
-        if isinstance(job, JobSpec):
-            specs.append(job)
-            continue
-        if not isinstance(job, Mapping) or "task" not in job:
-            raise InvalidJob(f"jobs[{index}]", "must be a mapping with at least a 'task'")
-        fields = dict(job)
-        fields.setdefault("max_attempts", settings.default_max_attempts)
-        try:
-            specs.append(JobSpec.build(**fields))
-        except InvalidJob as exc:
-            raise InvalidJob(f"jobs[{index}].{exc.field}", exc.problem) from None
-        except TypeError as exc:
-            raise InvalidJob(f"jobs[{index}]", str(exc)) from None
-    return specs
 
 
 def _caller_connection(connection: Any) -> Any:
@@ -86,10 +66,14 @@ class _Common:
         self.settings = settings or Settings.from_env()
         self._url = url
 
-    def _spec(self, task: str, payload: Any, **fields: Any) -> JobSpec:
-        if fields.get("max_attempts") is None:
-            fields["max_attempts"] = self.settings.default_max_attempts
-        return JobSpec.build(task, payload, **fields)
+    def _spec(self, task: Any, payload: Any, **fields: Any) -> JobSpec:
+        return JobSpec.from_fields(
+            {"task": task, "payload": payload, **fields},
+            default_max_attempts=self.settings.default_max_attempts,
+        )
+
+    def _specs(self, jobs: Iterable[JobSpec | Mapping[str, Any]]) -> list[JobSpec]:
+        return build_specs(jobs, default_max_attempts=self.settings.default_max_attempts)
 
     def _claim(self, limit: int, worker: str, queues: Sequence[str] | None) -> Flow[list[Job]]:
         if not 1 <= limit <= 10_000:
@@ -148,16 +132,19 @@ class Queue(_Common):
     def enqueue(
         self, task: str, payload: Any = None, *, connection: Any = None, **fields: Any
     ) -> Job:
-        """Add a job. Fields: queue, priority, delay, run_at, max_attempts,
-        timeout, idempotency_key. With ``connection``, the job is part of the
-        caller's transaction. ``job.duplicate`` says the key already existed."""
+        """Add a job. Fields: queue, priority, delay_seconds (or delay), run_at,
+        max_attempts, timeout_seconds (or timeout), idempotency_key; see
+        ``jobs.JOB_FIELDS``. A bad or unknown field raises InvalidJob naming
+        it. With ``connection``, the job is part of the caller's transaction.
+        ``job.duplicate`` says the key already existed."""
         return self.run(t.enqueue(self._spec(task, payload, **fields)), connection)
 
     def enqueue_many(
         self, jobs: Iterable[JobSpec | Mapping[str, Any]], *, connection: Any = None
     ) -> list[Enqueued]:
-        """Add many jobs in one transaction; one result per job, in order."""
-        specs = build_specs(jobs, self.settings)
+        """Add many jobs (mappings of the same fields as ``enqueue``, task
+        and payload included) in one transaction; one result per job, in order."""
+        specs = self._specs(jobs)
         if not specs:
             return []
         return self.run(t.enqueue_many(specs), connection, transaction=True)
@@ -301,7 +288,7 @@ class AsyncQueue(_Common):
     async def enqueue_many(
         self, jobs: Iterable[JobSpec | Mapping[str, Any]], *, connection: Any = None
     ) -> list[Enqueued]:
-        specs = build_specs(jobs, self.settings)
+        specs = self._specs(jobs)
         if not specs:
             return []
         flow = t.enqueue_many(specs, copy=not is_asyncpg_connection(connection))

@@ -19,6 +19,7 @@ from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from .checks import printable
 from .errors import InvalidJob, JobAlreadyFinished, JobNotFound, JobNotRetryable
 from .jobs import Job, JobSpec, JobState, dump_json
 from .settings import Settings
@@ -89,10 +90,10 @@ class Outcome:
 
     @classmethod
     def failure(cls, job: Job, error: str, *, retryable: bool = True) -> Outcome:
-        # jsonb is not involved, but text columns refuse NUL as well.
-        return cls(
-            job.id, _token(job), False, error=error.replace("\x00", "\\0"), retryable=retryable
-        )
+        # jsonb is not involved, but text columns refuse NUL and lone
+        # surrogates as well (an exception's text may quote either).
+        text = printable(error).replace("\x00", "\\0")
+        return cls(job.id, _token(job), False, error=text, retryable=retryable)
 
 
 def _token(job: Job) -> int:

@@ -171,11 +171,7 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
         response: Response,
     ) -> BatchEnqueued:
         jobs: list[EnqueueRequest] = body.jobs  # type: ignore[attr-defined]
-        fields = [job.fields() for job in jobs]
-        for spec in fields:
-            if spec["max_attempts"] is None:
-                del spec["max_attempts"]  # the settings' default
-        results = await queue.enqueue_many(fields)
+        results = await queue.enqueue_many([job.fields() for job in jobs])
         if not any(r.created for r in results):
             response.status_code = 200
         return BatchEnqueued(

@@ -34,7 +34,7 @@ from ..errors import (
     JobStateConflict,
     SchemaNotMigrated,
 )
-from .models import API_FIELD, ErrorBody
+from .models import ErrorBody
 
 __all__ = ["ERROR_RESPONSES", "error_response", "install_handlers", "schema_not_migrated"]
 
@@ -82,12 +82,6 @@ def _field_name(loc: Sequence[Any]) -> str:
     return name or (str(loc[0]) if loc else "body")
 
 
-def _api_field(field: str) -> str:
-    """A JobSpec field name in the API's words (delay -> delay_seconds)."""
-    head, dot, last = field.rpartition(".")
-    return f"{head}{dot}{API_FIELD.get(last, last)}"
-
-
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     problems = []
@@ -108,6 +102,8 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
             problem = "is required"
         elif kind == "extra_forbidden":
             problem = "is not a known field"
+        elif kind == "string_unicode":  # a field name with a lone surrogate
+            problem = "has a field name that is not valid Unicode text (a lone surrogate)"
         elif field == "body" and kind in ("model_attributes_type", "dict_type"):
             problem = "must be a JSON object, sent with Content-Type: application/json"
         problems.append((field, problem))
@@ -123,13 +119,12 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _invalid_job(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, InvalidJob)
-    field = _api_field(exc.field)
     return error_response(
         422,
         "invalid_input",
-        f"{field}: {exc.problem}",
-        field=field,
-        problems=[(field, exc.problem)],
+        f"{exc.field}: {exc.problem}",
+        field=exc.field,
+        problems=[(exc.field, exc.problem)],
     )
 
 

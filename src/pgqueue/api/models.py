@@ -1,41 +1,23 @@
 """Request and response bodies of the HTTP API.
 
-Requests are strict: unknown fields are refused, numbers are not read from
-strings, booleans are not integers, and every limit of ``JobSpec.build`` is
-repeated here so that it shows in the OpenAPI schema. ``JobSpec.build`` still
-runs after these checks; the two agree, and the API maps its field names
-(``delay`` -> ``delay_seconds``, ``timeout`` -> ``timeout_seconds``).
+The request model of a job is built from ``jobs.JOB_FIELDS``, the one shape
+of a job: the same field names (and the aliases ``delay`` and ``timeout``),
+and each field's JSON Schema is the JSON Schema of the rule that checks it.
+The checking itself is ``JobSpec.from_fields``, the validator the library
+and the command line use too: the model only refuses what is not a job at
+all (not an object, no ``task``, an unknown field), so that a value is judged
+the same way on every surface. It is as strict as the schema says: numbers
+are not read from strings, and booleans are not integers.
 """
 
 from __future__ import annotations
 
-import time
-from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import (
-    AfterValidator,
-    AwareDatetime,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    Strict,
-    ValidationInfo,
-    field_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from ..jobs import (
-    _QUEUE_NAME,
-    _TASK_NAME,
-    MAX_ATTEMPTS,
-    MAX_DELAY_SECONDS,
-    MAX_KEY_LENGTH,
-    MAX_PRIORITY,
-    MAX_TIMEOUT_SECONDS,
-    Job,
-    JobState,
-)
+from ..jobs import JOB_FIELDS, QUEUE_NAME, TASK_NAME, Job, JobField, JobState
 
 __all__ = [
     "BatchEnqueued",
@@ -52,107 +34,55 @@ __all__ = [
 ]
 
 MAX_JOB_ID = 2**63 - 1
-TASK_PATTERN = f"^{_TASK_NAME.pattern}$"
-QUEUE_PATTERN = f"^{_QUEUE_NAME.pattern}$"
-# A run_at before this is a mistake, not a way to say "now".
-EARLIEST_RUN_AT = datetime(1970, 1, 1, tzinfo=UTC)
-
-StrictInt = Annotated[int, Strict()]
-StrictStr = Annotated[str, Strict()]
-Seconds = Annotated[float, Strict(), Field(allow_inf_nan=False)]
-
-
-def _text_only(value: Any) -> Any:
-    # Lax datetime parsing would read a bare number, or a string of digits,
-    # as a Unix time.
-    if not isinstance(value, str):
-        raise ValueError("must be an ISO 8601 string with a time zone")
-    try:
-        datetime.fromisoformat(value)
-    except ValueError:
-        raise ValueError("must be an ISO 8601 string with a time zone") from None
-    return value
-
-
-def _sane_run_at(value: datetime) -> datetime:
-    latest = time.time() + MAX_DELAY_SECONDS
-    if value < EARLIEST_RUN_AT or value.timestamp() > latest:
-        raise ValueError(
-            f"must be after 1970-01-01 and at most {MAX_DELAY_SECONDS:g} seconds from now"
-        )
-    return value
-
-
-RunAt = Annotated[AwareDatetime, BeforeValidator(_text_only), AfterValidator(_sane_run_at)]
+TASK_PATTERN = f"^{TASK_NAME.pattern}$"
+QUEUE_PATTERN = f"^{QUEUE_NAME.pattern}$"
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class EnqueueRequest(_Strict):
-    """One job to add."""
-
-    task: Annotated[StrictStr, Field(pattern=TASK_PATTERN, description="Handler name.")]
-    payload: dict[str, Any] | None = Field(
-        default=None, description="Arguments of the job: a JSON object (no NaN, no NUL)."
-    )
-    queue: Annotated[StrictStr, Field(pattern=QUEUE_PATTERN)] = "default"
-    priority: Annotated[StrictInt, Field(ge=-MAX_PRIORITY, le=MAX_PRIORITY)] = Field(
-        default=0, description="Higher runs first."
-    )
-    delay_seconds: Annotated[Seconds, Field(ge=0, le=MAX_DELAY_SECONDS)] | None = Field(
-        default=None, description="Run no earlier than this many seconds from now."
-    )
-    run_at: RunAt | None = Field(
-        default=None,
-        description="Run no earlier than this time (ISO 8601 with a time zone). "
-        "Give delay_seconds or run_at, not both.",
-    )
-    max_attempts: Annotated[StrictInt, Field(ge=1, le=MAX_ATTEMPTS)] | None = Field(
-        default=None, description="Attempts before the job is dead (default from settings)."
-    )
-    timeout_seconds: Annotated[Seconds, Field(gt=0, le=MAX_TIMEOUT_SECONDS)] | None = None
-    idempotency_key: (
-        Annotated[StrictStr, Field(min_length=1, max_length=MAX_KEY_LENGTH, pattern=r"^[^\x00]+$")]
-        | None
-    ) = Field(default=None, description="A second enqueue with this key returns the first job.")
-
-    @field_validator("run_at")
-    @classmethod
-    def _one_start_time(cls, value: datetime | None, info: ValidationInfo) -> datetime | None:
-        # delay_seconds is declared first, so it is validated (and in info.data) by now.
-        if value is not None and info.data.get("delay_seconds") is not None:
-            raise ValueError("give delay_seconds or run_at, not both")
-        return value
-
+class _Job(_Strict):
     def fields(self) -> dict[str, Any]:
-        """Keyword arguments of ``AsyncQueue.enqueue`` / ``JobSpec.build``."""
-        return {
-            "task": self.task,
-            "payload": self.payload,
-            "queue": self.queue,
-            "priority": self.priority,
-            "delay": self.delay_seconds,
-            "run_at": self.run_at,
-            "max_attempts": self.max_attempts,
-            "timeout": self.timeout_seconds,
-            "idempotency_key": self.idempotency_key,
-        }
+        """The fields the request gave, for ``AsyncQueue.enqueue`` / ``enqueue_many``."""
+        return self.model_dump(exclude_unset=True)
 
 
-# JobSpec.build names two fields differently from the API.
-API_FIELD = {"delay": "delay_seconds", "timeout": "timeout_seconds"}
+def _schema(job_field: JobField, *, alias: bool = False) -> Any:
+    schema = job_field.rule.json_schema()
+    if job_field.nullable:
+        schema = {"anyOf": [schema, {"type": "null"}]}
+    description = job_field.description
+    if alias:
+        description = f"Alias of `{job_field.name}`; give one or the other. {description}"
+    return Field(
+        default=... if job_field.required else job_field.default,
+        description=description,
+        json_schema_extra=schema,
+    )
+
+
+def _job_model() -> type[_Job]:
+    # Any: the values are judged by JobSpec.from_fields, not by pydantic.
+    fields: dict[str, Any] = {f.name: (Any, _schema(f)) for f in JOB_FIELDS}
+    fields |= {f.alias: (Any, _schema(f, alias=True)) for f in JOB_FIELDS if f.alias}
+    return create_model("EnqueueRequest", __base__=_Job, __doc__="One job to add.", **fields)
+
+
+if TYPE_CHECKING:  # the model is made at import time; checkers see its base
+    EnqueueRequest = _Job
+else:
+    EnqueueRequest = _job_model()
 
 
 def batch_request_model(max_batch: int) -> type[BaseModel]:
     """The body of POST /jobs/batch; its size limit is a setting, so the
     model (and the schema that documents it) is made per app."""
-
-    class BatchEnqueueRequest(_Strict):
-        jobs: list[EnqueueRequest] = Field(min_length=1, max_length=max_batch)
-
-    return BatchEnqueueRequest
+    return create_model(
+        "BatchEnqueueRequest",
+        __base__=_Strict,
+        jobs=(list[EnqueueRequest], Field(min_length=1, max_length=max_batch)),
+    )
 
 
 class JobSummary(BaseModel):

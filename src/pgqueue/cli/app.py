@@ -636,19 +636,6 @@ def _option(parse: Any, value: str, name: str) -> Any:
         raise typer.BadParameter(str(exc), param_hint=f"'{name}'") from None
 
 
-_LINE_FIELDS = {
-    "task",
-    "payload",
-    "queue",
-    "priority",
-    "delay",
-    "run_at",
-    "max_attempts",
-    "timeout",
-    "idempotency_key",
-}
-
-
 class _Rejected(Exception):
     pass
 
@@ -661,19 +648,8 @@ def parse_line(text: str, settings: Settings) -> JobSpec:
         raise _Rejected(f"not valid JSON: {exc.msg} (column {exc.colno})") from None
     if not isinstance(value, dict):
         raise _Rejected(f"must be a JSON object, got {type(value).__name__}")
-    unknown = sorted(set(value) - _LINE_FIELDS)
-    if unknown:
-        raise _Rejected(f"unknown field {unknown[0]!r} (known: {', '.join(sorted(_LINE_FIELDS))})")
-    if "task" not in value:
-        raise _Rejected("task: missing")
-    if isinstance(value.get("run_at"), str):
-        try:
-            value["run_at"] = datetime.fromisoformat(value["run_at"])
-        except ValueError:
-            raise _Rejected(f"run_at: {value['run_at']!r} is not an ISO 8601 time") from None
-    value.setdefault("max_attempts", settings.default_max_attempts)
     try:
-        return JobSpec.build(**value)
+        return JobSpec.from_fields(value, default_max_attempts=settings.default_max_attempts)
     except InvalidJob as exc:
         raise _Rejected(f"{exc.field}: {exc.problem}") from None
 
