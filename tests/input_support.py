@@ -3,28 +3,12 @@ shape, unstorable text, the round-trip rule)."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import psycopg
 import pytest
 
-from pgqueue import AsyncQueue, InvalidJob, Queue, Settings
-from pgqueue.api import create_app
-
-
-@contextlib.asynccontextmanager
-async def asgi_client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
-    """An httpx client on the app, in process. ASGITransport re-raises app
-    exceptions, so a 500 fails the test."""
-    app = create_app(settings, url=settings.database_url)
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as client,
-    ):
-        yield client
+from pgqueue import AsyncQueue, InvalidJob, Queue
 
 
 def count_jobs(sql: psycopg.Connection[Any]) -> int:

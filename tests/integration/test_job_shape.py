@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 from pgqueue import AsyncQueue, InvalidJob, Job, Queue, Settings
 from pgqueue.cli import app as cli
 from pgqueue.jobs import FIELD_ALIASES, JOB_FIELDS, MAX_PRIORITY, JobSpec
-from tests.input_support import asgi_client, count_jobs, refusals
+from tests.input_support import count_jobs, refusals
+from tests.support import api_client
 
 CANONICAL = [
     "task",
@@ -39,7 +40,7 @@ def delay_of(job: Job) -> float:
 
 @pytest.fixture
 async def api(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
-    async with asgi_client(settings) as client:
+    async with api_client(settings) as client:
         yield client
 
 

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pgqueue import JobState, Queue, Settings
-from tests.input_support import asgi_client
+from tests.support import api_client
 
 # Python writes a float with an exponent from this magnitude on.
 EXPONENT_FROM = 1e16
@@ -110,7 +110,7 @@ def test_key_order_is_jsonbs(queue: Queue) -> None:
 
 async def test_over_http_a_repeated_key_keeps_its_last_value(settings: Settings) -> None:
     body = b'{"task": "t", "payload": {"a": 1, "n": 1.952655949840793e+16, "a": 2}}'
-    async with asgi_client(settings) as api:
+    async with api_client(settings) as api:
         headers = {"content-type": "application/json"}
         created = await api.post("/jobs", content=body, headers=headers)
         assert created.status_code == 201, created.text
