@@ -86,7 +86,7 @@ class _Common:
     """Settings, URL and the validation shared by both faces."""
 
     def __init__(self, url: str | None, settings: Settings | None) -> None:
-        self.settings = settings or Settings.from_env()
+        self.settings = settings or Settings.load()
         self._url = url
 
     def _spec(self, task: str, payload: Any, **fields: Any) -> JobSpec:

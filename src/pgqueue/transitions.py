@@ -227,7 +227,6 @@ def claim(
 ) -> Flow[list[Job]]:
     """Claim up to ``limit`` runnable jobs (of ``queues``, or of all)."""
     name = "job_claim" + {0: "", 1: "_in_queue"}.get(len(queues or ()), "_in_queues")
-    name += "" if settings.skip_locked else "_blocking"
     rows = yield Statement(
         name,
         {

@@ -92,7 +92,7 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
     or the embedded server). The pool opens at startup without waiting for a
     connection and closes at shutdown, so the app starts while the database
     is down (and /healthz says so)."""
-    settings = settings or Settings.from_env()
+    settings = settings or Settings.load()
     tokens = TokenSet(settings.api_tokens, settings.api_read_tokens)
     if not tokens.enabled:
         log.warning(
