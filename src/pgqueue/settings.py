@@ -221,9 +221,7 @@ def _check(where: str, kind: Any, value: Any) -> Any:
     if item is None and _fits(kind, value):
         return kind(value)
     name = getattr(kind, "__name__", None) if item is None else None
-    raise InvalidSettings(
-        f"{where}: expected {name or kind}, got {type(value).__name__} {value!r}"
-    )
+    raise InvalidSettings(f"{where}: expected {name or kind}, got {type(value).__name__} {value!r}")
 
 
 def _fits(kind: type, value: Any) -> bool:
