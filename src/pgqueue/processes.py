@@ -129,7 +129,7 @@ class ProcessSupervisor:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals.append(signum)
-        if self._stopping:  # asked again while stopping: no more waiting
+        if self._stopping or len(self._signals) > 1:  # asked again: no more waiting
             for child in self._live():
                 _killpg(child.pgid, signal.SIGKILL)
         self._wake.set()
