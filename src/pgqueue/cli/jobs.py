@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Annotated
 
@@ -14,6 +15,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 
 from ..jobs import Job, JobState
+from ..queue import Queue
 from . import output
 from .app import jobs_app, state_of, wants_json
 from .options import JsonFlag
@@ -57,19 +59,25 @@ def jobs_list(
 
 
 @jobs_app.command("show")
-def jobs_show(
-    ctx: typer.Context,
-    job_id: JobIdArgument,
-    json_out: JsonFlag = False,
-) -> None:
+def jobs_show(ctx: typer.Context, job_id: JobIdArgument, json_out: JsonFlag = False) -> None:
     """Everything about one job."""
+    _on_one_job(ctx, json_out, lambda q: q.get(job_id), _print_job)
+
+
+def _on_one_job(
+    ctx: typer.Context,
+    json_out: bool,
+    act: Callable[[Queue], Job],
+    say: Callable[[Console, Job], None],
+) -> None:
+    """Act on one job; print it as JSON, or say what happened."""
     state = state_of(ctx)
     with state.queue() as q:
-        job = q.get(job_id)
+        job = act(q)
     if wants_json(ctx, json_out):
         output.emit_json(job.to_dict())
-        return
-    _print_job(state.out, job)
+    else:
+        say(state.out, job)
 
 
 def _print_job(out: Console, job: Job) -> None:
@@ -101,19 +109,14 @@ def _print_job(out: Console, job: Job) -> None:
 
 
 @jobs_app.command("cancel")
-def jobs_cancel(
-    ctx: typer.Context,
-    job_id: JobIdArgument,
-    json_out: JsonFlag = False,
-) -> None:
+def jobs_cancel(ctx: typer.Context, job_id: JobIdArgument, json_out: JsonFlag = False) -> None:
     """Cancel a queued or running job (a running job's result will be dropped)."""
-    state = state_of(ctx)
-    with state.queue() as q:
-        job = q.cancel(job_id)
-    if wants_json(ctx, json_out):
-        output.emit_json(job.to_dict())
-    else:
-        state.out.print(f"cancelled job [bold]{job.id}[/] ({escape(job.task)})")
+    _on_one_job(
+        ctx,
+        json_out,
+        lambda q: q.cancel(job_id),
+        lambda out, job: out.print(f"cancelled job [bold]{job.id}[/] ({escape(job.task)})"),
+    )
 
 
 @jobs_app.command("retry")
@@ -128,24 +131,26 @@ def jobs_retry(
     json_out: JsonFlag = False,
 ) -> None:
     """Put a dead or cancelled job back in its queue, or every dead job with --all-dead."""
-    state = state_of(ctx)
     if (job_id is None) == (not all_dead):
         raise typer.BadParameter(
             "give a job ID or --all-dead (not both)", param_hint="'ID' / '--all-dead'"
         )
     if queue is not None and not all_dead:
         raise typer.BadParameter("only goes with --all-dead", param_hint="'--queue'")
-    as_json = wants_json(ctx, json_out)
+    if job_id is not None:
+        _on_one_job(
+            ctx,
+            json_out,
+            lambda q: q.retry(job_id),
+            lambda out, job: out.print(
+                f"job [bold]{job.id}[/] ({escape(job.task)}) is queued again"
+            ),
+        )
+        return
+    state = state_of(ctx)
     with state.queue() as q:
-        if job_id is not None:
-            job = q.retry(job_id)
-            if as_json:
-                output.emit_json(job.to_dict())
-            else:
-                state.out.print(f"job [bold]{job.id}[/] ({escape(job.task)}) is queued again")
-            return
         count = q.retry_dead(queue)
-    if as_json:
+    if wants_json(ctx, json_out):
         output.emit_json({"retried": count, "queue": queue})
     else:
         where = f" of queue {escape(queue)}" if queue else ""

@@ -37,10 +37,7 @@ def _server_status(server: EmbeddedPostgres) -> dict[str, Any]:
 
 
 @db_app.command("start")
-def db_start(
-    ctx: typer.Context,
-    json_out: JsonFlag = False,
-) -> None:
+def db_start(ctx: typer.Context, json_out: JsonFlag = False) -> None:
     """Start the embedded server (creating it on first use); print its URL."""
     state = state_of(ctx)
     server = _server(ctx)
@@ -75,10 +72,7 @@ def db_stop(
 
 
 @db_app.command("status")
-def db_status(
-    ctx: typer.Context,
-    json_out: JsonFlag = False,
-) -> None:
+def db_status(ctx: typer.Context, json_out: JsonFlag = False) -> None:
     """Whether the embedded server runs, its pid, port and folder."""
     state = state_of(ctx)
     status = _server_status(_server(ctx))
