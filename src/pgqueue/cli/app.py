@@ -33,7 +33,18 @@ from ..settings import Settings
 from . import output
 from .options import JsonFlag
 
-__all__ = ["State", "app", "db_app", "describe", "jobs_app", "main", "state_of", "wants_json"]
+__all__ = [
+    "State",
+    "app",
+    "configure_logging",
+    "db_app",
+    "describe",
+    "first_line",
+    "jobs_app",
+    "main",
+    "state_of",
+    "wants_json",
+]
 
 
 # -- the root group: where every error becomes one line ---------------------------

@@ -30,7 +30,8 @@ from .options import JsonFlag, option, parse_duration, parse_time
 
 __all__ = ["parse_line"]
 
-# The exit code of a command stopped by Ctrl-C (128 + SIGINT), as shells use.
+# The exit code of a command stopped by Ctrl-C (128 + SIGINT), as shells use
+# and as Typer gives every other command.
 INTERRUPTED = 130
 
 
