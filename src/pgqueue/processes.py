@@ -178,8 +178,10 @@ class ProcessSupervisor:
         )
         if child.spec.stdin is not None:
             assert process.stdin is not None
-            with contextlib.suppress(BrokenPipeError):  # it died at once: seen by _watch
+            # A child that dies at once closes the pipe; _watch sees the death.
+            with contextlib.suppress(BrokenPipeError):
                 process.stdin.write(child.spec.stdin)
+            with contextlib.suppress(BrokenPipeError):
                 process.stdin.close()
         child.process, child.started_at = process, time.monotonic()
         if self.on_output is not None:
@@ -194,9 +196,13 @@ class ProcessSupervisor:
             self.on_output(name, raw.decode("utf-8", "replace").rstrip("\r\n"))
 
     def _reap(self, child: _Running) -> None:
-        """Forget a child that exited, once its last output is read."""
+        """Forget a child that exited, once its last output is read (unless a
+        grandchild still holds the pipe: its reader then runs on to the end)."""
         if child.reader is not None:
             child.reader.join(timeout=2.0)
+        stdout = child.process.stdout if child.process is not None else None
+        if stdout is not None and not (child.reader and child.reader.is_alive()):
+            stdout.close()
         child.process, child.reader = None, None
 
     def _live(self) -> list[_Running]:
