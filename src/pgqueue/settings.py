@@ -124,16 +124,10 @@ class Settings:
             raise InvalidSettings("latency_buckets must be strictly increasing")
 
     @classmethod
-    def load(
-        cls,
-        *,
-        environ: Mapping[str, str] | None = None,
-        pyproject: Path | None = None,
-        **flags: Any,
-    ) -> Self:
-        """Flags > environment (default: os.environ) > pyproject (default:
-        ./pyproject.toml) > defaults. A flag that is None counts as not given."""
-        values = _read_pyproject(pyproject or Path.cwd() / PYPROJECT)
+    def load(cls, *, environ: Mapping[str, str] | None = None, **flags: Any) -> Self:
+        """Flags > environment (default: os.environ) > ./pyproject.toml >
+        defaults. A flag that is None counts as not given."""
+        values = _read_pyproject(Path.cwd() / PYPROJECT)
         values.update(_read_environment(os.environ if environ is None else environ))
         values.update({name: value for name, value in flags.items() if value is not None})
         return cls(**values)
