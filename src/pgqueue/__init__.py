@@ -9,9 +9,12 @@ Layout (one guess finds each part):
     queue.py            Queue (blocking) and AsyncQueue (asyncio) drive them
     worker/             the asyncio worker runtime
     api/                the FastAPI HTTP layer
-    cli.py              the command line
+    cli/                the command line, one module per topic
+    stats.py            per-queue numbers from one snapshot (API and CLI)
+    processes.py        the supervisor of child processes (up, worker --processes)
+    demo.py             the demo handlers ``pgqueue up`` runs
     embedded.py         the embedded PostgreSQL server
-    settings.py         the one settings object
+    settings.py         the one settings object and its loader
     errors.py           the exception tree
 
 A job's life (see docs/architecture.md):

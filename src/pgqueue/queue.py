@@ -63,7 +63,7 @@ class _Common:
     """Settings, URL and the validation shared by both faces."""
 
     def __init__(self, url: str | None, settings: Settings | None) -> None:
-        self.settings = settings or Settings.from_env()
+        self.settings = settings or Settings.load()
         self._url = url
 
     def _spec(self, task: Any, payload: Any, **fields: Any) -> JobSpec:

@@ -1,10 +1,22 @@
-"""One settings object, read from arguments and PGQUEUE_* environment variables."""
+"""One settings object, and the one way every entry point loads it.
+
+``Settings.load(**flags)`` layers, highest first: the flags given (None means
+not given), ``PGQUEUE_<FIELD>`` environment variables (and DATABASE_URL), the
+``[tool.pgqueue]`` table of ./pyproject.toml, the defaults below. The library
+(``Queue()``, ``AsyncQueue()``), the worker, the API (``create_app()``) and the
+command line all call it when given no Settings.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
-from dataclasses import dataclass, field, fields
+import tomllib
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Self
 
 from .errors import InvalidSettings
@@ -12,6 +24,7 @@ from .errors import InvalidSettings
 __all__ = ["Settings"]
 
 ENV_PREFIX = "PGQUEUE_"
+PYPROJECT = "pyproject.toml"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,7 +39,6 @@ class Settings:
     # Claiming and leases.
     lease_seconds: float = 30.0
     heartbeat_seconds: float = 10.0
-    skip_locked: bool = True
     # Retries: base * 2^(attempt-1), capped, half fixed and half random.
     backoff_base_seconds: float = 1.0
     backoff_cap_seconds: float = 3600.0
@@ -115,42 +127,104 @@ class Settings:
             raise InvalidSettings("latency_buckets must be strictly increasing")
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> Self:
-        """Defaults, then PGQUEUE_* variables (and DATABASE_URL), then ``overrides``."""
-        env = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        if env.get("DATABASE_URL"):
-            values["database_url"] = env["DATABASE_URL"]
-        for f in fields(cls):
-            raw = env.get(ENV_PREFIX + f.name.upper())
-            if raw is not None:
-                values[f.name] = _parse(f.name, f.type, raw)
-        values.update({k: v for k, v in overrides.items() if v is not None})
+    def load(cls, *, environ: Mapping[str, str] | None = None, **flags: Any) -> Self:
+        """Flags > environment (default: os.environ) > ./pyproject.toml >
+        defaults. A flag that is None counts as not given."""
+        values = _read_pyproject(Path.cwd() / PYPROJECT)
+        values.update(_read_environment(os.environ if environ is None else environ))
+        values.update({name: value for name, value in flags.items() if value is not None})
         return cls(**values)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **flags: Any) -> Self:
+        """The older name of ``load``, for callers not yet renamed."""
+        return cls.load(environ=environ, **flags)
 
     def replace(self, **changes: Any) -> Self:
         return dataclasses.replace(self, **changes)
 
 
-def _parse(name: str, kind: Any, raw: str) -> Any:
-    kind = str(kind)
+@functools.cache
+def _kinds() -> dict[str, Any]:
+    """Each field's type (the annotations are strings until resolved)."""
+    return typing.get_type_hints(Settings)
+
+
+def _read_environment(env: Mapping[str, str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    if env.get("DATABASE_URL"):
+        values["database_url"] = env["DATABASE_URL"]
+    for name, kind in _kinds().items():
+        variable = ENV_PREFIX + name.upper()
+        if variable in env:
+            values[name] = _check(variable, kind, _from_text(kind, env[variable]))
+    return values
+
+
+def _read_pyproject(path: Path) -> dict[str, Any]:
+    """The ``[tool.pgqueue]`` table; keys may use - or _."""
+    if not path.is_file():
+        return {}
     try:
-        if kind == "bool":
-            if raw.lower() in ("1", "true", "yes", "on"):
-                return True
-            if raw.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(raw)
-        if kind == "int":
+        with open(path, "rb") as handle:
+            document = tomllib.load(handle)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise InvalidSettings(f"{path}: cannot read it: {exc}") from None
+    table = document.get("tool", {}).get("pgqueue", {})
+    if not isinstance(table, dict):
+        raise InvalidSettings(f"{path}: [tool.pgqueue] must be a table")
+    kinds = _kinds()
+    values: dict[str, Any] = {}
+    for key, value in table.items():
+        name = key.replace("-", "_")
+        if name not in kinds:
+            raise InvalidSettings(
+                f"{path}: [tool.pgqueue] has an unknown setting {key!r} "
+                f"(known: {', '.join(sorted(kinds))})"
+            )
+        values[name] = _check(f"{path}: [tool.pgqueue] {key}", kinds[name], value)
+    return values
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _from_text(kind: Any, raw: str) -> Any:
+    """An environment variable's text as the TOML value it stands for; text
+    that does not parse stays text, for ``_check`` to refuse by name."""
+    try:
+        if kind is bool and raw.lower() in _TRUE + _FALSE:
+            return raw.lower() in _TRUE
+        if kind is int:
             return int(raw)
-        if kind == "float":
+        if kind is float:
             return float(raw)
-        if kind.startswith("tuple[str"):
-            return tuple(x.strip() for x in raw.split(",") if x.strip())
-        if kind.startswith("tuple[float"):
-            return tuple(float(x) for x in raw.split(","))
-        return raw
+        if kind == tuple[float, ...]:
+            return [float(part) for part in raw.split(",")]
     except ValueError:
-        raise InvalidSettings(
-            f"{ENV_PREFIX}{name.upper()}: cannot read {raw!r} as {kind}"
-        ) from None
+        pass
+    return raw
+
+
+def _check(where: str, kind: Any, value: Any) -> Any:
+    """A value as its field's type, with no silent conversion between types
+    (an int may be a float; a comma-separated string is a tuple of strings)."""
+    item = typing.get_args(kind)[0] if typing.get_origin(kind) is tuple else None
+    if item is str and isinstance(value, str):
+        value = [part.strip() for part in value.split(",") if part.strip()]
+    if item is not None and isinstance(value, list) and all(_fits(item, v) for v in value):
+        return tuple(item(v) for v in value)
+    if item is None and _fits(kind, value):
+        return kind(value)
+    name = getattr(kind, "__name__", None) if item is None else None
+    raise InvalidSettings(f"{where}: expected {name or kind}, got {type(value).__name__} {value!r}")
+
+
+def _fits(kind: type, value: Any) -> bool:
+    """Whether a TOML value is of a scalar type (a bool is not a number)."""
+    if isinstance(value, bool):
+        return kind is bool
+    if kind is float:
+        return isinstance(value, int | float)
+    return isinstance(value, kind)

@@ -90,49 +90,51 @@ class Output:
         return "\n".join(self.lines)
 
 
-def test_up_runs_a_job_and_one_sigint_stops_everything(tmp_path: Path) -> None:
-    port = _free_port()
+def _env(tmp_path: Path) -> dict[str, str]:
     env = {
         k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_") and k != "DATABASE_URL"
     }
     env.update(
         PGQUEUE_DATA_DIR=str(tmp_path / "data"), PGQUEUE_SHUTDOWN_TIMEOUT_SECONDS="5", COLUMNS="200"
     )
-    up = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pgqueue",
-            "up",
-            "--port",
-            str(port),
-            "--workers",
-            "2",
-            "--concurrency",
-            "4",
-        ],
-        cwd=ROOT,
+    return env
+
+
+def _up(cwd: Path, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "pgqueue", "up", *args],
+        cwd=cwd,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,  # its own foreground group, as in a terminal
     )
+
+
+def _echo_job_succeeds(port: int) -> None:
+    """A job sent over HTTP runs the demo task "echo"."""
+    job = _http(
+        "POST", f"http://127.0.0.1:{port}/jobs", {"task": "echo", "payload": {"hello": "up"}}
+    )
+    deadline = time.monotonic() + 15
+    while (seen := _http("GET", f"http://127.0.0.1:{port}/jobs/{job['id']}"))[
+        "state"
+    ] != "succeeded":
+        assert seen["state"] in ("queued", "running"), seen
+        assert time.monotonic() < deadline, seen
+        time.sleep(0.1)
+    assert seen["result"] == {"hello": "up"}
+
+
+def test_up_runs_a_job_and_one_sigint_stops_everything(tmp_path: Path) -> None:
+    port = _free_port()
+    up = _up(ROOT, _env(tmp_path), "--port", str(port), "--workers", "2", "--concurrency", "4")
     out = Output(up)
     server = EmbeddedPostgres(tmp_path / "data")
     try:
         out.wait_for("ready: API on", timeout=45)
-        job = _http(
-            "POST", f"http://127.0.0.1:{port}/jobs", {"task": "echo", "payload": {"hello": "up"}}
-        )
-        deadline = time.monotonic() + 15
-        while (seen := _http("GET", f"http://127.0.0.1:{port}/jobs/{job['id']}"))[
-            "state"
-        ] != "succeeded":
-            assert seen["state"] in ("queued", "running"), seen
-            assert time.monotonic() < deadline, seen
-            time.sleep(0.1)
-        assert seen["result"] == {"hello": "up"}
+        _echo_job_succeeds(port)
 
         children = _descendants(up.pid)
         postmaster = server.pid()
@@ -161,27 +163,37 @@ def test_up_runs_a_job_and_one_sigint_stops_everything(tmp_path: Path) -> None:
     assert "killing" not in text  # nothing needed a SIGKILL
 
 
+def test_up_runs_the_demo_tasks_from_a_folder_outside_the_repository(tmp_path: Path) -> None:
+    """The default handlers are part of the package: nothing needs the repository."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = _env(tmp_path)
+    env.pop("PYTHONPATH", None)
+    port = _free_port()
+    up = _up(elsewhere, env, "--port", str(port), "--workers", "1")
+    out = Output(up)
+    try:
+        out.wait_for("ready: API on", timeout=45)
+        assert "1 worker(s) on pgqueue.demo:HANDLERS" in out.text()
+        _echo_job_succeeds(port)
+        os.killpg(up.pid, signal.SIGINT)
+        assert up.wait(timeout=30) == 0, out.text()
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGKILL)
+            up.wait()
+        EmbeddedPostgres(tmp_path / "data").destroy()
+
+
 def test_up_stops_everything_when_a_process_dies(tmp_path: Path) -> None:
     """The API cannot bind (the port is taken): up says so, stops the workers
     and the server it started, and exits 1."""
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_") and k != "DATABASE_URL"
-    }
-    env.update(PGQUEUE_DATA_DIR=str(tmp_path / "data"), COLUMNS="200")
     server = EmbeddedPostgres(tmp_path / "data")
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        up = subprocess.Popen(
-            [sys.executable, "-m", "pgqueue", "up", "--port", str(port), "--workers", "1"],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
+        up = _up(ROOT, _env(tmp_path), "--port", str(port), "--workers", "1")
         out = Output(up)
         try:
             code = up.wait(timeout=45)

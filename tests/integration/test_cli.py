@@ -4,6 +4,8 @@ its errors (one line, exit 2 for usage, 1 at run time, no traceback)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import time
 from pathlib import Path
@@ -379,6 +381,35 @@ def test_enqueue_file_says_which_lines_a_failed_write_lost(
     assert report["unread_after_line"] == 6
     assert "server closed the connection" in report["error"]
     assert sorted(j.payload["n"] for j in queue.list_jobs()) == [1, 2, 3]
+
+
+@pytest.mark.parametrize(("presses", "written"), [(1, 3), (2, 0)])
+def test_enqueue_file_ctrl_c_during_a_write_waits_for_it_unless_pressed_twice(
+    db_url: str,
+    queue: Queue,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    presses: int,
+    written: int,
+) -> None:
+    """The first Ctrl-C lets the chunk being written commit, so that the
+    summary is exact; a second one interrupts the write itself."""
+    real = Queue.enqueue_many
+
+    def interrupted(self: Queue, jobs: Any, **kw: Any) -> Any:
+        for _ in range(presses):
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(self, jobs, **kw)
+
+    monkeypatch.setattr(Queue, "enqueue_many", interrupted)
+    lines = [json.dumps({"task": "echo", "payload": {"n": n}}) for n in range(1, 8)]
+    result = run(db_url, "enqueue-file", _file(tmp_path, lines), "--chunk-size", "3", "--json")
+    assert result.exit_code == 130, result.output
+    report = json.loads(result.stdout)
+    assert report["interrupted"] is True and report["written_lines"] == written
+    assert report["not_written"] == (None if written else {"first_line": 1, "last_line": 3})
+    assert report["unread_after_line"] == 3
+    assert len(queue.list_jobs()) == written
 
 
 # -- prune, migrate ------------------------------------------------------------------

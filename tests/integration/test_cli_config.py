@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from pgqueue import Settings
 from pgqueue.cli import app
-from pgqueue.cli.config import load_settings
 from pgqueue.embedded import EmbeddedPostgres
 
 runner = CliRunner()
@@ -41,24 +41,24 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_file_then_environment_then_flags(project: Path) -> None:
-    s = load_settings()
+    s = Settings.load()
     assert (s.concurrency, s.retention_seconds, s.api_port) == (7, 120.0, 9100)
     assert s.api_tokens == ("a", "b") and s.data_dir == "from-file"
     assert s.lease_seconds == 30.0  # a default
 
     env = {"PGQUEUE_CONCURRENCY": "9", "PGQUEUE_API_TOKENS": "x", "DATABASE_URL": "postgresql://e"}
-    s = load_settings(environ=env)
+    s = Settings.load(environ=env)
     assert (s.concurrency, s.api_tokens, s.api_port) == (9, ("x",), 9100)
     assert s.database_url == "postgresql://e"
 
-    s = load_settings({"concurrency": 11, "api_port": None}, environ=env)
+    s = Settings.load(concurrency=11, api_port=None, environ=env)
     assert (s.concurrency, s.api_port) == (11, 9100)
 
 
 def test_database_url_from_the_file_loses_to_the_environment(project: Path) -> None:
     (project / "pyproject.toml").write_text('[tool.pgqueue]\ndatabase_url = "postgresql://file"\n')
-    assert load_settings(environ={}).database_url == "postgresql://file"
-    assert load_settings(environ={"DATABASE_URL": "postgresql://env"}).database_url == (
+    assert Settings.load(environ={}).database_url == "postgresql://file"
+    assert Settings.load(environ={"DATABASE_URL": "postgresql://env"}).database_url == (
         "postgresql://env"
     )
 
@@ -69,7 +69,7 @@ def test_database_url_from_the_file_loses_to_the_environment(project: Path) -> N
         ("colour = 1", "unknown setting 'colour'"),
         ('concurrency = "ten"', "concurrency: expected int"),
         ("concurrency = 0", "concurrency must be >= 1"),
-        ("skip_locked = 1", "skip_locked: expected bool"),
+        ("notify_finished = 1", "notify_finished: expected bool"),
     ],
 )
 def test_a_bad_file_is_a_usage_error(project: Path, table: str, needle: str) -> None:

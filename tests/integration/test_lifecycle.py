@@ -62,9 +62,8 @@ def test_claim_filters_by_queue(queue: Queue) -> None:
     assert [j.id for j in queue.claim(10, worker="w", queues=["b", "c"])] == [b.id]
 
 
-@pytest.mark.parametrize("skip_locked", [True, False])
-def test_concurrent_claimers_never_get_the_same_job(settings: Settings, skip_locked: bool) -> None:
-    settings = settings.replace(skip_locked=skip_locked, pool_max_size=12)
+def test_concurrent_claimers_never_get_the_same_job(settings: Settings) -> None:
+    settings = settings.replace(pool_max_size=12)
     with Queue(settings.database_url, settings=settings) as queue:
         queue.enqueue_many([{"task": "t"} for _ in range(2000)])
         claimed: list[int] = []

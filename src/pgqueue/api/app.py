@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from starlette.convertors import StringConvertor, register_url_convertor
 
+from .. import stats
 from .. import transitions as t
 from ..errors import DatabaseUnavailable, SchemaNotMigrated
 from ..jobs import JobState
@@ -88,7 +89,7 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
     or the embedded server). The pool opens at startup without waiting for a
     connection and closes at shutdown, so the app starts while the database
     is down (and /healthz says so)."""
-    settings = settings or Settings.from_env()
+    settings = settings or Settings.load()
     tokens = TokenSet(settings.api_tokens, settings.api_read_tokens)
     if not tokens.enabled:
         log.warning(
@@ -268,26 +269,23 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
         summary="Per queue: live jobs by state, outcome totals, lag",
     )
     async def list_queues() -> QueueList:
-        snap = await queue.run(metrics.snapshot(), transaction=True)
-        stats = {r["queue"]: r for r in snap.stats}
-        counters = {r["queue"]: r for r in snap.counters}
-        out = []
-        for name in snap.queues():
-            live, totals = stats.get(name, {}), counters.get(name, {})
-            out.append(
+        rows = await queue.run(stats.per_queue(), transaction=True)
+        return QueueList(
+            queues=[
                 QueueOut(
                     queue=name,
-                    jobs=QueueJobs(**{s: int(live.get(s, 0)) for s in metrics.LIVE_STATES}),
+                    jobs=QueueJobs(queued=row.queued, scheduled=row.scheduled, running=row.running),
                     totals=QueueTotals(
-                        succeeded=int(totals.get("succeeded", 0)),
-                        failed_attempts=int(totals.get("failed", 0)),
-                        dead=int(totals.get("dead", 0)),
-                        cancelled=int(totals.get("cancelled", 0)),
+                        succeeded=row.succeeded,
+                        failed_attempts=row.failed,
+                        dead=row.dead,
+                        cancelled=row.cancelled,
                     ),
-                    oldest_runnable_seconds=float(live.get("oldest_runnable_seconds", 0.0)),
+                    oldest_runnable_seconds=row.oldest_runnable_seconds,
                 )
-            )
-        return QueueList(queues=out)
+                for name, row in rows.items()
+            ]
+        )
 
     # -- monitoring -----------------------------------------------------------------
 

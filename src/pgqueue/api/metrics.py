@@ -53,7 +53,7 @@ COMPLETED_STATES = ("succeeded", "dead", "cancelled")
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """What one scrape (or GET /queues) read, at one moment."""
+    """What one scrape read, at one moment."""
 
     stats: list[Row]
     counters: list[Row]

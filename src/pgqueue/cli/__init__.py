@@ -1,14 +1,26 @@
 """The ``pgqueue`` command line (Typer + Rich); ``main`` is the console script.
 
-app.py         the commands, and the root group that turns errors into one line
-config.py      flags > PGQUEUE_* environment > [tool.pgqueue] > defaults
-output.py      consoles, tables, JSON
-stats.py       the per-queue numbers of ``queues`` and ``top``
-supervisor.py  ``up``: child processes in their own groups, one Ctrl-C stops all
+app.py          the root group, global options, errors as one line
+options.py      --json, durations, times, lists
+running.py      migrate, api, worker, up
+producing.py    enqueue, enqueue-file
+jobs.py         jobs list, show, cancel, retry
+watching.py     queues, top
+server.py       db start, stop, status, url (the embedded server)
+maintenance.py  prune
+output.py       consoles, tables, JSON
+
+Settings come from ``Settings.load`` (pgqueue.settings), per-queue numbers
+from ``pgqueue.stats``, and ``up`` runs its processes under
+``pgqueue.processes.ProcessSupervisor``.
 """
 
 from __future__ import annotations
 
 from .app import app, main
+
+# Each topic module adds its commands to the root group when imported; the
+# help lists them in this order.
+from . import running, producing, jobs, watching, server, maintenance  # noqa: F401  # isort: skip
 
 __all__ = ["app", "main"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -18,6 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..jobs import Job, JobState
+from ..stats import QueueStats
 
 __all__ = [
     "STATE_STYLES",
@@ -133,8 +134,10 @@ QUEUES_CAPTION = (
 )
 
 
-def queues_table(rows: Sequence[Mapping[str, Any]], title: str | None = None) -> Table:
-    """The per-queue table of ``queues`` and ``top``; the last row is the total."""
+def queues_table(
+    rows: Mapping[str, QueueStats], total: QueueStats, title: str | None = None
+) -> Table:
+    """The per-queue table of ``queues`` and ``top``, with a total row."""
     table = Table(
         box=None,
         header_style="bold",
@@ -151,20 +154,18 @@ def queues_table(rows: Sequence[Mapping[str, Any]], title: str | None = None) ->
         table.add_column(header, justify="right", no_wrap=True)
     table.add_column("oldest", justify="right", no_wrap=True)
     table.add_column("1m", justify="right", no_wrap=True)
-    for row in rows:
-        total = row["queue"] is None
-        cells = [
-            "total" if total else escape(row["queue"]),
-            *(_count(name, row[name]) for name in QUEUE_COLUMNS),
-            _oldest(row),
-            str(row["finished_last_minute"]),
-        ]
-        table.add_row(*cells, style="bold" if total else None)
+    for name, row in rows.items():
+        table.add_row(escape(name), *_queue_cells(row))
+    table.add_row("total", *_queue_cells(total), style="bold")
     return table
 
 
-def _oldest(row: Mapping[str, Any]) -> str:
-    return age(row["oldest_runnable_seconds"]) if row["queued"] else "-"
+def _queue_cells(row: QueueStats) -> list[str]:
+    return [
+        *(_count(column, getattr(row, column)) for column in QUEUE_COLUMNS),
+        age(row.oldest_runnable_seconds) if row.queued else "-",
+        str(row.finished_last_minute),
+    ]
 
 
 def _count(name: str, value: int) -> str:

@@ -3,15 +3,23 @@
     runtime.py     AsyncWorker (the asyncio runtime) and Worker (blocking, signals)
     handlers.py    TaskRegistry, the ``task`` decorator, load_handlers("mod:ATTR")
     _threads.py    the daemon thread pool for sync handlers
-    supervisor.py  several worker processes, restarted when they die
 
-``run_from_cli`` is what ``pgqueue worker`` calls.
+``run_from_cli`` is what ``pgqueue worker`` calls; with several processes it
+runs them under ``pgqueue.processes.ProcessSupervisor``, each child running
+``child_main``.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
 
+from ..processes import Child, ProcessSupervisor
 from ..queue import resolve_url
 from ..settings import Settings
 from .handlers import Task, TaskRegistry, load_handlers, task, tasks
@@ -22,6 +30,7 @@ __all__ = [
     "Task",
     "TaskRegistry",
     "Worker",
+    "child_main",
     "load_handlers",
     "run_from_cli",
     "task",
@@ -29,6 +38,10 @@ __all__ = [
 ]
 
 log = logging.getLogger("pgqueue.worker")
+
+# Past the workers' own shutdown timeout, how long before children are killed.
+KILL_GRACE_SECONDS = 10.0
+_CHILD_COMMAND = "from pgqueue.worker import child_main; child_main()"
 
 
 def run_worker(
@@ -49,10 +62,8 @@ def run_from_cli(
     settings: Settings,
 ) -> int:
     """``pgqueue worker``: ``processes`` == 1 runs one worker in this process,
-    more run under a supervisor. Blocks until SIGTERM/SIGINT; returns the
-    exit code (0 after a clean shutdown)."""
-    from .supervisor import Supervisor
-
+    more run under a supervisor that restarts a child that dies. Blocks until
+    SIGTERM/SIGINT; returns the exit code (0 after a clean shutdown)."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     if processes < 1:
@@ -65,6 +76,57 @@ def run_from_cli(
         # Sync handlers run on daemon threads: one stuck past its timeout
         # does not keep the process alive after the shutdown.
         return run_worker(handlers, queues=queues, concurrency=concurrency, settings=settings)
-    return Supervisor(
-        handlers, processes=processes, queues=queues, concurrency=concurrency, settings=settings
-    ).run()
+    config = pickle.dumps(
+        {
+            "handlers": handlers,
+            "queues": queues,
+            "concurrency": concurrency,
+            "settings": settings,
+            "log_level": logging.getLogger("pgqueue").getEffectiveLevel(),
+            "parent": os.getpid(),
+        }
+    )
+    children = [
+        Child(f"worker-{n}", [sys.executable, "-c", _CHILD_COMMAND], stdin=config, restart=True)
+        for n in range(1, processes + 1)
+    ]
+    supervisor = ProcessSupervisor(
+        children,
+        stop_timeout=settings.shutdown_timeout_seconds + KILL_GRACE_SECONDS,
+        on_event=_log_event,
+    )
+    return supervisor.run()
+
+
+def _log_event(action: str, message: str, level: int) -> None:
+    log.log(level, "supervisor: %s", message, extra={"action": action})
+
+
+def child_main() -> None:
+    """A worker process under the supervisor: its config comes on stdin."""
+    config = pickle.loads(sys.stdin.buffer.read())
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=config["log_level"],
+            stream=sys.stderr,
+            format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s",
+        )
+    threading.Thread(target=_watch_parent, args=(config["parent"],), daemon=True).start()
+    code = run_worker(
+        config["handlers"],
+        queues=config["queues"],
+        concurrency=config["concurrency"],
+        settings=config["settings"],
+    )
+    logging.shutdown()
+    # Handler threads that outlived their timeout must not hold the exit.
+    os._exit(code)
+
+
+def _watch_parent(parent: int) -> None:
+    """If the supervisor dies, stop gracefully rather than run orphaned."""
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+            return

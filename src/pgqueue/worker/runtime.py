@@ -85,7 +85,7 @@ class AsyncWorker:
         connect: Callable[[str], FlowRunner] = Connection,
         hints: Hints = listen_for_hints,
     ) -> None:
-        self.settings = settings or Settings.from_env()
+        self.settings = settings or Settings.load()
         self.url = url or self.settings.database_url
         self.tasks: dict[str, Task] = resolve_tasks(handlers)
         self.queues = list(queues) if queues else None
