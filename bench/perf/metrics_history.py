@@ -1,8 +1,8 @@
 """GET /metrics latency as finished jobs pile up: it must stay flat.
 
-    python -m bench.metrics_history [--sizes 0,100000,1000000] [--scrapes 300]
+    python -m bench.perf.metrics_history [--sizes 0,100000,1000000] [--scrapes 300] [--out PATH]
 
-One uvicorn process (``pgqueue.api.serve``) on loopback, in front of a fresh
+One uvicorn process (``pgqueue api``) on loopback, in front of a fresh
 embedded PostgreSQL with fsync and synchronous_commit on. The same live load
 is present at every size (1,000 queued, 200 scheduled and 50 running jobs
 over 4 queues, and a start-latency histogram); only the history grows:
@@ -32,35 +32,14 @@ import httpx
 import psycopg
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.common import bench_database, summary
+from bench.perf.api_enqueue import TOKEN, api_server
+from bench.record import ResultRecord, command_line, server_info, write_result
+from harness.history import LIVE_LOAD, add_live_load
 from pgqueue.sql import QUERIES
-
-from .api_enqueue import TOKEN, api_server
-from .common import bench_database, server_info, summary, write_result
 
 QUEUES = ("q0", "q1", "q2", "q3")
 NAIVE_AGGREGATE = "SELECT queue, state, count(*) FROM pgqueue_jobs GROUP BY queue, state"
-
-
-def add_live_load(conn: psycopg.Connection[Any]) -> None:
-    conn.execute(
-        "INSERT INTO pgqueue_jobs (queue, task) "
-        "SELECT 'q' || (i % 4), 'noop' FROM generate_series(1, 1000) i"
-    )
-    conn.execute(
-        "INSERT INTO pgqueue_jobs (queue, task, run_at) "
-        "SELECT 'q' || (i % 4), 'noop', now() + interval '1 hour' FROM generate_series(1, 200) i"
-    )
-    conn.execute(
-        "INSERT INTO pgqueue_jobs (queue, task, state, attempts, started_at, lease_token, "
-        "lease_expires_at, worker) "
-        "SELECT 'q' || (i % 4), 'noop', 'running', 1, now(), i, now() + interval '1 hour', 'w' "
-        "FROM generate_series(1, 50) i"
-    )
-    conn.execute(
-        "INSERT INTO pgqueue_start_latency (queue, shard, bucket, count, sum_seconds) "
-        "SELECT 'q' || q, s, b, 10, 0.01 * b "
-        "FROM generate_series(0, 3) q, generate_series(0, 15) s, generate_series(0, 16) b"
-    )
 
 
 def add_history(conn: psycopg.Connection[Any], count: int) -> None:
@@ -145,12 +124,12 @@ def naive_aggregate_ms(conn: psycopg.Connection[Any]) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> ResultRecord:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="0,100000,1000000", help="finished jobs, ascending")
     parser.add_argument("--scrapes", type=int, default=300)
     parser.add_argument("--out", default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
 
     rows = []
@@ -195,23 +174,27 @@ def main() -> None:
         info = server_info(url)
     flat = rows[-1]["scrape_ms"]["median"] / rows[0]["scrape_ms"]["median"]
     extra = [round(r["scrape_minus_healthz_ms"], 2) for r in rows]
-    write_result(
-        "metrics_history",
-        {
-            "setup": {
-                "scrapes_per_size": args.scrapes,
-                "live_jobs": {"queued": 1000, "scheduled": 200, "running": 50, "queues": 4},
-                "client": "one httpx.Client, sequential scrapes, keep-alive",
-                "load_average_at_end": os.getloadavg(),
-            },
-            "database": info,
+    record = ResultRecord(
+        name="metrics_history",
+        command=command_line(__spec__, argv),
+        server=info,
+        parameters={
+            "sizes": sizes,
+            "scrapes_per_size": args.scrapes,
+            "live_jobs": LIVE_LOAD,
+            "client": "one httpx.Client, sequential scrapes, keep-alive",
+            "load_average_at_end": os.getloadavg(),
+        },
+        results={
             "sizes": rows,
             "median_ratio_largest_to_empty": flat,
             "scrape_minus_healthz_ms_by_size": extra,
         },
-        args.out,
     )
+    path = write_result(record, args.out)
     print(f"median scrape, largest history / none: {flat:.2f}; over /healthz (ms): {extra}")
+    print(f"written to {path}")
+    return record
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
 """Crash test: worker processes SIGKILLed mid-job, and nothing is lost.
 
-    python -m bench.crash [--jobs 1000] [--workers 6] [--kill-every 0.3] [--seed 1] [--out PATH]
+    python -m bench.faults.crash [--jobs 1000] [--workers 6] [--kill-every 0.3] [--seed 1]
+                                 [--log-dir DIR] [--out PATH]
 
 A fresh server on disk with default durability (fsync and synchronous_commit
 on; or DATABASE_URL). JOBS jobs are enqueued, then WORKERS worker processes
-(``run_from_cli``, what ``pgqueue worker`` runs; concurrency 1) run the fault
-handlers: each run inserts a
-delivery row on its own connection, then works 10-50 ms. Every KILL_EVERY
+(``pgqueue worker``, concurrency 1) run the fault handlers
+(``harness.fault_tasks``): each run inserts a delivery row on its own
+connection, then works 10-50 ms. Every KILL_EVERY
 seconds a random worker gets SIGKILL and a new one is started in its place,
 until every job has succeeded. Replacements are spares started ahead of
 time, already imported (a cold start costs about a second of CPU on a
@@ -37,9 +38,10 @@ from typing import Any
 
 import psycopg
 
-from bench.common import bench_database, server_info, write_result
-from bench.fault_tasks import create_deliveries, release, scalar, spawn_worker, stop_worker
-from bench.invariants import check
+from bench.common import bench_database
+from bench.record import ResultRecord, command_line, server_info, write_result
+from harness.fault_tasks import create_deliveries, release, scalar, spawn_worker, stop_worker
+from harness.invariants import check
 from pgqueue import Queue, Settings
 
 WORKER_SETTINGS: dict[str, Any] = {
@@ -52,7 +54,7 @@ WORKER_SETTINGS: dict[str, Any] = {
     "shutdown_timeout_seconds": 5,
 }
 MAX_ATTEMPTS = 10
-# Replacement workers kept imported and waiting (see fault_tasks.spawn_worker).
+# Replacement workers kept imported and waiting (see harness.fault_tasks.spawn_worker).
 SPARES = 3
 
 
@@ -222,9 +224,16 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             log_dir=args.log_dir,
         )
-    result["server"] = server
-    result["command"] = "python -m bench.crash " + " ".join(sys.argv[1:] if argv is None else argv)
-    path = write_result("crash", result, args.out)
+    path = write_result(
+        ResultRecord(
+            name="crash",
+            command=command_line(__spec__, argv),
+            server=server,
+            parameters=result.pop("parameters"),
+            results=result,
+        ),
+        args.out,
+    )
     print(
         f"crash: {result['jobs_succeeded']}/{args.jobs} succeeded, "
         f"never delivered {result['jobs_never_delivered']}, "

@@ -1,24 +1,25 @@
 """Does history slow the queue down? Claim+ack throughput and GET /metrics
 latency with 0, 100k and 1M finished jobs in the table.
 
-    python -m bench.history [--sizes 0,100000,1000000] [--jobs 10000]
-                            [--repeats 3] [--scrapes 300] [--out PATH]
+    python -m bench.perf.history [--sizes 0,100000,1000000] [--jobs 10000]
+                                 [--repeats 3] [--scrapes 300] [--out PATH]
 
 One fresh server on disk (fsync and synchronous_commit on), the API in front
-of it, and the same live load at every size (bench/metrics_history.py's: 1,000
-queued, 200 scheduled and 50 running jobs over 4 queues). Only the history
-grows, added the way production adds it (bench.common.add_finished_jobs:
-jobs enqueued, claimed and acked; a bulk INSERT of finished rows leaves
-pages unlike a real history's, see bench.fillfactor), then VACUUM ANALYZE.
+of it, and the same live load at every size (harness.history.add_live_load:
+1,000 queued, 200 scheduled and 50 running jobs over 4 queues). Only the
+history grows, added the way production adds it
+(harness.history.add_finished_jobs: jobs enqueued, claimed and acked; a bulk
+INSERT of finished rows leaves pages unlike a real history's, see
+bench.perf.fillfactor), then VACUUM ANALYZE.
 At each size:
   * claim_ack_batch_100: JOBS jobs in their own queue, drained on one
-    connection by claim(100, queues=[...]) + finish(...) (bench/core.py's
+    connection by claim(100, queues=[...]) + finish(...) (bench/perf/core.py's
     loop, with a queue filter so the live load stays untouched);
   * worker_1_process: JOBS jobs drained by one AsyncWorker process (forked,
     concurrency 100, that queue only); rate from started_at/finished_at;
   * metrics: sequential GET /metrics scrapes, each followed by a GET /healthz
     (one trivial query) as a control for how busy the machine was
-    (bench/metrics_history.py's scrape_latencies).
+    (bench/perf/metrics_history.py's scrape_latencies).
 Each throughput run is paired with the same run on a second database of the
 same server that never gets any history (the control, with the same live
 load): the ratio of the pair cancels most of the drift of a shared machine.
@@ -30,20 +31,19 @@ Writes results/history.json.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import multiprocessing as mp
 import statistics
-import sys
 import time
-from multiprocessing.synchronize import Barrier, Event
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
-from bench.api_enqueue import api_server
-from bench.common import add_finished_jobs, bench_database, server_info, summary, write_result
-from bench.metrics_history import add_live_load, check_exposition, scrape_latencies
+from bench.common import bench_database, rate, summary
+from bench.perf.api_enqueue import api_server
+from bench.perf.metrics_history import check_exposition, scrape_latencies
+from bench.record import ResultRecord, command_line, server_info, write_result
+from bench.workers import async_workers, wait_drained
+from harness.history import LIVE_LOAD, add_finished_jobs, add_live_load
 from pgqueue import Outcome, Queue, Settings, migrate
 
 QUEUE = "drain"
@@ -54,6 +54,13 @@ RUN_KEYS = (
     "worker_1_process",
     "worker_1_process_control",
     "worker_1_process_vs_control",
+)
+FLATNESS_KEYS = (
+    "claim_ack_batch_100",
+    "claim_ack_batch_100_vs_control",
+    "worker_1_process",
+    "worker_1_process_vs_control",
+    "metrics_scrape_ms",
 )
 
 
@@ -66,41 +73,6 @@ def _control_database(url: str) -> str:
     control = urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
     migrate(control)
     return control
-
-
-def _worker(url: str, barrier: Barrier, done: Event) -> None:
-    from pgqueue.worker import AsyncWorker
-
-    async def noop(job: Any) -> None:
-        return None
-
-    async def main() -> None:
-        worker = AsyncWorker(
-            {"noop": noop}, settings=Settings(database_url=url), queues=[QUEUE], name="history"
-        )
-        barrier.wait(120)
-        runner = asyncio.create_task(worker.run())
-        await asyncio.to_thread(done.wait, 1800)
-        await worker.stop()
-        await runner
-
-    try:
-        asyncio.run(main())
-    except BaseException:
-        barrier.abort()
-        raise
-
-
-def _drained_rate(conn: psycopg.Connection[Any], first_id: int, jobs: int) -> float:
-    row = conn.execute(
-        "SELECT count(*), extract(epoch FROM max(finished_at) - min(started_at))::float8 "
-        "FROM pgqueue_jobs WHERE id > %s AND queue = %s AND state = 'succeeded'",
-        (first_id, QUEUE),
-    ).fetchone()
-    assert row is not None
-    if row[0] != jobs:
-        raise RuntimeError(f"only {row[0]} of {jobs} jobs succeeded")
-    return float(jobs / row[1])
 
 
 def _load(queue: Queue, conn: psycopg.Connection[Any], jobs: int) -> int:
@@ -118,42 +90,67 @@ def _forget(conn: psycopg.Connection[Any], first_id: int) -> None:
 
 def claim_ack_rate(url: str, queue: Queue, conn: psycopg.Connection[Any], jobs: int) -> float:
     first = _load(queue, conn, jobs)
-    done = 0
     while claimed := queue.claim(100, worker="history", queues=[QUEUE]):
         queue.finish([Outcome.success(job, None) for job in claimed])
-        done += len(claimed)
-    rate = _drained_rate(conn, first, jobs)
+    drained = rate(url, jobs, queue=QUEUE, after_id=first)
     _forget(conn, first)
-    return rate
+    return drained
 
 
 def worker_rate(url: str, queue: Queue, conn: psycopg.Connection[Any], jobs: int) -> float:
-    ctx = mp.get_context("fork")
-    barrier = ctx.Barrier(2)
-    done = ctx.Event()
-    proc = ctx.Process(target=_worker, args=(url, barrier, done), daemon=True)
-    proc.start()
-    try:
-        barrier.wait(120)
+    settings = Settings(database_url=url)
+    with async_workers(1, settings, name="history", queues=[QUEUE]) as procs:
         first = _load(queue, conn, jobs)
-        deadline = time.monotonic() + 1800
-        query = "SELECT count(*) FROM pgqueue_jobs WHERE id > %s AND state = 'succeeded'"
-        while conn.execute(query, (first,)).fetchone()[0] < jobs:  # type: ignore[index]
-            if time.monotonic() > deadline or not proc.is_alive():
-                raise RuntimeError("the worker did not finish the jobs")
-            time.sleep(0.05)
-    finally:
-        done.set()
-        proc.join(60)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
-    rate = _drained_rate(conn, first, jobs)
+        wait_drained(url, jobs, procs, after_id=first)
+    drained = rate(url, jobs, queue=QUEUE, after_id=first)
     _forget(conn, first)
-    return rate
+    return drained
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def _measure(
+    runs: dict[str, list[float]], pairs: list[tuple[str, Queue, psycopg.Connection[Any]]], jobs: int
+) -> None:
+    """Each measurement next to the same one on the empty control database of
+    the same server: their ratio cancels the drift of the shared machine."""
+    (url, queue, conn), (control_url, cqueue, cconn) = pairs
+    for key, measure in (
+        ("claim_ack_batch_100", claim_ack_rate),
+        ("worker_1_process", worker_rate),
+    ):
+        value = measure(url, queue, conn, jobs)
+        control = measure(control_url, cqueue, cconn, jobs)
+        runs[key].append(value)
+        runs[f"{key}_control"].append(control)
+        runs[f"{key}_vs_control"].append(value / control)
+
+
+def _print_rows(rows: list[dict[str, Any]], flatness: dict[str, float]) -> None:
+    print("\nmedians (min-max); x = ratio to the empty control database, same moments")
+    print(
+        f"{'finished':>10}  {'claim+ack b100 jobs/s':>24} {'x':>5}  {'worker jobs/s':>24} "
+        f"{'x':>5}  {'GET /metrics ms':>20}"
+    )
+    for row in rows:
+        cells = []
+        for key, fmt in (
+            ("claim_ack_batch_100", ",.0f"),
+            ("worker_1_process", ",.0f"),
+            ("metrics_scrape_ms", ".2f"),
+        ):
+            s = row[key]
+            cells.append(
+                f"{format(s['median'], fmt)} ({format(s['min'], fmt)}-{format(s['max'], fmt)})"
+            )
+        xb = row["claim_ack_batch_100_vs_control"]["median"]
+        xw = row["worker_1_process_vs_control"]["median"]
+        print(
+            f"{row['finished_jobs']:>10,}  {cells[0]:>24} {xb:>5.2f}  {cells[1]:>24} "
+            f"{xw:>5.2f}  {cells[2]:>20}"
+        )
+    print("largest / none: " + ", ".join(f"{k} {v:.2f}" for k, v in flatness.items()))
+
+
+def main(argv: list[str] | None = None) -> ResultRecord:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="0,100000,1000000", help="finished jobs, ascending")
     parser.add_argument("--jobs", type=int, default=10_000)
@@ -190,18 +187,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 load_seconds = time.perf_counter() - began
                 runs: dict[str, list[float]] = {k: [] for k in RUN_KEYS}
                 for _ in range(args.repeats):
-                    # Each measurement next to the same one on the empty control
-                    # database of the same server: their ratio cancels the drift
-                    # of the shared machine.
-                    for key, measure in (
-                        ("claim_ack_batch_100", claim_ack_rate),
-                        ("worker_1_process", worker_rate),
-                    ):
-                        rate = measure(url, queue, conn, args.jobs)
-                        control_rate = measure(control_url, cqueue, cconn, args.jobs)
-                        runs[key].append(rate)
-                        runs[f"{key}_control"].append(control_rate)
-                        runs[f"{key}_vs_control"].append(rate / control_rate)
+                    _measure(runs, [(url, queue, conn), (control_url, cqueue, cconn)], args.jobs)
                     drained += 2 * args.jobs
                 times, control, text = scrape_latencies(base, args.scrapes)
                 # The counters are monotonic: they include the drained (deleted) jobs.
@@ -231,59 +217,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     flush=True,
                 )
     first, last = rows[0], rows[-1]
-    flatness = {
-        key: last[key]["median"] / first[key]["median"]
-        for key in (
-            "claim_ack_batch_100",
-            "claim_ack_batch_100_vs_control",
-            "worker_1_process",
-            "worker_1_process_vs_control",
-            "metrics_scrape_ms",
-        )
-    }
-    payload: dict[str, Any] = {
-        "command": "python -m bench.history "
-        + " ".join(argv if argv is not None else sys.argv[1:]),
-        "server": info,
-        "settings": {
+    flatness = {key: last[key]["median"] / first[key]["median"] for key in FLATNESS_KEYS}
+    record = ResultRecord(
+        name="history",
+        command=command_line(__spec__, argv),
+        server=info,
+        parameters={
             "sizes": sizes,
             "jobs": args.jobs,
             "repeats": args.repeats,
             "scrapes": args.scrapes,
-            "live_load": "1,000 queued, 200 scheduled, 50 running over 4 queues "
-            "(bench.metrics_history.add_live_load)",
-            "history": "enqueued, claimed and acked (bench.common.add_finished_jobs)",
+            "live_load": LIVE_LOAD,
+            "history": "enqueued, claimed and acked (harness.history.add_finished_jobs)",
         },
-        "elapsed_seconds": time.monotonic() - started,
-        "sizes": rows,
-        "ratio_largest_to_empty": flatness,
-    }
-    path = write_result("history", payload, args.out)
-    print("\nmedians (min-max); x = ratio to the empty control database, same moments")
-    print(
-        f"{'finished':>10}  {'claim+ack b100 jobs/s':>24} {'x':>5}  {'worker jobs/s':>24} "
-        f"{'x':>5}  {'GET /metrics ms':>20}"
+        results={
+            "elapsed_seconds": time.monotonic() - started,
+            "sizes": rows,
+            "ratio_largest_to_empty": flatness,
+        },
     )
-    for row in rows:
-        cells = []
-        for key, fmt in (
-            ("claim_ack_batch_100", ",.0f"),
-            ("worker_1_process", ",.0f"),
-            ("metrics_scrape_ms", ".2f"),
-        ):
-            s = row[key]
-            cells.append(
-                f"{format(s['median'], fmt)} ({format(s['min'], fmt)}-{format(s['max'], fmt)})"
-            )
-        xb = row["claim_ack_batch_100_vs_control"]["median"]
-        xw = row["worker_1_process_vs_control"]["median"]
-        print(
-            f"{row['finished_jobs']:>10,}  {cells[0]:>24} {xb:>5.2f}  {cells[1]:>24} "
-            f"{xw:>5.2f}  {cells[2]:>20}"
-        )
-    print("largest / none: " + ", ".join(f"{k} {v:.2f}" for k, v in flatness.items()))
+    path = write_result(record, args.out)
+    _print_rows(rows, flatness)
     print(f"written to {path}")
-    return payload
+    return record
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """The invariants every fault test checks after its run.
 
-    python -m bench.invariants URL [--allow-queued] [--allow-pruned]
+    python -m harness.invariants URL [--allow-queued] [--allow-pruned]
 
 Reads ``pgqueue_jobs``, ``pgqueue_counters`` and the ``fault_deliveries``
-rows that ``bench.fault_tasks`` handlers write, and checks:
+rows that ``harness.fault_tasks`` handlers write, and checks:
 
 1. every job is finished (succeeded, dead, cancelled), or queued when the
    run leaves jobs queued on purpose; none is left running;
