@@ -131,6 +131,16 @@ class ResultRecord:
         return {key: data[key] for key in (*order, "parameters", "results")}
 
     @classmethod
+    def from_report(
+        cls, name: str, command: str, server: Mapping[str, Any], report: Mapping[str, Any]
+    ) -> ResultRecord:
+        """The record of a run whose report holds its own "parameters" (the
+        fault runs: the tests read the same report); the rest are results."""
+        results = dict(report)
+        parameters = results.pop("parameters")
+        return cls(name, command, server, parameters, results)
+
+    @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ResultRecord:
         if "benchmark" in data:
             return _from_flat(data)

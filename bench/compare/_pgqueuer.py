@@ -46,7 +46,7 @@ async def main(
     for _ in range(consumers):
         pgq = PgQueuer(AsyncpgDriver(await asyncpg.connect(url)))
 
-        @pgq.entrypoint("noop")
+        @pgq.entrypoint("noop")  # type: ignore[untyped-decorator]
         async def noop(job: Job) -> None:
             return None
 

@@ -30,7 +30,7 @@ async def main(url: str, jobs: int, concurrency: int, install: bool) -> dict[str
     connector = PsycopgConnector(conninfo=url, min_size=1, max_size=concurrency + 2)
     app = App(connector=connector)
 
-    @app.task(name="noop", queue="bench")
+    @app.task(name="noop", queue="bench")  # type: ignore[untyped-decorator]
     async def noop() -> None:
         return None
 

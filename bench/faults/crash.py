@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
 
@@ -56,6 +56,11 @@ WORKER_SETTINGS: dict[str, Any] = {
 MAX_ATTEMPTS = 10
 # Replacement workers kept imported and waiting (see harness.fault_tasks.spawn_worker).
 SPARES = 3
+
+
+def _count(conn: psycopg.Connection[Any], query: LiteralString) -> int:
+    row = conn.execute(query).fetchone()
+    return int(row[0]) if row else 0
 
 
 def _holding(conn: psycopg.Connection[Any]) -> dict[int, int]:
@@ -122,18 +127,14 @@ def run(
     conn = psycopg.connect(url, autocommit=True)
     try:
         # Kill from the first claim on, not while the workers are still importing.
-        while (
-            conn.execute("SELECT count(*) FROM pgqueue_jobs WHERE attempts > 0").fetchone()[0] == 0
-        ):  # type: ignore[index]
+        while _count(conn, "SELECT count(*) FROM pgqueue_jobs WHERE attempts > 0") == 0:
             if time.monotonic() - started > 60:
                 raise TimeoutError("no worker claimed anything within 60 s")
             time.sleep(0.02)
         first_claim = time.monotonic()
         next_kill = first_claim + kill_every
         while True:
-            left = conn.execute(
-                "SELECT count(*) FROM pgqueue_jobs WHERE state <> 'succeeded'"
-            ).fetchone()[0]  # type: ignore[index]
+            left = _count(conn, "SELECT count(*) FROM pgqueue_jobs WHERE state <> 'succeeded'")
             if left == 0:
                 break
             if time.monotonic() - started > timeout:
@@ -224,16 +225,8 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             log_dir=args.log_dir,
         )
-    path = write_result(
-        ResultRecord(
-            name="crash",
-            command=command_line(__spec__, argv),
-            server=server,
-            parameters=result.pop("parameters"),
-            results=result,
-        ),
-        args.out,
-    )
+    record = ResultRecord.from_report("crash", command_line(__spec__, argv), server, result)
+    path = write_result(record, args.out)
     print(
         f"crash: {result['jobs_succeeded']}/{args.jobs} succeeded, "
         f"never delivered {result['jobs_never_delivered']}, "

@@ -91,11 +91,11 @@ def run(
             interval=0.01,
         )
         with psycopg.connect(url, autocommit=True) as conn:
-            before = dict(
+            before: dict[str, int] = dict(
                 conn.execute("SELECT state, count(*) FROM pgqueue_jobs GROUP BY state").fetchall()
             )
             # Committed before the restart: these must come through unchanged.
-            committed = dict(
+            committed: dict[int, int] = dict(
                 conn.execute(
                     "SELECT id, lease_token FROM pgqueue_jobs WHERE state = 'succeeded'"
                 ).fetchall()
@@ -120,7 +120,7 @@ def run(
         codes = [stop_worker(p) for p in procs]
     report = check(url)
     with psycopg.connect(url, autocommit=True) as conn:
-        after = dict(
+        after: dict[int, int] = dict(
             conn.execute(
                 "SELECT id, lease_token FROM pgqueue_jobs WHERE state = 'succeeded'"
             ).fetchall()
@@ -198,16 +198,9 @@ def main(argv: list[str] | None = None) -> int:
             restart, how = _embedded_restart(server, args.mode)
         info = server_info(url)
         result = run(url, restart, jobs=args.jobs, workers=args.workers, at=args.at)
-    path = write_result(
-        ResultRecord(
-            name="restart",
-            command=command_line(__spec__, argv),
-            server=info,
-            parameters=result.pop("parameters") | {"restart": how},
-            results=result,
-        ),
-        args.out,
-    )
+    result["parameters"]["restart"] = how
+    record = ResultRecord.from_report("restart", command_line(__spec__, argv), info, result)
+    path = write_result(record, args.out)
     print(
         f"restart: {result['jobs_succeeded']}/{args.jobs} succeeded; at the restart "
         f"{result['at_restart']}; invocations {result['handler_invocations']}, "

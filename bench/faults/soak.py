@@ -228,16 +228,8 @@ def main(argv: list[str] | None = None) -> int:
             concurrency=args.concurrency,
             log_dir=args.log_dir,
         )
-    path = write_result(
-        ResultRecord(
-            name="soak",
-            command=command_line(__spec__, argv),
-            server=server,
-            parameters=result.pop("parameters"),
-            results=result,
-        ),
-        args.out,
-    )
+    record = ResultRecord.from_report("soak", command_line(__spec__, argv), server, result)
+    path = write_result(record, args.out)
     s, e = result["start"], result["end"]
     print(
         f"soak {args.minutes:g} min: {result['jobs_enqueued']} jobs, lost {result['jobs_lost']}, "

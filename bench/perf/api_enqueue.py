@@ -140,7 +140,7 @@ def single_rate(base: str, requests: int, clients: int, concurrency: int) -> flo
     spans = [out.get(timeout=600) for _ in processes]
     for process in processes:
         process.join()
-    return share * clients / (max(end for _, end in spans) - min(begin for begin, _ in spans))
+    return float(share * clients / (max(e for _, e in spans) - min(b for b, _ in spans)))
 
 
 def batch_rate(base: str, jobs: int, batch: int, concurrency: int) -> float:

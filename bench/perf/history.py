@@ -40,7 +40,7 @@ import psycopg
 
 from bench.common import bench_database, rate, summary
 from bench.perf.api_enqueue import api_server
-from bench.perf.metrics_history import check_exposition, scrape_latencies
+from bench.perf.metrics_history import check_exposition, scrape_latencies, table_mb
 from bench.record import ResultRecord, command_line, server_info, write_result
 from bench.workers import async_workers, wait_drained
 from harness.history import LIVE_LOAD, add_finished_jobs, add_live_load
@@ -124,6 +124,27 @@ def _measure(
         runs[f"{key}_vs_control"].append(value / control)
 
 
+def _row(size: int, load_seconds: float, runs: dict[str, list[float]], mb: float) -> dict[str, Any]:
+    return {
+        "finished_jobs": size,
+        "table_mb": mb,
+        "load_seconds": round(load_seconds, 1),
+        **{k: summary(v) | {"runs": v} for k, v in runs.items()},
+    }
+
+
+def _print_progress(row: dict[str, Any], elapsed: float) -> None:
+    print(
+        f"{row['finished_jobs']:>9,} finished ({row['table_mb']} MB): "
+        f"claim+ack batch 100 {row['claim_ack_batch_100']['median']:>8,.0f} jobs/s "
+        f"(x{row['claim_ack_batch_100_vs_control']['median']:.2f} of control); "
+        f"worker {row['worker_1_process']['median']:>8,.0f} jobs/s "
+        f"(x{row['worker_1_process_vs_control']['median']:.2f}); "
+        f"GET /metrics {row['metrics_scrape_ms']['median']:.2f} ms [{elapsed:,.0f} s]",
+        flush=True,
+    )
+
+
 def _print_rows(rows: list[dict[str, Any]], flatness: dict[str, float]) -> None:
     print("\nmedians (min-max); x = ratio to the empty control database, same moments")
     print(
@@ -189,33 +210,17 @@ def main(argv: list[str] | None = None) -> ResultRecord:
                 for _ in range(args.repeats):
                     _measure(runs, [(url, queue, conn), (control_url, cqueue, cconn)], args.jobs)
                     drained += 2 * args.jobs
+                row = _row(size, load_seconds, runs, table_mb(conn))
                 times, control, text = scrape_latencies(base, args.scrapes)
                 # The counters are monotonic: they include the drained (deleted) jobs.
                 check_exposition(text, size + drained)
-                table_mb = conn.execute(
-                    "SELECT pg_total_relation_size('pgqueue_jobs') / 1048576.0"
-                ).fetchone()[0]  # type: ignore[index]
-                row = {
-                    "finished_jobs": size,
-                    "table_mb": round(float(table_mb), 1),
-                    "load_seconds": round(load_seconds, 1),
-                    **{k: summary(v) | {"runs": v} for k, v in runs.items()},
-                    "metrics_scrape_ms": summary(times)
-                    | {"p90": statistics.quantiles(times, n=10)[-1]},
-                    # GET /healthz right after each scrape: how busy the machine was.
-                    "healthz_control_ms": summary(control),
+                row["metrics_scrape_ms"] = summary(times) | {
+                    "p90": statistics.quantiles(times, n=10)[-1]
                 }
+                # GET /healthz right after each scrape: how busy the machine was.
+                row["healthz_control_ms"] = summary(control)
                 rows.append(row)
-                print(
-                    f"{size:>9,} finished ({row['table_mb']} MB): "
-                    f"claim+ack batch 100 {row['claim_ack_batch_100']['median']:>8,.0f} jobs/s "
-                    f"(x{row['claim_ack_batch_100_vs_control']['median']:.2f} of control); "
-                    f"worker {row['worker_1_process']['median']:>8,.0f} jobs/s "
-                    f"(x{row['worker_1_process_vs_control']['median']:.2f}); "
-                    f"GET /metrics {row['metrics_scrape_ms']['median']:.2f} ms "
-                    f"[{time.monotonic() - started:,.0f} s]",
-                    flush=True,
-                )
+                _print_progress(row, time.monotonic() - started)
     first, last = rows[0], rows[-1]
     flatness = {key: last[key]["median"] / first[key]["median"] for key in FLATNESS_KEYS}
     record = ResultRecord(

@@ -76,7 +76,8 @@ def scrape_latencies(base: str, scrapes: int) -> tuple[list[float], list[float],
     with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {TOKEN}"}) as client:
         for _ in range(20):  # warm up the connection and the server's pool
             client.get("/metrics").raise_for_status()
-        scrape, control = [], []
+        scrape: list[float] = []
+        control: list[float] = []
         for _ in range(scrapes):
             for path, times in (("/metrics", scrape), ("/healthz", control)):
                 started = time.perf_counter()
@@ -84,6 +85,13 @@ def scrape_latencies(base: str, scrapes: int) -> tuple[list[float], list[float],
                 times.append((time.perf_counter() - started) * 1000)
                 response.raise_for_status()
         return scrape, control, client.get("/metrics").text
+
+
+def table_mb(conn: psycopg.Connection[Any]) -> float:
+    """The jobs table's size with its indexes and TOAST, in MB."""
+    row = conn.execute("SELECT pg_total_relation_size('pgqueue_jobs') / 1048576.0").fetchone()
+    assert row is not None
+    return round(float(row[0]), 1)
 
 
 def check_exposition(text: str, finished: int) -> None:
@@ -104,9 +112,9 @@ def snapshot_plans(conn: psycopg.Connection[Any]) -> dict[str, dict[str, float]]
     machine is, so it shows flatness without the noise of the timings."""
     out = {}
     for name in ("queue_stats", "counters_totals", "start_latency_histogram"):
-        plan = conn.execute(
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES[name]  # type: ignore[operator]
-        ).fetchone()[0][0]  # type: ignore[index]
+        plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES[name]).fetchone()[
+            0
+        ][0]  # type: ignore[index]
         top = plan["Plan"]
         out[name] = {
             "execution_ms": plan["Execution Time"],
@@ -146,12 +154,9 @@ def main(argv: list[str] | None = None) -> ResultRecord:
                 load_seconds = time.perf_counter() - started
                 times, control, text = scrape_latencies(base, args.scrapes)
                 check_exposition(text, size)
-                table_mb = conn.execute(
-                    "SELECT pg_total_relation_size('pgqueue_jobs') / 1048576.0"
-                ).fetchone()[0]  # type: ignore[index]
-                row = {
+                row: dict[str, Any] = {
                     "finished_jobs": size,
-                    "table_mb": round(float(table_mb), 1),
+                    "table_mb": table_mb(conn),
                     "load_seconds": round(load_seconds, 1),
                     "scrape_ms": summary(times),
                     "scrape_ms_p90": statistics.quantiles(times, n=10)[-1],

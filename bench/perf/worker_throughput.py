@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -234,7 +235,7 @@ def main(argv: list[str] | None = None) -> ResultRecord | None:
     if args.child:
         child(args.child[0], args.child[1], int(args.child[2]))
         return None
-    scenarios = {
+    scenarios: dict[str, Callable[[str], float]] = {
         "async_1_process": lambda url: drain(url, args.jobs, 1, "noop", args.concurrency),
         "async_2_processes": lambda url: drain(url, args.jobs, 2, "noop", args.concurrency),
         "sync_1_process": lambda url: drain(url, args.jobs, 1, "noop_sync", args.concurrency),
