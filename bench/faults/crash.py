@@ -14,11 +14,12 @@ time, already imported (a cold start costs about a second of CPU on a
 2-core machine, longer than the kill interval). Leases are short (1 s, heartbeat 0.3 s, reaper
 every 0.5 s) so that killed workers' jobs come back quickly.
 
-Only workers that have claimed at least one job are killed (a worker still
-importing is not mid-job). Just before each kill, the jobs the victim holds
-are counted (``state = 'running' AND worker = its name``); a worker can finish or claim
-a job between that query and the kill, so "holding a job" is close to, not
-exactly, the number of interrupted attempts. The expired leases are the
+Only workers that have started a handler at least once are killed (a
+worker still importing is not mid-job). Just before each kill, the jobs the
+victim holds are counted: running jobs whose current lease token its
+handler has delivered (the delivery rows name the worker's pid). A worker
+can finish or claim a job between that query and the kill, so "holding a
+job" is close to, not exactly, the number of interrupted attempts. The expired leases are the
 failed attempts (the handler never raises here, so every failure is a lease
 the reaper took back).
 
@@ -64,11 +65,12 @@ def _count(conn: psycopg.Connection[Any], query: LiteralString) -> int:
 
 
 def _holding(conn: psycopg.Connection[Any]) -> dict[int, int]:
-    """Per worker pid that has claimed at least once: the jobs it holds now.
-    (Worker names are host:pid:random; the row keeps the last claimer's.)"""
+    """Per worker pid whose handler has run at least once: the jobs it holds
+    now (running, on the lease its handler was delivered)."""
     rows = conn.execute(
-        "SELECT split_part(worker, ':', 2)::int, count(*) FILTER (WHERE state = 'running')"
-        " FROM pgqueue_jobs WHERE worker IS NOT NULL GROUP BY 1"
+        "SELECT d.worker_pid,"
+        " count(*) FILTER (WHERE j.state = 'running' AND j.lease_token = d.token)"
+        " FROM fault_deliveries d JOIN pgqueue_jobs j ON j.id = d.job_id GROUP BY 1"
     ).fetchall()
     return {pid: n for pid, n in rows}
 
@@ -142,7 +144,7 @@ def run(
             if (max_kills is None or len(kills) < max_kills) and time.monotonic() >= next_kill:
                 next_kill += kill_every
                 holding = _holding(conn)
-                # Only workers that have claimed: killing one still importing proves nothing.
+                # Only workers that have run a job: killing one still importing proves nothing.
                 working = [i for i, p in enumerate(procs) if p.pid in holding]
                 if not working:
                     continue
