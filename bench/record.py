@@ -1,16 +1,16 @@
 """The one record every benchmark writes: ``results/NAME.json``.
 
     record = ResultRecord(
-        name="core",                          # results/core.json
-        command=command_line(__spec__, argv), # how to run it again
-        server=server_info(url),              # PostgreSQL version, durability
-        parameters={"jobs": 1000},            # what the run was asked to do
-        results={"enqueue_many": {...}},      # what it measured
+        name="core",                           # the file: results/core.json
+        command=command_line(__spec__, argv),  # how to run it again
+        server=server_info(url),               # PostgreSQL version, durability
+        parameters={"jobs": 1000},             # what the run was asked to do
+        results={"enqueue_many": {...}},       # what it measured
     )
-    write_result(record)                      # or write_result(record, "--out path")
+    write_result(record, args.out)             # args.out None: results/core.json
 
 ``machine``, ``git_commit`` and ``created_at`` fill themselves in. The file
-holds the record's fields as its top-level keys, in the order above.
+holds one JSON object with the keys of FILE_KEYS, in that order.
 
 ``read_result`` reads these files, and also the ones written before the
 record existed (a flat object with a ``benchmark`` key; see ``_from_flat``),
@@ -25,7 +25,7 @@ import platform
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from importlib import metadata
 from importlib.machinery import ModuleSpec
@@ -46,6 +46,16 @@ __all__ = [
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
+FILE_KEYS = (
+    "name",
+    "created_at",
+    "git_commit",
+    "command",
+    "machine",
+    "server",
+    "parameters",
+    "results",
+)
 
 
 def machine() -> dict[str, Any]:
@@ -127,8 +137,7 @@ class ResultRecord:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        order = ("name", "created_at", "git_commit", "command", "machine", "server")
-        return {key: data[key] for key in (*order, "parameters", "results")}
+        return {key: data[key] for key in FILE_KEYS}
 
     @classmethod
     def from_report(
@@ -144,10 +153,7 @@ class ResultRecord:
     def from_json(cls, data: Mapping[str, Any]) -> ResultRecord:
         if "benchmark" in data:
             return _from_flat(data)
-        return cls(**{name: data[name] for name in _FIELDS})
-
-
-_FIELDS = tuple(f.name for f in fields(ResultRecord))
+        return cls(**{key: data[key] for key in FILE_KEYS})
 
 
 def _from_flat(data: Mapping[str, Any]) -> ResultRecord:

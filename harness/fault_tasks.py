@@ -1,4 +1,5 @@
-"""Handlers for the fault tests: each one leaves evidence of every run.
+"""Handlers for the fault runs (tests/acceptance and bench/faults), and the worker
+processes that run them. Each handler run leaves evidence.
 
 Before doing any work, a handler inserts a *delivery* row (job id, attempt,
 fencing token, worker pid) on its own connection, committed at once, so the
