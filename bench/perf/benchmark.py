@@ -10,12 +10,12 @@ releases them together, and they drain the queue. Rate = JOBS /
 (max(finished_at) - min(started_at)), both from the database clock, so process
 start-up and shut-down are not counted.
 
-Two claim modes: pgqueue's own ``job_claim`` statement (FOR UPDATE SKIP
-LOCKED), and this file's copy of it with a plain FOR UPDATE
-(``CLAIM_FOR_UPDATE``). Every worker process runs the same loop on one
-dedicated autocommit connection: claim up to N jobs with the mode's
-statement, ack them with one ``job_finish`` (``transitions.finish``), until a
-claim comes back empty. Two worker models, by N:
+Two claim modes: pgqueue's own claim (``transitions.claim``, its
+``job_claim`` statement: FOR UPDATE SKIP LOCKED), and this file's copy of that
+statement with a plain FOR UPDATE (``CLAIM_FOR_UPDATE``). Every worker process
+runs the same loop on one dedicated autocommit connection: claim up to N jobs
+in the mode's way, ack them with one ``transitions.finish`` (``job_finish``),
+until a claim comes back empty. Two worker models, by N:
 
 * ``single``: the reference's model, N = 1: a job is exactly two short
   transactions (two commits, two round trips).
@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import time
+from collections.abc import Callable
 from multiprocessing.synchronize import Barrier
 from typing import Any, LiteralString
 
@@ -49,7 +50,6 @@ from bench.common import bench_database, clear, rate, summary
 from bench.record import ResultRecord, command_line, server_info, write_result
 from pgqueue import Job, Outcome, Queue, Settings
 from pgqueue import transitions as t
-from pgqueue.sql import QUERIES
 
 # pgqueue's job_claim (src/pgqueue/sql/queries.sql, without a queue filter)
 # with SKIP LOCKED removed. The product claims with SKIP LOCKED only; this
@@ -88,31 +88,37 @@ BARRIER_TIMEOUT = 120.0
 DRAIN_TIMEOUT = 1800.0
 
 
-def claim_statement(mode: str) -> LiteralString:
-    return QUERIES["job_claim"] if mode == "skip_locked" else CLAIM_FOR_UPDATE
-
-
 # -- worker processes ---------------------------------------------------------------
 
 
-def _drain_loop(url: str, mode: str, limit: int, barrier: Barrier, name: str) -> None:
-    """Claim up to ``limit`` jobs, ack them, repeat until a claim finds nothing."""
-    settings = Settings(database_url=url, pool_min_size=0, pool_max_size=1)
+def _claimer(
+    mode: str, q: Queue, conn: psycopg.Connection[Any], limit: int, name: str
+) -> Callable[[], list[Job]]:
+    """A claim of up to ``limit`` jobs: pgqueue's own (its claim flow), or
+    this file's plain FOR UPDATE copy of its statement."""
+    settings = q.settings
+    if mode == "skip_locked":
+        return lambda: q.run(t.claim(settings, limit=limit, worker=name), conn)
     params = {
         "limit": limit,
         "lease_seconds": settings.lease_seconds,
         "worker": name,
         "latency_bounds": list(settings.latency_buckets),
     }
-    claim = claim_statement(mode)
+    return lambda: [Job.from_row(r) for r in conn.execute(CLAIM_FOR_UPDATE, params).fetchall()]
+
+
+def _drain_loop(url: str, mode: str, limit: int, barrier: Barrier, name: str) -> None:
+    """Claim up to ``limit`` jobs, ack them, repeat until a claim finds nothing."""
+    settings = Settings(database_url=url, pool_min_size=0, pool_max_size=1)
     with (
         Queue(url, settings=settings) as q,
         psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn,
     ):
+        claim = _claimer(mode, q, conn, limit, name)
         conn.execute("SELECT 1")  # connected and authenticated before the barrier
         barrier.wait(BARRIER_TIMEOUT)
-        while rows := conn.execute(claim, params).fetchall():
-            jobs = [Job.from_row(row) for row in rows]
+        while jobs := claim():
             q.run(t.finish(settings, [Outcome.success(job, None) for job in jobs]), conn)
 
 

@@ -142,6 +142,9 @@ def pgbench_script(bare: bool) -> str:
     )
 
     def variables(sql: str) -> str:
+        # No queue filter: NULL, which pgbench's -D cannot define.
+        for name in ("queue", "queues"):
+            sql = sql.replace(f"%({name})s", "NULL")
         sql = re.sub(r"%\((\w+)\)s", r":\1", sql).replace("%%", "%")
         return " ".join(sql.split())
 

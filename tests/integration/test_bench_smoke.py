@@ -83,6 +83,10 @@ def test_the_benchmarks_for_update_claim_is_the_products_claim_without_skip_lock
     assert "SKIP LOCKED" not in CLAIM_FOR_UPDATE
     assert " ".join(CLAIM_FOR_UPDATE.split()) == product.replace(
         "FOR UPDATE SKIP LOCKED", "FOR UPDATE"
+    ), (
+        "copy job_claim of src/pgqueue/sql/queries.sql (without its comments) into "
+        "CLAIM_FOR_UPDATE with FOR UPDATE in place of FOR UPDATE SKIP LOCKED, and give "
+        "bench.perf.benchmark._claimer the parameters it takes"
     )
 
 
