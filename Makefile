@@ -20,8 +20,8 @@ run: setup
 	$(VENV)/bin/pgqueue up
 
 lint: setup
-	$(VENV)/bin/ruff check src tests bench examples
-	$(VENV)/bin/ruff format --check src tests bench examples
+	$(VENV)/bin/ruff check src tests bench harness examples
+	$(VENV)/bin/ruff format --check src tests bench harness examples
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 

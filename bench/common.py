@@ -1,71 +1,30 @@
-"""What every benchmark shares: where results go and what they record."""
+"""What the benchmarks share: a database to run on, and the rate and latency
+figures read back from it (the database clock, not the client's)."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import platform
 import statistics
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
-from datetime import UTC, datetime
-from importlib import metadata
-from pathlib import Path
-from typing import Any
 
 import psycopg
 
-RESULTS = Path(__file__).resolve().parent.parent / "results"
+from pgqueue import migrate
+from pgqueue.embedded import EmbeddedPostgres
 
+__all__ = [
+    "bench_database",
+    "bench_server",
+    "clear",
+    "rate",
+    "reset_database",
+    "start_latency_percentiles",
+    "summary",
+]
 
-def machine() -> dict[str, Any]:
-    """The machine and software a figure was measured on."""
-    mem_kb = 0
-    try:
-        with open("/proc/meminfo") as f:
-            mem_kb = int(f.readline().split()[1])
-    except OSError:
-        pass
-    cpu = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(
-                (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), ""
-            )
-    except OSError:
-        pass
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "memory_gib": round(mem_kb / 1024 / 1024, 1),
-        "os": platform.platform(),
-        "python": sys.version.split()[0],
-        "psycopg": metadata.version("psycopg"),
-        "pgqueue_commit": _git_commit(),
-    }
-
-
-def server_info(url: str) -> dict[str, Any]:
-    """PostgreSQL version and the settings that decide commit cost."""
-    names = ("server_version", "fsync", "synchronous_commit", "full_page_writes", "shared_buffers")
-    with psycopg.connect(url) as conn:
-        return {n: conn.execute(f"SHOW {n}").fetchone()[0] for n in names}  # type: ignore[index]
-
-
-def _git_commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=Path(__file__).parent,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+TRUNCATE = "TRUNCATE pgqueue_jobs, pgqueue_counters, pgqueue_start_latency"
 
 
 def summary(values: list[float]) -> dict[str, float]:
@@ -73,61 +32,74 @@ def summary(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def write_result(name: str, payload: dict[str, Any], out: str | None = None) -> Path:
-    """Write results/NAME.json with the machine description and a timestamp."""
-    path = Path(out) if out else RESULTS / f"{name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    record = {
-        "benchmark": name,
-        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": machine(),
-        **payload,
-    }
-    path.write_text(json.dumps(record, indent=2) + "\n")
-    return path
+def reset_database(url: str) -> None:
+    """Migrate the database at ``url`` and empty it: pgqueue's tables, and
+    the delivery rows of an earlier fault run (harness.fault_tasks)."""
+    migrate(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(TRUNCATE)
+        conn.execute("DROP TABLE IF EXISTS fault_deliveries")
 
 
 @contextlib.contextmanager
-def bench_database(name: str = "bench") -> Iterator[str]:
-    """A fresh, migrated database on a server with PostgreSQL's default
-    durability (fsync and synchronous_commit on), on disk, for one run.
-
-    DATABASE_URL, when set, is used instead (the database must be empty or
-    disposable: its pgqueue tables are truncated)."""
-    from pgqueue import migrate
-    from pgqueue.embedded import EmbeddedPostgres
-
-    if os.environ.get("DATABASE_URL"):
-        url = os.environ["DATABASE_URL"]
-        migrate(url)
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute("TRUNCATE pgqueue_jobs, pgqueue_counters, pgqueue_start_latency")
-        yield url
-        return
+def bench_server(name: str) -> Iterator[EmbeddedPostgres]:
+    """A fresh embedded server with PostgreSQL's default durability (fsync
+    and synchronous_commit on), on disk (BENCH_DIR, default /var/tmp), for
+    one run; destroyed after it."""
     folder = tempfile.mkdtemp(
         prefix=f"pgqueue-{name}-", dir=os.environ.get("BENCH_DIR", "/var/tmp")
     )
     server = EmbeddedPostgres(folder)
     try:
-        url = server.ensure_running()
-        migrate(url)
-        yield url
+        server.ensure_running()
+        yield server
     finally:
         server.destroy()
 
 
-def add_finished_jobs(queue: Any, count: int, queue_name: str = "history") -> None:
-    """``count`` finished jobs made the way production makes them (enqueued,
-    claimed, acked), so that the table's pages look like a real history's. A
-    bulk INSERT of finished rows is faster but leaves different pages (see
-    bench.fillfactor)."""
-    from pgqueue import Outcome
+@contextlib.contextmanager
+def bench_database(name: str = "bench") -> Iterator[str]:
+    """A migrated database on a fresh bench_server, for one run.
 
-    for start in range(0, count, 50_000):
-        size = min(50_000, count - start)
-        queue.enqueue_many([{"task": "noop", "queue": queue_name} for _ in range(size)])
-        while claimed := queue.claim(100, worker="history", queues=[queue_name]):
-            queue.finish([Outcome.success(job, None) for job in claimed])
+    DATABASE_URL, when set, is used instead (the database must be empty or
+    disposable: reset_database empties it)."""
+    if os.environ.get("DATABASE_URL"):
+        url = os.environ["DATABASE_URL"]
+        reset_database(url)
+        yield url
+        return
+    with bench_server(name) as server:
+        migrate(server.url)
+        yield server.url
+
+
+def clear(url: str, *, checkpoint: bool = True) -> None:
+    """Empty the tables between two measurements, and VACUUM ANALYZE so that
+    the planner sees them empty. ``checkpoint``: also flush, so that each
+    measurement starts with the same full-page writes ahead of it."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(TRUNCATE)
+        conn.execute("VACUUM ANALYZE pgqueue_jobs")
+        if checkpoint:
+            conn.execute("CHECKPOINT")
+
+
+def rate(url: str, jobs: int, *, queue: str | None = None, after_id: int = 0) -> float:
+    """Jobs per second from the first start to the last finish (database
+    clock), over the succeeded jobs (of ``queue``, with ids above
+    ``after_id``); raises unless all ``jobs`` succeeded."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*), extract(epoch FROM max(finished_at) - min(started_at))::float8 "
+            "FROM pgqueue_jobs WHERE state = 'succeeded' AND id > %s "
+            "AND (%s::text IS NULL OR queue = %s)",
+            (after_id, queue, queue),
+        ).fetchone()
+    assert row is not None
+    done, seconds = row
+    if done != jobs:
+        raise RuntimeError(f"only {done} of {jobs} jobs succeeded")
+    return float(done / seconds)
 
 
 def start_latency_percentiles(url: str, jobs: int) -> dict[str, float]:

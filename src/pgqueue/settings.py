@@ -135,11 +135,6 @@ class Settings:
         values.update({name: value for name, value in flags.items() if value is not None})
         return cls(**values)
 
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **flags: Any) -> Self:
-        """The older name of ``load``, for callers not yet renamed."""
-        return cls.load(environ=environ, **flags)
-
     def replace(self, **changes: Any) -> Self:
         return dataclasses.replace(self, **changes)
 

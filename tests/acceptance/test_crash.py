@@ -1,4 +1,4 @@
-"""Workers SIGKILLed mid-job: nothing is lost (bench.crash, small).
+"""Workers SIGKILLed mid-job: nothing is lost (bench.faults.crash, small).
 
 150 jobs, 6 worker processes, 5 kills 0.3 s apart, each aimed at a worker
 that holds a job, so the test proves what it claims: it fails if nothing was
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the bench package
-from bench import crash
+from bench.faults import crash
 
 pytestmark = pytest.mark.acceptance
 

@@ -1,5 +1,5 @@
 """A network partition: a worker's connection to PostgreSQL goes through
-bench.tcp_proxy, which freezes (nothing forwarded, no socket closed) while
+harness.tcp_proxy, which freezes (nothing forwarded, no socket closed) while
 the worker runs a job. Its lease expires, another worker runs the job again
 and succeeds; when the proxy thaws, the stalled worker's ack reaches the
 database and is refused by the fencing token: the recorded result is the
@@ -19,9 +19,9 @@ import pytest
 from pgqueue import AsyncQueue, JobState, Settings
 from pgqueue.worker import AsyncWorker
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the bench package
-from bench import fault_tasks, invariants
-from bench.tcp_proxy import TcpProxy
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the harness package
+from harness import fault_tasks, invariants
+from harness.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.acceptance
 

@@ -1,4 +1,4 @@
-"""PostgreSQL restarted under load: every job succeeds (bench.restart,
+"""PostgreSQL restarted under load: every job succeeds (bench.faults.restart,
 small). Fast mode ends every session and aborts open transactions; immediate
 mode is a crash (no checkpoint, recovery from the WAL at start), so it also
 proves that what was committed survives. The server is this test's own
@@ -19,7 +19,7 @@ from pgqueue import migrate
 from pgqueue.embedded import EmbeddedPostgres, StopMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the bench package
-from bench import restart
+from bench.faults import restart
 
 pytestmark = pytest.mark.acceptance
 

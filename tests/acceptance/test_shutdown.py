@@ -14,8 +14,8 @@ import pytest
 
 from pgqueue import Queue, Settings
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the bench package
-from bench import fault_tasks, invariants
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the harness package
+from harness import fault_tasks, invariants
 
 pytestmark = pytest.mark.acceptance
 

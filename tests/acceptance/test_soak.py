@@ -1,4 +1,4 @@
-"""Soak, one minute (bench.soak; the full run is ten): steady enqueue and
+"""Soak, one minute (bench.faults.soak; the full run is ten): steady enqueue and
 drain with retention on. Nothing is lost; pruning keeps the jobs table's
 rows bounded by the retention window; worker memory stays flat."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the bench package
-from bench import soak
+from bench.faults import soak
 
 pytestmark = pytest.mark.acceptance
 

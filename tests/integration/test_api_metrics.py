@@ -174,7 +174,7 @@ async def test_metrics_cost_does_not_read_finished_jobs(
     api: httpx.AsyncClient, sql: psycopg.Connection
 ) -> None:
     """queue_stats reads the partial indexes of live rows, never a scan of the
-    table: finished jobs cost a scrape nothing (bench/metrics_history.py)."""
+    table: finished jobs cost a scrape nothing (bench/perf/metrics_history.py)."""
     sql.execute(
         "INSERT INTO pgqueue_jobs (queue, task, state, attempts, finished_at) "
         "SELECT 'default', 't', 'succeeded', 1, now() FROM generate_series(1, 20000)"

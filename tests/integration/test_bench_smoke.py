@@ -2,23 +2,26 @@
 
 The scripts run in-process through their ``main(argv)`` against one test
 database (DATABASE_URL, which ``bench_database`` then uses instead of
-starting a server of its own), each writing its JSON to a temporary folder
-via --out; the plot script then draws all of them. The competitors of
-bench.compare are left out by its --systems flag (no virtualenv, no PyPI).
+starting a server of its own; bench.faults.restart starts its own, as it
+must restart it), each writing its record to a temporary folder via --out;
+the plot script then draws all of them, and the committed results/ too. The
+competitors of bench.compare.compare are left out by its --systems flag (no
+virtualenv, no PyPI).
 """
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
 
+from bench.record import RESULTS, ResultRecord, read_result
 from pgqueue.embedded import EmbeddedPostgres
+from pgqueue.sql import QUERIES
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -42,20 +45,26 @@ def out_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("bench-results")
 
 
-def _read(path: Path) -> dict[str, Any]:
-    data = json.loads(path.read_text())
-    assert data["machine"]["cores"] >= 1
-    assert data["server"]["fsync"] in ("on", "off")
-    return dict(data)
+def _read(path: Path, name: str, module: str) -> ResultRecord:
+    """The file holds one whole ResultRecord, named and described."""
+    record = read_result(path)
+    assert record.name == name
+    assert record.command.startswith(f"python -m {module} ")
+    assert datetime.fromisoformat(record.created_at).tzinfo is not None
+    assert record.git_commit
+    assert record.machine["cores"] >= 1
+    assert record.server["fsync"] in ("on", "off")
+    assert record.parameters
+    assert record.results
+    return record
 
 
 def test_benchmark_smoke(bench_url: str, out_dir: Path) -> None:
-    from bench import benchmark
+    from bench.perf import benchmark
 
     out = out_dir / "benchmark.json"
     benchmark.main(["--jobs", "50", "--workers", "1,2", "--repeats", "1", "--out", str(out)])
-    data = _read(out)
-    table = data["results_jobs_per_second"]
+    table = _read(out, "benchmark", "bench.perf.benchmark").results["results_jobs_per_second"]
     assert set(table) == {"single", "batched"}
     for model in table.values():
         assert set(model) == {"1", "2"}
@@ -65,108 +74,216 @@ def test_benchmark_smoke(bench_url: str, out_dir: Path) -> None:
             assert cell["ratio_skip_locked_to_for_update"]["median"] > 0
 
 
+def test_the_benchmarks_for_update_claim_is_the_products_claim_without_skip_locked() -> None:
+    """CLAIM_FOR_UPDATE is a copy: when job_claim changes, so must it."""
+    from bench.perf.benchmark import CLAIM_FOR_UPDATE
+
+    product = " ".join(QUERIES["job_claim"].split())
+    assert "FOR UPDATE SKIP LOCKED" in product
+    assert "SKIP LOCKED" not in CLAIM_FOR_UPDATE
+    assert " ".join(CLAIM_FOR_UPDATE.split()) == product.replace(
+        "FOR UPDATE SKIP LOCKED", "FOR UPDATE"
+    ), (
+        "copy job_claim of src/pgqueue/sql/queries.sql (without its comments) into "
+        "CLAIM_FOR_UPDATE with FOR UPDATE in place of FOR UPDATE SKIP LOCKED, and give "
+        "bench.perf.benchmark._claimer the parameters it takes"
+    )
+
+
 def test_latency_smoke(bench_url: str, out_dir: Path) -> None:
-    from bench import latency
+    from bench.perf import latency
 
     out = out_dir / "latency.json"
     latency.main(["--jobs", "20", "--rate", "200", "--workers", "1", "--out", str(out)])
-    table = _read(out)["results_ms"]
+    table = _read(out, "latency", "bench.perf.latency").results["results_ms"]
     for mode in ("notify", "poll"):
         row = table[mode]["1"]
         assert 0 <= row["p50_ms"] <= row["p95_ms"] <= row["p99_ms"] <= row["max_ms"]
 
 
 def test_enqueue_smoke(bench_url: str, out_dir: Path) -> None:
-    from bench import enqueue
+    from bench.perf import enqueue
 
     out = out_dir / "enqueue.json"
     enqueue.main(["--jobs", "20", "--many-jobs", "2000", "--repeats", "1", "--out", str(out)])
-    rates = _read(out)["results_jobs_per_second"]
+    rates = _read(out, "enqueue", "bench.perf.enqueue").results["results_jobs_per_second"]
     assert set(rates) == set(enqueue.ROWS)
     assert all(r["median"] > 0 for r in rates.values())
 
 
+def test_api_enqueue_smoke(bench_url: str, out_dir: Path) -> None:
+    from bench.perf import api_enqueue
+
+    out = out_dir / "api_enqueue.json"
+    small = ["--requests", "40", "--clients", "2", "--concurrency", "2", "--batch-jobs", "1000"]
+    api_enqueue.main([*small, "--repeats", "1", "--out", str(out)])
+    rates = _read(out, "api_enqueue", "bench.perf.api_enqueue").results["jobs_per_second"]
+    assert set(rates) == {"single", "batch_100", "batch_1000"}
+    assert all(r["median"] > 0 for r in rates.values())
+
+
+def test_core_smoke(bench_url: str, out_dir: Path) -> None:
+    from bench.perf import core
+
+    out = out_dir / "core.json"
+    core.main(["--jobs", "300", "--single-jobs", "40", "--repeats", "1", "--out", str(out)])
+    results = _read(out, "core", "bench.perf.core").results
+    assert results["results_jobs_per_second"]["claim_ack_batch_100"]["median"] > 0
+    assert results["notify_cost_ratio"] > 0
+
+
 def test_history_smoke(bench_url: str, out_dir: Path) -> None:
-    from bench import history
+    from bench.perf import history
 
     out = out_dir / "history.json"
     history.main(
         ["--sizes", "0,300", "--jobs", "50", "--repeats", "1", "--scrapes", "5", "--out", str(out)]
     )
-    data = _read(out)
-    assert [r["finished_jobs"] for r in data["sizes"]] == [0, 300]
-    assert set(data["ratio_largest_to_empty"]) == {
+    results = _read(out, "history", "bench.perf.history").results
+    assert [r["finished_jobs"] for r in results["sizes"]] == [0, 300]
+    assert set(results["ratio_largest_to_empty"]) == {
         "claim_ack_batch_100",
         "claim_ack_batch_100_vs_control",
         "worker_1_process",
         "worker_1_process_vs_control",
         "metrics_scrape_ms",
     }
-    for row in data["sizes"]:
+    for row in results["sizes"]:
         assert row["claim_ack_batch_100_vs_control"]["median"] > 0
 
 
+def test_metrics_history_smoke(bench_url: str, out_dir: Path) -> None:
+    from bench.perf import metrics_history
+
+    out = out_dir / "metrics_history.json"
+    metrics_history.main(["--sizes", "0,500", "--scrapes", "5", "--out", str(out)])
+    results = _read(out, "metrics_history", "bench.perf.metrics_history").results
+    assert [r["finished_jobs"] for r in results["sizes"]] == [0, 500]
+    assert all(r["scrape_ms"]["median"] > 0 for r in results["sizes"])
+
+
 def test_compare_smoke_pgqueue_only(bench_url: str, out_dir: Path) -> None:
-    from bench import compare
+    from bench.compare import compare
 
     out = out_dir / "compare.json"
     compare.main(["--systems", "pgqueue", "--jobs", "50", "--repeats", "1", "--out", str(out)])
-    data = _read(out)
-    assert list(data["results"]) == ["pgqueue c=100", "pgqueue c=1000"]
-    assert data["results"]["pgqueue c=100"]["ratio_to_pgqueue"]["median"] == 1.0
-    assert data["skipped"] == {}
+    results = _read(out, "compare", "bench.compare.compare").results
+    assert list(results["systems"]) == ["pgqueue c=100", "pgqueue c=1000"]
+    assert results["systems"]["pgqueue c=100"]["ratio_to_pgqueue"]["median"] == 1.0
+    assert results["skipped"] == {}
 
 
 def test_maintenance_smoke(bench_url: str, out_dir: Path) -> None:
-    from bench import maintenance
+    from bench.perf import maintenance
 
     out = out_dir / "maintenance.json"
     maintenance.main(["--running", "20", "--finished", "200", "--calls", "20", "--out", str(out)])
-    data = json.loads(out.read_text())
-    assert set(data["statement_ms"]) == {"reap_ms", "prune_ms", "try_lock_not_leader_ms"}
-    assert data["per_reap_interval_for_workers"]["every_worker_ms"] > 0
+    results = _read(out, "maintenance", "bench.perf.maintenance").results
+    assert set(results["statement_ms"]) == {"reap_ms", "prune_ms", "try_lock_not_leader_ms"}
+    assert results["per_reap_interval_for_workers"]["every_worker_ms"] > 0
 
 
 def test_fillfactor_smoke(bench_url: str, out_dir: Path) -> None:
-    from bench import fillfactor
+    from bench.perf import fillfactor
 
     out = out_dir / "fillfactor.json"
     fillfactor.main(["--history", "300", "--jobs", "200", "--repeats", "1", "--out", str(out)])
-    cells = json.loads(out.read_text())["cells"]
+    cells = _read(out, "fillfactor", "bench.perf.fillfactor").results["cells"]
     assert len(cells) == 6
     assert all(cell["wal_bytes_per_job"]["median"] > 0 for cell in cells.values())
 
 
 def test_worker_throughput_smoke(bench_url: str, out_dir: Path) -> None:
-    from bench import worker_throughput
+    from bench.perf import worker_throughput
 
     out = out_dir / "worker_throughput_smoke.json"
     worker_throughput.main(
         ["--jobs", "200", "--repeats", "1", "--latency-jobs", "20", "--out", str(out)]
     )
-    data = json.loads(out.read_text())
-    assert all(r["median"] > 0 for r in data["rates_jobs_per_second"].values())
-    assert data["latency_idle_100_per_second"]["p50_ms"] > 0
+    results = _read(out, "worker_throughput", "bench.perf.worker_throughput").results
+    assert all(r["median"] > 0 for r in results["rates_jobs_per_second"].values())
+    assert results["latency_idle_100_per_second"]["p50_ms"] > 0
+
+
+def test_crash_smoke(bench_url: str, out_dir: Path) -> None:
+    from bench.faults import crash
+
+    out = out_dir / "crash.json"
+    code = crash.main(["--jobs", "30", "--workers", "2", "--kill-every", "0.5", "--out", str(out)])
+    results = _read(out, "crash", "bench.faults.crash").results
+    assert code == 0, results
+    assert results["jobs_succeeded"] == 30
+    assert results["invariants"]["ok"], results["invariants"]["violations"]
+
+
+def test_restart_smoke(out_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench.faults import restart
+
+    # Its own server (it restarts it), on tmpfs as the session's is.
+    root = Path("/dev/shm" if Path("/dev/shm").is_dir() else "/tmp")
+    monkeypatch.setenv("BENCH_DIR", str(root))
+    before = set(root.glob("pgqueue-restart-*"))
+    out = out_dir / "restart.json"
+    code = restart.main(["--jobs", "40", "--workers", "2", "--out", str(out)])
+    record = _read(out, "restart", "bench.faults.restart")
+    assert code == 0, record.results
+    assert record.parameters["restart"].startswith("pg_ctl stop -m fast")
+    assert record.results["committed_before_restart_changed"] == []
+    assert set(root.glob("pgqueue-restart-*")) == before, "the server's folder was left behind"
+
+
+def test_soak_smoke(bench_url: str, out_dir: Path) -> None:
+    from bench.faults import soak
+
+    out = out_dir / "soak.json"
+    small = ["--minutes", "0.1", "--rate", "20", "--workers", "1", "--concurrency", "4"]
+    code = soak.main([*small, "--out", str(out)])
+    results = _read(out, "soak", "bench.faults.soak").results
+    assert code == 0, results
+    assert results["jobs_enqueued"] > 0
+    assert results["jobs_lost"] == 0
+    assert results["start"]["samples"] >= 1
+
+
+PLOTTED = ["benchmark", "latency", "enqueue", "history", "compare"]
+TABLE_HEADINGS = (
+    "model single",
+    "model batched",
+    "latency.json",
+    "enqueue.json",
+    "history.json",
+    "compare.json",
+)
+
+
+def _draws_every_chart(results: Path, out: Path) -> None:
+    from bench.plots import plot
+
+    charts = plot.main(["--results", str(results), "--out-dir", str(out)])
+    assert sorted(p.name for p in charts) == sorted(f"{n}.png" for n in PLOTTED)
+    for chart in charts:
+        assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    tables = plot.markdown(results)
+    for heading in TABLE_HEADINGS:
+        assert heading in tables
 
 
 def test_plot_smoke(out_dir: Path) -> None:
-    from bench import plot
-
-    names = ["benchmark", "latency", "enqueue", "history", "compare"]
-    missing = [n for n in names if not (out_dir / f"{n}.json").exists()]
+    missing = [n for n in PLOTTED if not (out_dir / f"{n}.json").exists()]
     if missing:  # run alone (-k plot): nothing to draw yet
         pytest.fail(f"run the whole module: no JSON for {missing}")
-    charts = plot.main(["--results", str(out_dir)])
-    assert sorted(p.name for p in charts) == sorted(f"{n}.png" for n in names)
-    for chart in charts:
-        assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    tables = plot.markdown(out_dir)
-    for heading in (
-        "model single",
-        "model batched",
-        "latency.json",
-        "enqueue.json",
-        "history.json",
-        "compare.json",
-    ):
-        assert heading in tables
+    _draws_every_chart(out_dir, out_dir)
+
+
+def test_plot_draws_the_committed_results_written_before_the_record(tmp_path: Path) -> None:
+    _draws_every_chart(RESULTS, tmp_path)
+
+
+@pytest.mark.parametrize("path", sorted(RESULTS.glob("*.json")), ids=lambda p: p.name)
+def test_every_committed_result_reads_as_a_record(path: Path) -> None:
+    record = read_result(path)
+    assert path.stem.startswith(record.name)
+    assert record.machine["cores"] >= 1
+    assert record.server["server_version"]
+    assert record.parameters
+    assert record.results

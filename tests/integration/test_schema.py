@@ -11,8 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.common import add_finished_jobs
-from bench.metrics_history import add_live_load
+from harness.history import add_finished_jobs, add_live_load
 from pgqueue import DatabaseUnavailable, JobState, Queue, SchemaNotMigrated, Settings, migrate
 from pgqueue import transitions as t
 from pgqueue.embedded import EmbeddedPostgres

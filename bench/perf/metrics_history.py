@@ -1,8 +1,8 @@
 """GET /metrics latency as finished jobs pile up: it must stay flat.
 
-    python -m bench.metrics_history [--sizes 0,100000,1000000] [--scrapes 300]
+    python -m bench.perf.metrics_history [--sizes 0,100000,1000000] [--scrapes 300] [--out PATH]
 
-One uvicorn process (``pgqueue.api.serve``) on loopback, in front of a fresh
+One uvicorn process (``pgqueue api``) on loopback, in front of a fresh
 embedded PostgreSQL with fsync and synchronous_commit on. The same live load
 is present at every size (1,000 queued, 200 scheduled and 50 running jobs
 over 4 queues, and a start-latency histogram); only the history grows:
@@ -32,35 +32,14 @@ import httpx
 import psycopg
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.common import bench_database, summary
+from bench.perf.api_enqueue import TOKEN, api_server
+from bench.record import ResultRecord, command_line, server_info, write_result
+from harness.history import LIVE_LOAD, add_live_load
 from pgqueue.sql import QUERIES
-
-from .api_enqueue import TOKEN, api_server
-from .common import bench_database, server_info, summary, write_result
 
 QUEUES = ("q0", "q1", "q2", "q3")
 NAIVE_AGGREGATE = "SELECT queue, state, count(*) FROM pgqueue_jobs GROUP BY queue, state"
-
-
-def add_live_load(conn: psycopg.Connection[Any]) -> None:
-    conn.execute(
-        "INSERT INTO pgqueue_jobs (queue, task) "
-        "SELECT 'q' || (i % 4), 'noop' FROM generate_series(1, 1000) i"
-    )
-    conn.execute(
-        "INSERT INTO pgqueue_jobs (queue, task, run_at) "
-        "SELECT 'q' || (i % 4), 'noop', now() + interval '1 hour' FROM generate_series(1, 200) i"
-    )
-    conn.execute(
-        "INSERT INTO pgqueue_jobs (queue, task, state, attempts, started_at, lease_token, "
-        "lease_expires_at, worker) "
-        "SELECT 'q' || (i % 4), 'noop', 'running', 1, now(), i, now() + interval '1 hour', 'w' "
-        "FROM generate_series(1, 50) i"
-    )
-    conn.execute(
-        "INSERT INTO pgqueue_start_latency (queue, shard, bucket, count, sum_seconds) "
-        "SELECT 'q' || q, s, b, 10, 0.01 * b "
-        "FROM generate_series(0, 3) q, generate_series(0, 15) s, generate_series(0, 16) b"
-    )
 
 
 def add_history(conn: psycopg.Connection[Any], count: int) -> None:
@@ -97,7 +76,8 @@ def scrape_latencies(base: str, scrapes: int) -> tuple[list[float], list[float],
     with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {TOKEN}"}) as client:
         for _ in range(20):  # warm up the connection and the server's pool
             client.get("/metrics").raise_for_status()
-        scrape, control = [], []
+        scrape: list[float] = []
+        control: list[float] = []
         for _ in range(scrapes):
             for path, times in (("/metrics", scrape), ("/healthz", control)):
                 started = time.perf_counter()
@@ -105,6 +85,13 @@ def scrape_latencies(base: str, scrapes: int) -> tuple[list[float], list[float],
                 times.append((time.perf_counter() - started) * 1000)
                 response.raise_for_status()
         return scrape, control, client.get("/metrics").text
+
+
+def table_mb(conn: psycopg.Connection[Any]) -> float:
+    """The jobs table's size with its indexes and TOAST, in MB."""
+    row = conn.execute("SELECT pg_total_relation_size('pgqueue_jobs') / 1048576.0").fetchone()
+    assert row is not None
+    return round(float(row[0]), 1)
 
 
 def check_exposition(text: str, finished: int) -> None:
@@ -125,9 +112,9 @@ def snapshot_plans(conn: psycopg.Connection[Any]) -> dict[str, dict[str, float]]
     machine is, so it shows flatness without the noise of the timings."""
     out = {}
     for name in ("queue_stats", "counters_totals", "start_latency_histogram"):
-        plan = conn.execute(
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES[name]  # type: ignore[operator]
-        ).fetchone()[0][0]  # type: ignore[index]
+        plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES[name]).fetchone()[
+            0
+        ][0]  # type: ignore[index]
         top = plan["Plan"]
         out[name] = {
             "execution_ms": plan["Execution Time"],
@@ -145,12 +132,12 @@ def naive_aggregate_ms(conn: psycopg.Connection[Any]) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> ResultRecord:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="0,100000,1000000", help="finished jobs, ascending")
     parser.add_argument("--scrapes", type=int, default=300)
     parser.add_argument("--out", default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
 
     rows = []
@@ -167,12 +154,9 @@ def main() -> None:
                 load_seconds = time.perf_counter() - started
                 times, control, text = scrape_latencies(base, args.scrapes)
                 check_exposition(text, size)
-                table_mb = conn.execute(
-                    "SELECT pg_total_relation_size('pgqueue_jobs') / 1048576.0"
-                ).fetchone()[0]  # type: ignore[index]
-                row = {
+                row: dict[str, Any] = {
                     "finished_jobs": size,
-                    "table_mb": round(float(table_mb), 1),
+                    "table_mb": table_mb(conn),
                     "load_seconds": round(load_seconds, 1),
                     "scrape_ms": summary(times),
                     "scrape_ms_p90": statistics.quantiles(times, n=10)[-1],
@@ -195,23 +179,27 @@ def main() -> None:
         info = server_info(url)
     flat = rows[-1]["scrape_ms"]["median"] / rows[0]["scrape_ms"]["median"]
     extra = [round(r["scrape_minus_healthz_ms"], 2) for r in rows]
-    write_result(
-        "metrics_history",
-        {
-            "setup": {
-                "scrapes_per_size": args.scrapes,
-                "live_jobs": {"queued": 1000, "scheduled": 200, "running": 50, "queues": 4},
-                "client": "one httpx.Client, sequential scrapes, keep-alive",
-                "load_average_at_end": os.getloadavg(),
-            },
-            "database": info,
+    record = ResultRecord(
+        name="metrics_history",
+        command=command_line(__spec__, argv),
+        server=info,
+        parameters={
+            "sizes": sizes,
+            "scrapes_per_size": args.scrapes,
+            "live_jobs": LIVE_LOAD,
+            "client": "one httpx.Client, sequential scrapes, keep-alive",
+            "load_average_at_end": os.getloadavg(),
+        },
+        results={
             "sizes": rows,
             "median_ratio_largest_to_empty": flat,
             "scrape_minus_healthz_ms_by_size": extra,
         },
-        args.out,
     )
+    path = write_result(record, args.out)
     print(f"median scrape, largest history / none: {flat:.2f}; over /healthz (ms): {extra}")
+    print(f"written to {path}")
+    return record
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """PNG charts of the committed benchmark results.
 
-    python -m bench.plot [--results results/] [--out-dir results/] [--markdown]
+    python -m bench.plots.plot [--results results/] [--out-dir results/] [--markdown]
 
 Reads benchmark.json, latency.json, enqueue.json, history.json and
-compare.json (whichever exist) and writes benchmark.png, latency.png,
+compare.json (whichever exist; bench.record.read_result reads the files
+written before the record too) and writes benchmark.png, latency.png,
 enqueue.png, history.png and compare.png. Bars and points are medians;
 whiskers span min to max of the repeats. --markdown prints the same tables
 as Markdown instead (docs/results.md's tables are copied from that output).
@@ -12,7 +13,6 @@ as Markdown instead (docs/results.md's tables are copied from that output).
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from bench.common import RESULTS
+from bench.record import RESULTS, ResultRecord, read_result
 
 MODE_LABELS = {"skip_locked": "FOR UPDATE SKIP LOCKED", "for_update": "plain FOR UPDATE"}
 COLORS = {
@@ -32,23 +32,23 @@ COLORS = {
 }
 
 
-def _load(folder: Path, name: str) -> dict[str, Any] | None:
+def _load(folder: Path, name: str) -> ResultRecord | None:
     path = folder / f"{name}.json"
     if not path.exists():
         print(f"no {path}: skipping {name}.png")
         return None
-    return dict(json.loads(path.read_text()))
+    return read_result(path)
 
 
-def _footer(fig: Any, data: dict[str, Any]) -> None:
-    m, s = data.get("machine", {}), data.get("server", {})
+def _footer(fig: Any, record: ResultRecord) -> None:
+    m, s = record.machine, record.server
     fig.text(
         0.01,
         0.01,
         f"{m.get('cores')} cores {m.get('cpu', '')}, PostgreSQL {s.get('server_version')} "
         f"(fsync {s.get('fsync')}, synchronous_commit {s.get('synchronous_commit')}); "
-        f"shared machine, medians with min-max; {data.get('created_at', '')[:10]}, "
-        f"commit {m.get('pgqueue_commit')}",
+        f"shared machine, medians with min-max; {record.created_at[:10]}, "
+        f"commit {record.git_commit}",
         fontsize=7,
         color="0.4",
     )
@@ -61,12 +61,12 @@ def _errs(stats: list[dict[str, float]]) -> list[list[float]]:
     ]
 
 
-def plot_benchmark(data: dict[str, Any], out: Path) -> Path:
-    table = data["results_jobs_per_second"]
+def plot_benchmark(record: ResultRecord, out: Path) -> Path:
+    table = record.results["results_jobs_per_second"]
     models = list(table)
     titles = {
         "single": "one job per claim (claim 1, ack 1)",
-        "batched": "pgqueue's batched AsyncWorker",
+        "batched": "batched claims and acks",
     }
     fig, axes = plt.subplots(1, len(models) + 1, figsize=(5.4 * (len(models) + 1), 4.6))
     for ax, model in zip(axes, models, strict=False):
@@ -108,23 +108,23 @@ def plot_benchmark(data: dict[str, Any], out: Path) -> Path:
         ax.set_ylim(bottom=0)
         ax.set_xlabel("worker processes")
         ax.grid(alpha=0.3)
-    s = data["settings"]
+    s = record.parameters
     fig.suptitle(
         f"Drain {s['jobs']:,} pre-loaded no-op jobs: SKIP LOCKED vs plain FOR UPDATE "
         f"(median of {s['repeats']}, whiskers min-max)"
     )
-    _footer(fig, data)
+    _footer(fig, record)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     return _save(fig, out / "benchmark.png")
 
 
-def plot_latency(data: dict[str, Any], out: Path) -> Path:
-    table = data["results_ms"]
+def plot_latency(record: ResultRecord, out: Path) -> Path:
+    table = record.results["results_ms"]
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.4), sharey=False)
     for ax, pct in zip(axes, ("p50_ms", "p95_ms", "p99_ms"), strict=True):
         for mode, label in (
             ("notify", "LISTEN/NOTIFY (poll 1 s fallback)"),
-            ("poll", f"poll only ({data['settings']['poll_mode'].split('interval ')[-1]})"),
+            ("poll", f"poll only ({record.parameters['poll_mode'].split('interval ')[-1]})"),
         ):
             workers = [int(w) for w in table[mode]]
             ax.plot(
@@ -142,12 +142,12 @@ def plot_latency(data: dict[str, Any], out: Path) -> Path:
         ax.set_ylabel("enqueue-to-start latency (ms)")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    s = data["settings"]
+    s = record.parameters
     fig.suptitle(
         f"Enqueue-to-start latency: {s['jobs']:,} jobs at {s['rate_per_second']:g}/s "
         "from one producer (database clock)"
     )
-    _footer(fig, data)
+    _footer(fig, record)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     return _save(fig, out / "latency.png")
 
@@ -162,21 +162,21 @@ def _hbars(ax: Any, labels: list[str], stats: list[dict[str, float]], color: Any
     ax.grid(axis="x", alpha=0.3)
 
 
-def plot_enqueue(data: dict[str, Any], out: Path) -> Path:
-    table = data["results_jobs_per_second"]
+def plot_enqueue(record: ResultRecord, out: Path) -> Path:
+    table = record.results["results_jobs_per_second"]
     labels = list(table)
     fig, ax = plt.subplots(figsize=(9, 4.2))
     _hbars(ax, labels, [table[k] for k in labels], "tab:green")
     ax.set_xscale("log")
     ax.set_xlabel("jobs/s (log scale)")
-    ax.set_title(f"Enqueue throughput, median of {data['settings']['repeats']}")
-    _footer(fig, data)
+    ax.set_title(f"Enqueue throughput, median of {record.parameters['repeats']}")
+    _footer(fig, record)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     return _save(fig, out / "enqueue.png")
 
 
-def plot_compare(data: dict[str, Any], out: Path) -> Path:
-    table = data["results"]
+def plot_compare(record: ResultRecord, out: Path) -> Path:
+    table = record.results["systems"]
     labels = list(table)
     stats = [table[k]["drain_jobs_per_second"] for k in labels]
     colors = ["tab:blue" if table[k]["system"] == "pgqueue" else "tab:gray" for k in labels]
@@ -184,17 +184,17 @@ def plot_compare(data: dict[str, Any], out: Path) -> Path:
     _hbars(ax, [f"{k} ({table[k]['version']})" for k in labels], stats, colors)
     ax.set_xlim(right=max(s["max"] for s in stats) * 1.2)
     ax.set_xlabel("jobs/s, first start to last completion (each system's own timestamps)")
-    s = data["settings"]
+    s = record.parameters
     ax.set_title(
         f"Drain {s['jobs']:,} pre-loaded no-op jobs with 1 worker process, median of {s['repeats']}"
     )
-    _footer(fig, data)
+    _footer(fig, record)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     return _save(fig, out / "compare.png")
 
 
-def plot_history(data: dict[str, Any], out: Path) -> Path:
-    rows = data["sizes"]
+def plot_history(record: ResultRecord, out: Path) -> Path:
+    rows = record.results["sizes"]
     labels = [f"{r['finished_jobs']:,}" for r in rows]
     x = list(range(len(rows)))
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.4))
@@ -234,7 +234,7 @@ def plot_history(data: dict[str, Any], out: Path) -> Path:
         ax.set_xlabel("finished jobs in the table")
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle("Does history slow pgqueue down? (median, min-max)")
-    _footer(fig, data)
+    _footer(fig, record)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     return _save(fig, out / "history.png")
 
@@ -260,79 +260,103 @@ def _cell(s: dict[str, float], fmt: str = ",.0f") -> str:
     return f"{format(s['median'], fmt)} ({format(s['min'], fmt)}-{format(s['max'], fmt)})"
 
 
+def _benchmark_tables(b: ResultRecord) -> list[str]:
+    out: list[str] = []
+    for model, table in b.results["results_jobs_per_second"].items():
+        out += [
+            f"\nbenchmark.json, model {model} (jobs/s, median (min-max) of "
+            f"{b.parameters['repeats']}; ratio per round):\n",
+            "| worker processes | FOR UPDATE SKIP LOCKED | plain FOR UPDATE | ratio |",
+            "|---:|---:|---:|---:|",
+        ]
+        for w, cell in table.items():
+            r = cell["ratio_skip_locked_to_for_update"]
+            out.append(
+                f"| {w} | {_cell(cell['skip_locked'])} | {_cell(cell['for_update'])} "
+                f"| {_cell(r, '.2f')} |"
+            )
+    return out
+
+
+def _latency_table(la: ResultRecord) -> list[str]:
+    out = [
+        "\nlatency.json (ms):\n",
+        "| worker processes | NOTIFY p50 | p95 | p99 | poll only p50 | p95 | p99 |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    t = la.results["results_ms"]
+    for w in t["notify"]:
+        n, p = t["notify"][w], t["poll"][w]
+        out.append(
+            f"| {w} | {n['p50_ms']:.1f} | {n['p95_ms']:.1f} | {n['p99_ms']:.1f} "
+            f"| {p['p50_ms']:.1f} | {p['p95_ms']:.1f} | {p['p99_ms']:.1f} |"
+        )
+    return out
+
+
+def _enqueue_table(e: ResultRecord) -> list[str]:
+    out = ["\nenqueue.json (jobs/s):\n", "| row | jobs/s |", "|---|---:|"]
+    for name, s in e.results["results_jobs_per_second"].items():
+        out.append(f"| {name} | {_cell(s)} |")
+    return out
+
+
+def _history_table(h: ResultRecord) -> list[str]:
+    out = [
+        "\nhistory.json (x = ratio to the empty control database, measured alongside):\n",
+        "| finished jobs | table MB | claim+ack batch 100 (jobs/s) | x "
+        "| AsyncWorker 1 process (jobs/s) | x | GET /metrics (ms) | GET /healthz (ms) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in h.results["sizes"]:
+        cells = []
+        for key in ("claim_ack_batch_100", "worker_1_process"):
+            vs = r.get(f"{key}_vs_control")
+            cells += [_cell(r[key]), _cell(vs, ".2f") if vs else ""]
+        control = r.get("healthz_control_ms")
+        out.append(
+            f"| {r['finished_jobs']:,} | {r['table_mb']} | {' | '.join(cells)} "
+            f"| {_cell(r['metrics_scrape_ms'], '.2f')} "
+            f"| {_cell(control, '.2f') if control else ''} |"
+        )
+    ratios = ", ".join(f"{k} {v:.2f}" for k, v in h.results["ratio_largest_to_empty"].items())
+    out.append(f"\nlargest / none: {ratios}")
+    return out
+
+
+def _compare_table(c: ResultRecord) -> list[str]:
+    out = [
+        "\ncompare.json:\n",
+        "| system | version | drain jobs/s | ratio to pgqueue | bulk enqueue jobs/s |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for label, r in c.results["systems"].items():
+        out.append(
+            f"| {label} | {r['version']} | {_cell(r['drain_jobs_per_second'])} "
+            f"| {_cell(r['ratio_to_pgqueue'], '.3f')} "
+            f"| {_cell(r['bulk_enqueue_jobs_per_second'])} |"
+        )
+    for label, why in c.results.get("skipped", {}).items():
+        out.append(f"\n{label} skipped: {why.splitlines()[0] if why else ''}")
+    return out
+
+
+TABLES = {
+    "benchmark": _benchmark_tables,
+    "latency": _latency_table,
+    "enqueue": _enqueue_table,
+    "history": _history_table,
+    "compare": _compare_table,
+}
+
+
 def markdown(folder: Path) -> str:
     """The result tables as Markdown, from the JSON files only."""
     out: list[str] = []
-    b = _load(folder, "benchmark")
-    if b:
-        for model, table in b["results_jobs_per_second"].items():
-            out += [
-                f"\nbenchmark.json, model {model} (jobs/s, median (min-max) of "
-                f"{b['settings']['repeats']}; ratio per round):\n",
-                "| worker processes | FOR UPDATE SKIP LOCKED | plain FOR UPDATE | ratio |",
-                "|---:|---:|---:|---:|",
-            ]
-            for w, cell in table.items():
-                r = cell["ratio_skip_locked_to_for_update"]
-                out.append(
-                    f"| {w} | {_cell(cell['skip_locked'])} | {_cell(cell['for_update'])} "
-                    f"| {_cell(r, '.2f')} |"
-                )
-    la = _load(folder, "latency")
-    if la:
-        out += [
-            "\nlatency.json (ms):\n",
-            "| worker processes | NOTIFY p50 | p95 | p99 | poll only p50 | p95 | p99 |",
-            "|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        t = la["results_ms"]
-        for w in t["notify"]:
-            n, p = t["notify"][w], t["poll"][w]
-            out.append(
-                f"| {w} | {n['p50_ms']:.1f} | {n['p95_ms']:.1f} | {n['p99_ms']:.1f} "
-                f"| {p['p50_ms']:.1f} | {p['p95_ms']:.1f} | {p['p99_ms']:.1f} |"
-            )
-    e = _load(folder, "enqueue")
-    if e:
-        out += ["\nenqueue.json (jobs/s):\n", "| row | jobs/s |", "|---|---:|"]
-        for name, s in e["results_jobs_per_second"].items():
-            out.append(f"| {name} | {_cell(s)} |")
-    h = _load(folder, "history")
-    if h:
-        out += [
-            "\nhistory.json (x = ratio to the empty control database, measured alongside):\n",
-            "| finished jobs | table MB | claim+ack batch 100 (jobs/s) | x "
-            "| AsyncWorker 1 process (jobs/s) | x | GET /metrics (ms) | GET /healthz (ms) |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for r in h["sizes"]:
-            cells = []
-            for key in ("claim_ack_batch_100", "worker_1_process"):
-                vs = r.get(f"{key}_vs_control")
-                cells += [_cell(r[key]), _cell(vs, ".2f") if vs else ""]
-            control = r.get("healthz_control_ms")
-            out.append(
-                f"| {r['finished_jobs']:,} | {r['table_mb']} | {' | '.join(cells)} "
-                f"| {_cell(r['metrics_scrape_ms'], '.2f')} "
-                f"| {_cell(control, '.2f') if control else ''} |"
-            )
-        ratios = ", ".join(f"{k} {v:.2f}" for k, v in h["ratio_largest_to_empty"].items())
-        out.append(f"\nlargest / none: {ratios}")
-    c = _load(folder, "compare")
-    if c:
-        out += [
-            "\ncompare.json:\n",
-            "| system | version | drain jobs/s | ratio to pgqueue | bulk enqueue jobs/s |",
-            "|---|---|---:|---:|---:|",
-        ]
-        for label, r in c["results"].items():
-            out.append(
-                f"| {label} | {r['version']} | {_cell(r['drain_jobs_per_second'])} "
-                f"| {_cell(r['ratio_to_pgqueue'], '.3f')} "
-                f"| {_cell(r['bulk_enqueue_jobs_per_second'])} |"
-            )
-        for label, why in c.get("skipped", {}).items():
-            out.append(f"\n{label} skipped: {why.splitlines()[0] if why else ''}")
+    for name, tables in TABLES.items():
+        record = _load(folder, name)
+        if record is not None:
+            out += tables(record)
     return "\n".join(out)
 
 
@@ -349,9 +373,9 @@ def main(argv: list[str] | None = None) -> list[Path]:
     out = Path(args.out_dir) if args.out_dir else folder
     written = []
     for name, plot in PLOTS.items():
-        data = _load(folder, name)
-        if data is not None:
-            written.append(plot(data, out))
+        record = _load(folder, name)
+        if record is not None:
+            written.append(plot(record, out))
     return written
 
 

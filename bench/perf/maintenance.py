@@ -1,7 +1,8 @@
 """What the reaper and the pruner cost when every worker runs them, against
 an elected leader. The worker issue asks for whichever measures cheaper.
 
-    python -m bench.maintenance [--running 500] [--finished 1000000] [--calls 2000]
+    python -m bench.perf.maintenance [--running 500] [--finished 1000000] [--calls 2000]
+                                     [--workers 8] [--out PATH]
 
 On a server with fsync on, a table holding RUNNING jobs with live leases (the
 workers' slots) and FINISHED jobs inside the retention window (the history),
@@ -26,7 +27,8 @@ from typing import Any
 
 import psycopg
 
-from bench.common import bench_database, server_info, summary, write_result
+from bench.common import bench_database, summary
+from bench.record import ResultRecord, command_line, server_info, write_result
 from pgqueue import Settings
 from pgqueue.sql import QUERIES
 
@@ -66,7 +68,7 @@ def time_calls(
     return out
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def main(argv: list[str] | None = None) -> ResultRecord:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--running", type=int, default=500)
     parser.add_argument("--finished", type=int, default=1_000_000)
@@ -105,14 +107,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "every_worker_ms": p * reap_ms,
         "elected_leader_ms": (p - 1) * lock_ms + reap_ms,
     }
-    payload = {
-        "command": "python -m bench.maintenance",
-        "settings": vars(args),
-        "server": server,
-        "statement_ms": medians,
-        "per_reap_interval_for_workers": {"workers": p, **per_interval},
-    }
-    path = write_result("maintenance", payload, args.out)
+    record = ResultRecord(
+        name="maintenance",
+        command=command_line(__spec__, argv),
+        server=server,
+        parameters=vars(args),
+        results={
+            "statement_ms": medians,
+            "per_reap_interval_for_workers": {"workers": p, **per_interval},
+        },
+    )
+    path = write_result(record, args.out)
     print(f"{args.running} running, {args.finished:,} finished jobs; median of {args.calls} calls")
     for name, stats in medians.items():
         print(f"  {name:<26} {stats['median']:.3f} ms  ({stats['min']:.3f}-{stats['max']:.3f})")
@@ -121,7 +126,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f" elected leader {per_interval['elected_leader_ms']:.2f} ms"
     )
     print(f"-> {path}")
-    return payload
+    return record
 
 
 if __name__ == "__main__":

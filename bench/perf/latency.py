@@ -1,7 +1,7 @@
 """Enqueue-to-start latency at a fixed enqueue rate, NOTIFY on vs poll only.
 
-    python -m bench.latency [--jobs 1000] [--rate 100] [--workers 1,2,4,8,16,32]
-                            [--poll-off 0.05] [--repeats 1] [--out PATH]
+    python -m bench.perf.latency [--jobs 1000] [--rate 100] [--workers 1,2,4,8,16,32]
+                                 [--poll-off 0.05] [--repeats 1] [--out PATH]
 
 On a fresh server on disk (fsync and synchronous_commit on): W worker
 processes (forked, each an ``AsyncWorker`` with the no-op handler, SKIP
@@ -24,63 +24,15 @@ Writes results/latency.json.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import multiprocessing as mp
 import statistics
-import sys
 import time
-from multiprocessing.synchronize import Barrier, Event
-from typing import Any
 
-import psycopg
-
-from bench.common import bench_database, server_info, start_latency_percentiles, write_result
-from bench.worker_throughput import clear
+from bench.common import bench_database, clear, start_latency_percentiles
+from bench.record import ResultRecord, command_line, server_info, write_result
+from bench.workers import async_workers, wait_connected, wait_drained
 from pgqueue import Queue, Settings
 
 MODES = ("notify", "poll")
-TIMEOUT = 600.0
-
-
-def _worker(url: str, listen: bool, poll: float, barrier: Barrier, done: Event, name: str) -> None:
-    from pgqueue.worker import AsyncWorker
-
-    async def noop(job: Any) -> None:
-        return None
-
-    settings = Settings(database_url=url, poll_interval_seconds=poll)
-
-    async def main() -> None:
-        worker = AsyncWorker({"noop": noop}, settings=settings, name=name, listen=listen)
-        barrier.wait(120)
-        runner = asyncio.create_task(worker.run())
-        await asyncio.to_thread(done.wait, TIMEOUT)
-        await worker.stop()
-        await runner
-
-    try:
-        asyncio.run(main())
-    except BaseException:
-        barrier.abort()
-        raise
-
-
-def _wait_connected(url: str, workers: int, listen: bool) -> None:
-    """Every worker has its claim connection (and LISTEN, in notify mode)."""
-    deadline = time.monotonic() + 60
-    query = (
-        "SELECT count(*) FILTER (WHERE application_name = 'pgqueue-worker'), "
-        "count(*) FILTER (WHERE query ILIKE 'LISTEN%%') FROM pg_stat_activity"
-    )
-    with psycopg.connect(url, autocommit=True) as conn:
-        while time.monotonic() < deadline:
-            row = conn.execute(query).fetchone()
-            assert row is not None
-            if row[0] >= workers and (not listen or row[1] >= workers):
-                time.sleep(0.5)  # let the first (empty) claims and polls settle
-                return
-            time.sleep(0.05)
-    raise RuntimeError("workers did not connect")
 
 
 def run_once(
@@ -89,22 +41,9 @@ def run_once(
     clear(url)
     listen = mode == "notify"
     poll = Settings().poll_interval_seconds if listen else poll_off
-    ctx = mp.get_context("fork")
-    barrier = ctx.Barrier(workers + 1)
-    done = ctx.Event()
-    procs = [
-        ctx.Process(
-            target=_worker,
-            args=(url, listen, poll, barrier, done, f"latency-{mode}-{i}"),
-            daemon=True,
-        )
-        for i in range(workers)
-    ]
-    for p in procs:
-        p.start()
-    try:
-        barrier.wait(120)
-        _wait_connected(url, workers, listen)
+    settings = Settings(database_url=url, poll_interval_seconds=poll)
+    with async_workers(workers, settings, name=f"latency-{mode}", listen=listen) as procs:
+        wait_connected(url, workers, listen=listen)
         with Queue(url, settings=Settings(database_url=url, pool_min_size=1, pool_max_size=1)) as q:
             interval = 1.0 / per_second
             start = time.monotonic()
@@ -114,21 +53,7 @@ def run_once(
                     time.sleep(pause)
                 q.enqueue("noop")
             produce_seconds = time.monotonic() - start
-            deadline = time.monotonic() + TIMEOUT
-            while True:
-                row = q.read("queue_stats")
-                if not any(r["queued"] or r["running"] or r["scheduled"] for r in row):
-                    break
-                if time.monotonic() > deadline:
-                    raise RuntimeError("jobs did not finish")
-                time.sleep(0.05)
-    finally:
-        done.set()
-        for p in procs:
-            p.join(60)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        wait_drained(url, jobs, procs)
     return {**start_latency_percentiles(url, jobs), "achieved_rate": jobs / produce_seconds}
 
 
@@ -136,7 +61,7 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def main(argv: list[str] | None = None) -> ResultRecord:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--rate", type=float, default=100.0)
@@ -179,11 +104,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         }
         for mode in MODES
     }
-    payload: dict[str, Any] = {
-        "command": "python -m bench.latency "
-        + " ".join(argv if argv is not None else sys.argv[1:]),
-        "server": info,
-        "settings": {
+    record = ResultRecord(
+        name="latency",
+        command=command_line(__spec__, argv),
+        server=info,
+        parameters={
             "jobs": args.jobs,
             "rate_per_second": args.rate,
             "workers": args.workers,
@@ -194,10 +119,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "latency": "started_at - run_at, database clock (includes the producer's commit)",
             "claim": "SKIP LOCKED",
         },
-        "elapsed_seconds": elapsed,
-        "results_ms": table,
-    }
-    path = write_result("latency", payload, args.out)
+        results={"elapsed_seconds": elapsed, "results_ms": table},
+    )
+    path = write_result(record, args.out)
     print(
         f"\nenqueue-to-start latency (ms), {args.jobs} jobs at {args.rate:g}/s"
         + (f", median of {args.repeats} runs" if args.repeats > 1 else "")
@@ -210,7 +134,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             cells.append(f"{s['p50_ms']:6.1f} {s['p95_ms']:6.1f} {s['p99_ms']:6.1f}")
         print(f"{w:>7}  {cells[0]:>24}  {cells[1]:>24}")
     print(f"\n{elapsed:,.0f} s; written to {path}")
-    return payload
+    return record
 
 
 if __name__ == "__main__":

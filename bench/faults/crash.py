@@ -1,23 +1,25 @@
 """Crash test: worker processes SIGKILLed mid-job, and nothing is lost.
 
-    python -m bench.crash [--jobs 1000] [--workers 6] [--kill-every 0.3] [--seed 1] [--out PATH]
+    python -m bench.faults.crash [--jobs 1000] [--workers 6] [--kill-every 0.3] [--seed 1]
+                                 [--log-dir DIR] [--out PATH]
 
 A fresh server on disk with default durability (fsync and synchronous_commit
 on; or DATABASE_URL). JOBS jobs are enqueued, then WORKERS worker processes
-(``run_from_cli``, what ``pgqueue worker`` runs; concurrency 1) run the fault
-handlers: each run inserts a
-delivery row on its own connection, then works 10-50 ms. Every KILL_EVERY
+(``pgqueue worker``, concurrency 1) run the fault handlers
+(``harness.fault_tasks``): each run inserts a delivery row on its own
+connection, then works 10-50 ms. Every KILL_EVERY
 seconds a random worker gets SIGKILL and a new one is started in its place,
 until every job has succeeded. Replacements are spares started ahead of
 time, already imported (a cold start costs about a second of CPU on a
 2-core machine, longer than the kill interval). Leases are short (1 s, heartbeat 0.3 s, reaper
 every 0.5 s) so that killed workers' jobs come back quickly.
 
-Only workers that have claimed at least one job are killed (a worker still
-importing is not mid-job). Just before each kill, the jobs the victim holds
-are counted (``state = 'running' AND worker = its name``); a worker can finish or claim
-a job between that query and the kill, so "holding a job" is close to, not
-exactly, the number of interrupted attempts. The expired leases are the
+Only workers that have started a handler at least once are killed (a
+worker still importing is not mid-job). Just before each kill, the jobs the
+victim holds are counted: running jobs whose current lease token its
+handler has delivered (the delivery rows name the worker's pid). A worker
+can finish or claim a job between that query and the kill, so "holding a
+job" is close to, not exactly, the number of interrupted attempts. The expired leases are the
 failed attempts (the handler never raises here, so every failure is a lease
 the reaper took back).
 
@@ -33,13 +35,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
 
-from bench.common import bench_database, server_info, write_result
-from bench.fault_tasks import create_deliveries, release, scalar, spawn_worker, stop_worker
-from bench.invariants import check
+from bench.common import bench_database
+from bench.record import ResultRecord, command_line, server_info, write_result
+from harness.fault_tasks import create_deliveries, release, scalar, spawn_worker, stop_worker
+from harness.invariants import check
 from pgqueue import Queue, Settings
 
 WORKER_SETTINGS: dict[str, Any] = {
@@ -52,16 +55,22 @@ WORKER_SETTINGS: dict[str, Any] = {
     "shutdown_timeout_seconds": 5,
 }
 MAX_ATTEMPTS = 10
-# Replacement workers kept imported and waiting (see fault_tasks.spawn_worker).
+# Replacement workers kept imported and waiting (see harness.fault_tasks.spawn_worker).
 SPARES = 3
 
 
+def _count(conn: psycopg.Connection[Any], query: LiteralString) -> int:
+    row = conn.execute(query).fetchone()
+    return int(row[0]) if row else 0
+
+
 def _holding(conn: psycopg.Connection[Any]) -> dict[int, int]:
-    """Per worker pid that has claimed at least once: the jobs it holds now.
-    (Worker names are host:pid:random; the row keeps the last claimer's.)"""
+    """Per worker pid whose handler has run at least once: the jobs it holds
+    now (running, on the lease its handler was delivered)."""
     rows = conn.execute(
-        "SELECT split_part(worker, ':', 2)::int, count(*) FILTER (WHERE state = 'running')"
-        " FROM pgqueue_jobs WHERE worker IS NOT NULL GROUP BY 1"
+        "SELECT d.worker_pid,"
+        " count(*) FILTER (WHERE j.state = 'running' AND j.lease_token = d.token)"
+        " FROM fault_deliveries d JOIN pgqueue_jobs j ON j.id = d.job_id GROUP BY 1"
     ).fetchall()
     return {pid: n for pid, n in rows}
 
@@ -120,18 +129,14 @@ def run(
     conn = psycopg.connect(url, autocommit=True)
     try:
         # Kill from the first claim on, not while the workers are still importing.
-        while (
-            conn.execute("SELECT count(*) FROM pgqueue_jobs WHERE attempts > 0").fetchone()[0] == 0
-        ):  # type: ignore[index]
+        while _count(conn, "SELECT count(*) FROM pgqueue_jobs WHERE attempts > 0") == 0:
             if time.monotonic() - started > 60:
                 raise TimeoutError("no worker claimed anything within 60 s")
             time.sleep(0.02)
         first_claim = time.monotonic()
         next_kill = first_claim + kill_every
         while True:
-            left = conn.execute(
-                "SELECT count(*) FROM pgqueue_jobs WHERE state <> 'succeeded'"
-            ).fetchone()[0]  # type: ignore[index]
+            left = _count(conn, "SELECT count(*) FROM pgqueue_jobs WHERE state <> 'succeeded'")
             if left == 0:
                 break
             if time.monotonic() - started > timeout:
@@ -139,7 +144,7 @@ def run(
             if (max_kills is None or len(kills) < max_kills) and time.monotonic() >= next_kill:
                 next_kill += kill_every
                 holding = _holding(conn)
-                # Only workers that have claimed: killing one still importing proves nothing.
+                # Only workers that have run a job: killing one still importing proves nothing.
                 working = [i for i, p in enumerate(procs) if p.pid in holding]
                 if not working:
                     continue
@@ -222,9 +227,8 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             log_dir=args.log_dir,
         )
-    result["server"] = server
-    result["command"] = "python -m bench.crash " + " ".join(sys.argv[1:] if argv is None else argv)
-    path = write_result("crash", result, args.out)
+    record = ResultRecord.from_report("crash", command_line(__spec__, argv), server, result)
+    path = write_result(record, args.out)
     print(
         f"crash: {result['jobs_succeeded']}/{args.jobs} succeeded, "
         f"never delivered {result['jobs_never_delivered']}, "

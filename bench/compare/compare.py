@@ -1,7 +1,7 @@
 """pgqueue vs procrastinate vs PgQueuer: the same drain, one worker process each.
 
-    python -m bench.compare [--jobs 5000] [--repeats 3]
-                            [--systems pgqueue,procrastinate,pgqueuer] [--out PATH]
+    python -m bench.compare.compare [--jobs 5000] [--repeats 3]
+                                    [--systems pgqueue,procrastinate,pgqueuer] [--out PATH]
 
 One PostgreSQL server on disk (fsync and synchronous_commit on), one database
 per system on it. Each round, for each system in turn: JOBS no-op jobs are
@@ -48,11 +48,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
-from bench.benchmark import drain
-from bench.common import bench_database, server_info, summary, write_result
+from bench.common import bench_database, summary
+from bench.record import ResultRecord, command_line, server_info, write_result
+from bench.workers import drain
 from pgqueue import Settings
 
-ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
 SYSTEMS = ("pgqueue", "procrastinate", "pgqueuer")
 # What pip installs into each competitor's virtualenv.
 REQUIREMENTS = {
@@ -140,7 +142,7 @@ def database_url(url: str, name: str) -> str:
 
 def run_helper(python: Path, script: str, args: list[str]) -> dict[str, Any]:
     done = subprocess.run(
-        [str(python), str(ROOT / "bench" / script), *args],
+        [str(python), str(HERE / script), *args],
         capture_output=True,
         text=True,
         timeout=RUN_TIMEOUT,
@@ -209,7 +211,8 @@ def variants(args: argparse.Namespace, systems: list[str]) -> list[dict[str, Any
     return rows
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def _arguments(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    """The options, and the systems to run (pgqueue first: the baseline)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=5000)
     parser.add_argument("--repeats", type=int, default=3)
@@ -238,9 +241,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             parser.error(f"unknown system {s!r}")
     if "pgqueue" not in systems:
         parser.error("pgqueue is the baseline: it must be in --systems")
-    systems = [s for s in SYSTEMS if s in systems]  # pgqueue first: the baseline
-    venv_dir = Path(args.venv_dir)
+    return args, [s for s in SYSTEMS if s in systems]
 
+
+def _interpreters(
+    systems: list[str], venv_dir: Path
+) -> tuple[dict[str, Path], dict[str, str], dict[str, str]]:
+    """Each competitor's interpreter and every system's version; the
+    competitors that could not be installed, with why."""
     pythons: dict[str, Path] = {}
     versions: dict[str, str] = {"pgqueue": metadata.version("pgqueue")}
     skipped: dict[str, str] = {}
@@ -254,13 +262,74 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         else:
             pythons[system] = python
             versions[system] = detail
+    return pythons, versions, skipped
+
+
+def _drain_pgqueue(url: str, jobs: int, concurrency: int) -> tuple[float, float, float]:
+    """One AsyncWorker process: (database-clock rate, wall rate, enqueue rate)."""
+    timings: dict[str, float] = {}
+    began = time.perf_counter()
+    rate = drain(url, jobs, concurrency=concurrency, timings=timings)
+    seconds = time.perf_counter() - began - timings["enqueue_seconds"]
+    return rate, jobs / seconds, jobs / timings["enqueue_seconds"]
+
+
+def _drain_competitor(
+    python: Path, url: str, row: dict[str, Any], install: bool
+) -> tuple[float, float, float]:
+    """The competitor's runner in its virtualenv: the same three rates."""
+    out = run_helper(
+        python, f"_{row['system']}.py", [url, *row["cli"], *(["--install"] if install else [])]
+    )
+    return out["rate_db"], out["rate_wall"], out["enqueue_per_second"]
+
+
+def _summary_table(
+    rows: list[dict[str, Any]], versions: dict[str, str], runs: dict[str, dict[str, list[float]]]
+) -> dict[str, Any]:
+    """label -> the row's description and the summaries of its runs."""
+    return {
+        r["label"]: {
+            "system": r["system"],
+            "version": versions.get(r["system"]),
+            "worker": r["worker"],
+            "enqueue": r["enqueue"],
+            "drain_jobs_per_second": summary(runs["rate"][r["label"]])
+            | {"runs": runs["rate"][r["label"]]},
+            "drain_wall_jobs_per_second": summary(runs["wall"][r["label"]]),
+            "bulk_enqueue_jobs_per_second": summary(runs["enqueue"][r["label"]]),
+            "ratio_to_pgqueue": summary(runs["ratio"][r["label"]]),
+        }
+        for r in rows
+        if runs["rate"][r["label"]]
+    }
+
+
+def _print_table(table: dict[str, Any], skipped: dict[str, str], jobs: int, repeats: int) -> None:
+    print(
+        f"\n{jobs} jobs, 1 worker process; median of {repeats} (min-max); "
+        "ratio to pgqueue within each round"
+    )
+    print(f"{'':>20} {'version':>8}  {'drain jobs/s':>24}  {'ratio':>5}")
+    for label, r in table.items():
+        d = r["drain_jobs_per_second"]
+        print(
+            f"{label:>20} {r['version'] or '':>8}  "
+            f"{d['median']:>8,.0f} ({d['min']:,.0f}-{d['max']:,.0f})  "
+            f"{r['ratio_to_pgqueue']['median']:>5.2f}"
+        )
+    for label, why in skipped.items():
+        print(f"{label:>20}: skipped ({why.splitlines()[0][:120] if why else ''})")
+
+
+def main(argv: list[str] | None = None) -> ResultRecord:
+    args, systems = _arguments(argv)
+    pythons, versions, skipped = _interpreters(systems, Path(args.venv_dir))
     rows = [r for r in variants(args, systems) if r["system"] not in skipped]
     baseline = rows[0]["label"]  # pgqueue with the first --pgqueue-concurrency
-
-    rates: dict[str, list[float]] = {r["label"]: [] for r in rows}
-    walls: dict[str, list[float]] = {r["label"]: [] for r in rows}
-    enqueues: dict[str, list[float]] = {r["label"]: [] for r in rows}
-    ratios: dict[str, list[float]] = {r["label"]: [] for r in rows}
+    runs: dict[str, dict[str, list[float]]] = {
+        kind: {r["label"]: [] for r in rows} for kind in ("rate", "wall", "enqueue", "ratio")
+    }
     started = time.monotonic()
     with bench_database("compare") as url:
         info = server_info(url)
@@ -274,33 +343,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     continue
                 try:
                     if system == "pgqueue":
-                        timings: dict[str, float] = {}
-                        began = time.perf_counter()
-                        rate = drain(
-                            url, args.jobs, 1, "batched", True, row["concurrency"], timings
-                        )
-                        seconds = time.perf_counter() - began - timings["enqueue_seconds"]
-                        wall = args.jobs / seconds
-                        enqueue = args.jobs / timings["enqueue_seconds"]
+                        rate, wall, enqueue = _drain_pgqueue(url, args.jobs, row["concurrency"])
                     else:
-                        extra = [] if system in installed else ["--install"]
-                        out = run_helper(
-                            pythons[system],
-                            f"_compare_{system}.py",
-                            [urls[system], *row["cli"], *extra],
+                        rate, wall, enqueue = _drain_competitor(
+                            pythons[system], urls[system], row, system not in installed
                         )
                         installed.add(system)
-                        rate = out["rate_db"]
-                        wall = out["rate_wall"]
-                        enqueue = out["enqueue_per_second"]
                 except (RuntimeError, subprocess.TimeoutExpired, ValueError) as exc:
                     print(f"SKIPPED {label}: {exc}", flush=True)
                     skipped[label] = str(exc)[-2000:]
                     continue
                 round_rates[label] = rate
-                rates[label].append(rate)
-                walls[label].append(wall)
-                enqueues[label].append(enqueue)
+                for kind, value in (("rate", rate), ("wall", wall), ("enqueue", enqueue)):
+                    runs[kind][label].append(value)
                 print(
                     f"round {repeat + 1}/{args.repeats} {label:>20}: {rate:>9,.0f} jobs/s "
                     f"(wall {wall:,.0f}; bulk enqueue {enqueue:,.0f}/s) "
@@ -309,28 +364,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 )
             if baseline in round_rates:
                 for label, rate in round_rates.items():
-                    ratios[label].append(rate / round_rates[baseline])
+                    runs["ratio"][label].append(rate / round_rates[baseline])
     elapsed = time.monotonic() - started
-
-    results = {
-        r["label"]: {
-            "system": r["system"],
-            "version": versions.get(r["system"]),
-            "worker": r["worker"],
-            "enqueue": r["enqueue"],
-            "drain_jobs_per_second": summary(rates[r["label"]]) | {"runs": rates[r["label"]]},
-            "drain_wall_jobs_per_second": summary(walls[r["label"]]),
-            "bulk_enqueue_jobs_per_second": summary(enqueues[r["label"]]),
-            "ratio_to_pgqueue": summary(ratios[r["label"]]),
-        }
-        for r in rows
-        if rates[r["label"]]
-    }
-    payload: dict[str, Any] = {
-        "command": "python -m bench.compare "
-        + " ".join(argv if argv is not None else sys.argv[1:]),
-        "server": info,
-        "settings": {
+    table = _summary_table(rows, versions, runs)
+    record = ResultRecord(
+        name="compare",
+        command=command_line(__spec__, argv),
+        server=info,
+        parameters={
             "jobs": args.jobs,
             "repeats": args.repeats,
             "systems": systems,
@@ -338,27 +379,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "rate": "jobs / (last completion - first start), each system's own database timestamps",
             "ratio": f"row / {baseline}, within each round; median (min-max) over rounds",
         },
-        "elapsed_seconds": elapsed,
-        "results": results,
-        "skipped": skipped,
-    }
-    path = write_result("compare", payload, args.out)
-    print(
-        f"\n{args.jobs} jobs, 1 worker process; median of {args.repeats} (min-max); "
-        "ratio to pgqueue within each round"
+        results={"elapsed_seconds": elapsed, "systems": table, "skipped": skipped},
     )
-    print(f"{'':>20} {'version':>8}  {'drain jobs/s':>24}  {'ratio':>5}")
-    for label, r in results.items():
-        d = r["drain_jobs_per_second"]
-        print(
-            f"{label:>20} {r['version'] or '':>8}  "
-            f"{d['median']:>8,.0f} ({d['min']:,.0f}-{d['max']:,.0f})  "
-            f"{r['ratio_to_pgqueue']['median']:>5.2f}"
-        )
-    for label, why in skipped.items():
-        print(f"{label:>20}: skipped ({why.splitlines()[0][:120] if why else ''})")
+    path = write_result(record, args.out)
+    _print_table(table, skipped, args.jobs, args.repeats)
     print(f"\n{elapsed:,.0f} s; written to {path}")
-    return payload
+    return record
 
 
 if __name__ == "__main__":

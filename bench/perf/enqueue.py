@@ -1,6 +1,6 @@
 """Enqueue throughput: library calls and the HTTP API, in one run.
 
-    python -m bench.enqueue [--jobs 1000] [--many-jobs 20000] [--repeats 3] [--out PATH]
+    python -m bench.perf.enqueue [--jobs 1000] [--many-jobs 20000] [--repeats 3] [--out PATH]
 
 On a fresh server on disk (fsync and synchronous_commit on), each repeat runs,
 with the table emptied before each:
@@ -13,8 +13,8 @@ with the table emptied before each:
     client processes with 8 requests in flight each (api_enqueue's default);
   * http_batch_100_4_in_flight / http_batch_1000_2_in_flight: POST /jobs/batch
     of 100 (1000) jobs per request, MANY_JOBS jobs, 4 (2) requests in flight.
-The library rows reuse bench/core.py's functions, the HTTP rows
-bench/api_enqueue.py's (one uvicorn process via ``pgqueue.api.serve``, auth
+The library rows reuse bench/perf/core.py's functions, the HTTP rows
+bench/perf/api_enqueue.py's (one uvicorn process, ``pgqueue api``, auth
 on, httpx.AsyncClient clients, all on the same 2 cores).
 Writes results/enqueue.json.
 """
@@ -22,13 +22,11 @@ Writes results/enqueue.json.
 from __future__ import annotations
 
 import argparse
-import sys
-from typing import Any
 
-from bench.api_enqueue import api_server, batch_rate, single_rate
-from bench.common import bench_database, server_info, summary, write_result
-from bench.core import enqueue_many_rate, single_enqueue_rate, transactional_enqueue_rate
-from bench.worker_throughput import clear
+from bench.common import bench_database, clear, summary
+from bench.perf.api_enqueue import api_server, batch_rate, single_rate
+from bench.perf.core import enqueue_many_rate, single_enqueue_rate, transactional_enqueue_rate
+from bench.record import ResultRecord, command_line, server_info, write_result
 from pgqueue import Queue, Settings
 
 ROWS = (
@@ -42,7 +40,7 @@ ROWS = (
 )
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def main(argv: list[str] | None = None) -> ResultRecord:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=1000, help="jobs per one-at-a-time row")
     parser.add_argument("--many-jobs", type=int, default=20_000, help="jobs per bulk row")
@@ -52,7 +50,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     runs: dict[str, list[float]] = {name: [] for name in ROWS}
 
-    def record(name: str, rate: float) -> None:
+    def note(name: str, rate: float) -> None:
         runs[name].append(rate)
         print(f"  {name:<24} {rate:>10,.0f} jobs/s", flush=True)
 
@@ -63,40 +61,40 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for repeat in range(args.repeats):
                 print(f"repeat {repeat + 1}/{args.repeats}", flush=True)
                 clear(url)
-                record("single", single_enqueue_rate(queue, args.jobs))
+                note("single", single_enqueue_rate(queue, args.jobs))
                 clear(url)
-                record("enqueue_many", enqueue_many_rate(queue, args.many_jobs))
+                note("enqueue_many", enqueue_many_rate(queue, args.many_jobs))
                 clear(url)
-                record("transactional", transactional_enqueue_rate(queue, url, args.jobs))
+                note("transactional", transactional_enqueue_rate(queue, url, args.jobs))
                 clear(url)
-                record("http_single", single_rate(api, args.jobs, 1, 1))
+                note("http_single", single_rate(api, args.jobs, 1, 1))
                 clear(url)
-                record("http_single_4_clients_x8_in_flight", single_rate(api, args.jobs * 2, 4, 8))
+                note("http_single_4_clients_x8_in_flight", single_rate(api, args.jobs * 2, 4, 8))
                 clear(url)
-                record("http_batch_100_4_in_flight", batch_rate(api, args.many_jobs, 100, 4))
+                note("http_batch_100_4_in_flight", batch_rate(api, args.many_jobs, 100, 4))
                 clear(url)
-                record("http_batch_1000_2_in_flight", batch_rate(api, args.many_jobs, 1000, 2))
+                note("http_batch_1000_2_in_flight", batch_rate(api, args.many_jobs, 1000, 2))
 
     results = {name: summary(v) | {"runs": v} for name, v in runs.items()}
-    payload: dict[str, Any] = {
-        "command": "python -m bench.enqueue "
-        + " ".join(argv if argv is not None else sys.argv[1:]),
-        "server": info,
-        "settings": {
+    record = ResultRecord(
+        name="enqueue",
+        command=command_line(__spec__, argv),
+        server=info,
+        parameters={
             "jobs": args.jobs,
             "many_jobs": args.many_jobs,
             "repeats": args.repeats,
-            "api": "bench.api_enqueue: pgqueue.api.serve (one uvicorn process, auth on, "
+            "api": "bench.perf.api_enqueue: pgqueue api (one uvicorn process, auth on, "
             "127.0.0.1); http_single: one client process, 1 in flight; 4_clients_x8: 4 "
             "client processes, 8 in flight each; batches: one client, 4 or 2 in flight",
         },
-        "results_jobs_per_second": results,
-    }
-    path = write_result("enqueue", payload, args.out)
+        results={"results_jobs_per_second": results},
+    )
+    path = write_result(record, args.out)
     print(f"\nmedian jobs/s of {args.repeats} (min-max) -> {path}")
     for name, s in results.items():
         print(f"  {name:<24} {s['median']:>10,.0f}  ({s['min']:,.0f}-{s['max']:,.0f})")
-    return payload
+    return record
 
 
 if __name__ == "__main__":

@@ -1,13 +1,13 @@
 """HTTP enqueue throughput: POST /jobs and POST /jobs/batch.
 
-    python -m bench.api_enqueue [--requests 4000] [--clients 4] [--concurrency 8] [--repeats 3]
+    python -m bench.perf.api_enqueue [--requests 4000] [--clients 4] [--concurrency 8]
+                                     [--batch-jobs 50000] [--repeats 3] [--out PATH]
 
-One uvicorn process (``pgqueue.api.serve``, exactly as ``pgqueue api`` runs
-it, with a token configured) on loopback, in front of a fresh embedded
-PostgreSQL with fsync and synchronous_commit on. The load comes from httpx
-asyncio clients keeping a fixed number of requests in flight: 4 processes
-with 8 each for POST /jobs (one process could not keep the server busy), one
-process for the batches.
+One uvicorn process (``pgqueue api``, with a token configured) on loopback,
+in front of a fresh embedded PostgreSQL with fsync and synchronous_commit
+on. The load comes from httpx asyncio clients keeping a fixed number of
+requests in flight: 4 processes with 8 each for POST /jobs (one process
+could not keep the server busy), one process for the batches.
 Client, API and database share the machine's cores, so the figures are what
 one small box does end to end, not the API's ceiling.
 
@@ -31,7 +31,8 @@ from typing import Any
 import httpx
 import psycopg
 
-from .common import bench_database, server_info, summary, write_result
+from bench.common import bench_database, summary
+from bench.record import ResultRecord, command_line, server_info, write_result
 
 TOKEN = "bench-admin-token"
 
@@ -44,16 +45,17 @@ def _free_port() -> int:
 
 @contextmanager
 def api_server(url: str, **settings: Any) -> Iterator[str]:
-    """``serve()`` in a child process; yields its base URL."""
+    """``pgqueue api`` in a child process, with the admin token TOKEN and
+    ``settings`` (as PGQUEUE_* variables); yields its base URL."""
     port = _free_port()
-    overrides = ", ".join(f"{k}={v!r}" for k, v in settings.items())
-    code = (
-        "from pgqueue import Settings; from pgqueue.api import serve; "
-        f"serve(Settings(database_url={url!r}, api_tokens=({TOKEN!r},), {overrides}), "
-        f"host='127.0.0.1', port={port})"
-    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
-    process = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL)
+    env |= {"PGQUEUE_DATABASE_URL": url, "PGQUEUE_API_TOKENS": TOKEN}
+    env |= {f"PGQUEUE_{name.upper()}": str(value) for name, value in settings.items()}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pgqueue", "api", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -138,7 +140,7 @@ def single_rate(base: str, requests: int, clients: int, concurrency: int) -> flo
     spans = [out.get(timeout=600) for _ in processes]
     for process in processes:
         process.join()
-    return share * clients / (max(end for _, end in spans) - min(begin for begin, _ in spans))
+    return float(share * clients / (max(e for _, e in spans) - min(b for b, _ in spans)))
 
 
 def batch_rate(base: str, jobs: int, batch: int, concurrency: int) -> float:
@@ -154,7 +156,7 @@ def count_jobs(url: str) -> int:
         return int(conn.execute("SELECT count(*) FROM pgqueue_jobs").fetchone()[0])  # type: ignore[index]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> ResultRecord:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=4000, help="POST /jobs per run")
     parser.add_argument("--clients", type=int, default=4, help="client processes")
@@ -162,11 +164,10 @@ def main() -> None:
     parser.add_argument("--batch-jobs", type=int, default=50_000, help="jobs per batch run")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
-    results: dict[str, Any] = {}
+    runs: dict[str, list[float]] = {"single": [], "batch_100": [], "batch_1000": []}
     with bench_database("api-enqueue") as url, api_server(url, api_max_batch=1000) as base:
-        runs: dict[str, list[float]] = {"single": [], "batch_100": [], "batch_1000": []}
         for repeat in range(args.repeats):
             runs["single"].append(single_rate(base, args.requests, args.clients, args.concurrency))
             runs["batch_100"].append(batch_rate(base, args.batch_jobs, 100, 4))
@@ -178,26 +179,29 @@ def main() -> None:
         single_jobs = args.requests // args.clients * args.clients
         expected = args.repeats * (single_jobs + 2 * args.batch_jobs)
         assert count_jobs(url) == expected, "every accepted job must be in the table"
-        results = {
-            "setup": {
-                "api_processes": 1,
-                "server": "uvicorn via pgqueue.api.serve, auth on, access log off",
-                "client": "httpx.AsyncClient processes on the same machine",
-                "requests_per_single_run": single_jobs,
-                "single_client_processes": args.clients,
-                "single_in_flight_per_process": args.concurrency,
-                "jobs_per_batch_run": args.batch_jobs,
-                "batch_100_concurrency": 4,
-                "batch_1000_concurrency": 2,
-                "payload": '{"i": <n>}',
-                "load_average_at_end": os.getloadavg(),
-            },
-            "database": server_info(url),
-            "jobs_per_second": {k: summary(v) for k, v in runs.items()},
-            "runs": runs,
-        }
-    path = write_result("api_enqueue", results, args.out)
+        info = server_info(url)
+    record = ResultRecord(
+        name="api_enqueue",
+        command=command_line(__spec__, argv),
+        server=info,
+        parameters={
+            "api_processes": 1,
+            "server": "uvicorn via pgqueue api, auth on, access log off",
+            "client": "httpx.AsyncClient processes on the same machine",
+            "requests_per_single_run": single_jobs,
+            "single_client_processes": args.clients,
+            "single_in_flight_per_process": args.concurrency,
+            "jobs_per_batch_run": args.batch_jobs,
+            "batch_100_concurrency": 4,
+            "batch_1000_concurrency": 2,
+            "payload": '{"i": <n>}',
+            "load_average_at_end": os.getloadavg(),
+        },
+        results={"jobs_per_second": {k: summary(v) for k, v in runs.items()}, "runs": runs},
+    )
+    path = write_result(record, args.out)
     print(f"wrote {path}")
+    return record
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Database restart under load: every job still succeeds.
 
-    python -m bench.restart [--jobs 500] [--workers 4] [--at 0.3] [--mode fast]
-                            [--restart-cmd "docker restart pg"] [--out PATH]
+    python -m bench.faults.restart [--jobs 500] [--workers 4] [--at 0.3] [--mode fast]
+                                   [--restart-cmd "docker restart pg"] [--out PATH]
 
 Without --restart-cmd: a fresh embedded server on disk with default
 durability (fsync and synchronous_commit on), restarted with
@@ -11,7 +11,7 @@ DATABASE_URL is used and the command is run instead (it must return once
 the server is going down or back).
 
 WORKERS ``pgqueue worker`` processes (concurrency 1) run the fault handlers
-(``bench.fault_tasks``: a delivery row on the handler's own connection, then
+(``harness.fault_tasks``: a delivery row on the handler's own connection, then
 10-50 ms of work) throughout; nobody restarts them. Reported: handler
 invocations (claims: the sum of attempts), delivery rows, failed attempts,
 how long the server took to accept connections again, and how long until
@@ -26,19 +26,21 @@ Writes results/restart.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import subprocess
 import sys
-import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 
-from bench.common import server_info, write_result
-from bench.fault_tasks import create_deliveries, scalar, spawn_worker, stop_worker, wait_for
-from bench.invariants import check
+from bench.common import bench_server, reset_database
+from bench.record import ResultRecord, command_line, server_info, write_result
+from harness.fault_tasks import create_deliveries, scalar, spawn_worker, stop_worker, wait_for
+from harness.invariants import check
 from pgqueue import Queue, Settings, migrate
 from pgqueue.embedded import EmbeddedPostgres, StopMode
 
@@ -64,7 +66,7 @@ def _accepts_connections(url: str) -> bool:
 
 def run(
     url: str,
-    restart: Any,
+    restart: Callable[[], None],
     *,
     jobs: int = 500,
     workers: int = 4,
@@ -89,11 +91,11 @@ def run(
             interval=0.01,
         )
         with psycopg.connect(url, autocommit=True) as conn:
-            before = dict(
+            before: dict[str, int] = dict(
                 conn.execute("SELECT state, count(*) FROM pgqueue_jobs GROUP BY state").fetchall()
             )
             # Committed before the restart: these must come through unchanged.
-            committed = dict(
+            committed: dict[int, int] = dict(
                 conn.execute(
                     "SELECT id, lease_token FROM pgqueue_jobs WHERE state = 'succeeded'"
                 ).fetchall()
@@ -118,7 +120,7 @@ def run(
         codes = [stop_worker(p) for p in procs]
     report = check(url)
     with psycopg.connect(url, autocommit=True) as conn:
-        after = dict(
+        after: dict[int, int] = dict(
             conn.execute(
                 "SELECT id, lease_token FROM pgqueue_jobs WHERE state = 'succeeded'"
             ).fetchall()
@@ -155,6 +157,24 @@ def run(
     }
 
 
+def _command_restart(command: str) -> tuple[Callable[[], None], str]:
+    """A restart by the user's command (e.g. "docker restart pg"), and its description."""
+    words = shlex.split(command)
+
+    def restart() -> None:
+        subprocess.run(words, check=True)
+
+    return restart, f"restart command: {command}"
+
+
+def _embedded_restart(server: EmbeddedPostgres, mode: StopMode) -> tuple[Callable[[], None], str]:
+    """A restart of the embedded server (pg_ctl stop -m MODE, then start)."""
+    return (
+        lambda: server.restart(mode),
+        f"pg_ctl stop -m {mode}, then start (EmbeddedPostgres.restart)",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=500)
@@ -164,47 +184,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--restart-cmd", default=None, help="restart DATABASE_URL's server")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    server: EmbeddedPostgres | None = None
-    if args.restart_cmd:
-        url = os.environ.get("DATABASE_URL", "")
-        if not url:
-            parser.error("--restart-cmd needs DATABASE_URL")
-        migrate(url)
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute("TRUNCATE pgqueue_jobs, pgqueue_counters, pgqueue_start_latency")
-            conn.execute("DROP TABLE IF EXISTS fault_deliveries")
-        command = shlex.split(args.restart_cmd)
-
-        def restart() -> None:
-            subprocess.run(command, check=True)
-
-        how = f"restart command: {args.restart_cmd}"
-    else:
-        folder = tempfile.mkdtemp(
-            prefix="pgqueue-restart-", dir=os.environ.get("BENCH_DIR", "/var/tmp")
-        )
-        server = EmbeddedPostgres(folder)
-        url = server.ensure_running()
-        migrate(url)
-        mode: StopMode = args.mode
-
-        def restart() -> None:
-            assert server is not None
-            server.restart(mode)
-
-        how = f"pg_ctl stop -m {mode}, then start (EmbeddedPostgres.restart)"
-    try:
+    with contextlib.ExitStack() as stack:
+        if args.restart_cmd:
+            url = os.environ.get("DATABASE_URL", "")
+            if not url:
+                parser.error("--restart-cmd needs DATABASE_URL")
+            reset_database(url)
+            restart, how = _command_restart(args.restart_cmd)
+        else:
+            server = stack.enter_context(bench_server("restart"))
+            url = server.url
+            migrate(url)
+            restart, how = _embedded_restart(server, args.mode)
         info = server_info(url)
         result = run(url, restart, jobs=args.jobs, workers=args.workers, at=args.at)
-    finally:
-        if server is not None:
-            server.destroy()
-    result["restart"] = how
-    result["server"] = info
-    result["command"] = "python -m bench.restart " + " ".join(
-        sys.argv[1:] if argv is None else argv
-    )
-    path = write_result("restart", result, args.out)
+    result["parameters"]["restart"] = how
+    record = ResultRecord.from_report("restart", command_line(__spec__, argv), info, result)
+    path = write_result(record, args.out)
     print(
         f"restart: {result['jobs_succeeded']}/{args.jobs} succeeded; at the restart "
         f"{result['at_restart']}; invocations {result['handler_invocations']}, "

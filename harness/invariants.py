@@ -1,9 +1,9 @@
 """The invariants every fault test checks after its run.
 
-    python -m bench.invariants URL [--allow-queued] [--allow-pruned]
+    python -m harness.invariants URL [--allow-queued] [--allow-pruned]
 
 Reads ``pgqueue_jobs``, ``pgqueue_counters`` and the ``fault_deliveries``
-rows that ``bench.fault_tasks`` handlers write, and checks:
+rows that ``harness.fault_tasks`` handlers write, and checks:
 
 1. every job is finished (succeeded, dead, cancelled), or queued when the
    run leaves jobs queued on purpose; none is left running;
@@ -90,6 +90,9 @@ class Report:
         }
 
 
+Row = dict[str, Any]
+
+
 def check(
     url: str,
     *,
@@ -105,7 +108,25 @@ def check(
     missing id must have been delivered and counted as succeeded, since only
     finished jobs are pruned).
     """
-    report = Report()
+    jobs, counters, deliveries = _snapshot(url)
+    report = _counts(jobs, counters, deliveries)
+    per_job: dict[int, list[Row]] = {}
+    for d in deliveries:
+        per_job.setdefault(d["job_id"], []).append(d)
+    _check_jobs(report, jobs, allow_queued)
+    _check_counters(report, pruned)
+    by_id = {row["id"]: row for row in jobs}
+    known = set(enqueued_ids) if enqueued_ids is not None else None
+    _check_deliveries(report, by_id, per_job, known, pruned)
+    if known is not None:
+        _check_enqueued(report, by_id, per_job, known, pruned)
+    if deliveries:
+        _check_results(report, jobs, per_job)
+    return report
+
+
+def _snapshot(url: str) -> tuple[list[Row], Row, list[Row]]:
+    """Jobs, summed counters and deliveries, read in one consistent snapshot."""
     with (
         psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn,
         conn.transaction(),
@@ -132,9 +153,13 @@ def check(
             else []
         )
     assert counters is not None
+    return jobs, counters, deliveries
+
+
+def _counts(jobs: list[Row], counters: Row, deliveries: list[Row]) -> Report:
+    report = Report()
     report.counters = {k: int(v) for k, v in counters.items()}
     report.failed_attempts = report.counters["failed"]
-    by_id = {row["id"]: row for row in jobs}
     report.jobs = len(jobs)
     report.states = dict(Counter(row["state"] for row in jobs))
     report.attempts = sum(row["attempts"] for row in jobs)
@@ -142,8 +167,11 @@ def check(
     report.lease_expiries_last_error = sum(
         1 for row in jobs if (row["last_error"] or "").startswith("lease expired")
     )
+    return report
 
-    # 1-3: each job on its own.
+
+def _check_jobs(report: Report, jobs: list[Row], allow_queued: bool) -> None:
+    """1-3: each job on its own."""
     for row in jobs:
         jid, state = row["id"], row["state"]
         if state == "running" or (state == "queued" and not allow_queued):
@@ -156,63 +184,82 @@ def check(
             report.add("succeeded_incomplete", f"job {jid}: succeeded without a finished attempt")
         if state == "dead" and row["result"] is not None:
             report.add("dead_with_result", f"job {jid} is dead but holds a result")
-    # 3: the counters agree with the rows, so nothing was counted twice or
-    # counted both succeeded and dead. (Pruned rows are gone, the counters are not.)
-    present = report.states
+
+
+def _check_counters(report: Report, pruned: bool) -> None:
+    """3: the counters agree with the rows, so nothing was counted twice or
+    counted both succeeded and dead. (Pruned rows are gone, the counters are not.)"""
     for outcome in FINISHED:
-        counted, rows = report.counters[outcome], present.get(outcome, 0)
-        if counted < rows or (not pruned and counted != rows):
+        counted, present = report.counters[outcome], report.states.get(outcome, 0)
+        if counted < present or (not pruned and counted != present):
             report.add(
-                "counters_disagree", f"{outcome}: counters say {counted}, the table has {rows}"
+                "counters_disagree", f"{outcome}: counters say {counted}, the table has {present}"
             )
 
-    # 4: deliveries.
-    per_job: dict[int, list[dict[str, Any]]] = {}
-    for d in deliveries:
-        per_job.setdefault(d["job_id"], []).append(d)
-    known = set(enqueued_ids) if enqueued_ids is not None else None
-    for jid, rows in per_job.items():
+
+def _check_deliveries(
+    report: Report,
+    by_id: dict[int, Row],
+    per_job: dict[int, list[Row]],
+    known: set[int] | None,
+    pruned: bool,
+) -> None:
+    """4: every delivery belongs to a job and an attempt that was made, and
+    no claim (token, attempt) was delivered twice."""
+    for jid, delivered in per_job.items():
         job = by_id.get(jid)
         if job is None:
             if not pruned or known is None or jid not in known:
                 report.add("orphan_delivery", f"delivery for job {jid}, which does not exist")
             continue
-        for d in rows:
+        for d in delivered:
             if d["attempt"] > job["attempts"]:
                 report.add(
                     "delivery_attempt",
                     f"job {jid}: delivery of attempt {d['attempt']} > attempts {job['attempts']}",
                 )
         for key in ("token", "attempt"):
-            for value, n in Counter(d[key] for d in rows).items():
+            for value, n in Counter(d[key] for d in delivered).items():
                 if n > 1:
                     report.add(
                         "claim_delivered_twice", f"job {jid}: {key} {value} delivered {n} times"
                     )
     report.jobs_delivered = len(per_job)
-    report.duplicate_deliveries = sum(len(rows) - 1 for rows in per_job.values())
-    report.max_deliveries_per_job = max((len(rows) for rows in per_job.values()), default=0)
-    if known is not None:
-        for jid in known:
-            if jid in by_id:
-                continue
-            if not pruned:
-                report.add("lost", f"job {jid} was enqueued and is gone")
-            elif jid not in per_job:
-                report.add("lost", f"job {jid} is gone (pruned?) but was never delivered")
+    report.duplicate_deliveries = sum(len(d) - 1 for d in per_job.values())
+    report.max_deliveries_per_job = max((len(d) for d in per_job.values()), default=0)
 
-    # 5: a succeeded job's result comes from its last delivery.
+
+def _check_enqueued(
+    report: Report,
+    by_id: dict[int, Row],
+    per_job: dict[int, list[Row]],
+    known: set[int],
+    pruned: bool,
+) -> None:
+    """4: every job the run enqueued is still there, or was delivered before
+    retention pruned it."""
+    for jid in known:
+        if jid in by_id:
+            continue
+        if not pruned:
+            report.add("lost", f"job {jid} was enqueued and is gone")
+        elif jid not in per_job:
+            report.add("lost", f"job {jid} is gone (pruned?) but was never delivered")
+
+
+def _check_results(report: Report, jobs: list[Row], per_job: dict[int, list[Row]]) -> None:
+    """5: a succeeded job's result comes from its last delivery."""
     for row in jobs:
-        if row["state"] != "succeeded" or not deliveries:
+        if row["state"] != "succeeded":
             continue
         jid = row["id"]
-        rows = per_job.get(jid)
-        if not rows:
+        delivered = per_job.get(jid)
+        if not delivered:
             report.add("succeeded_undelivered", f"job {jid} succeeded with no delivery row")
             continue
         # Tokens are unique but not ordered (the sequence caches values per
         # session); the attempt number orders the claims of one job.
-        last = max(rows, key=lambda d: d["attempt"])
+        last = max(delivered, key=lambda d: d["attempt"])
         result = row["result"] if isinstance(row["result"], dict) else {}
         if not (
             result.get("token") == last["token"] == row["lease_token"]
@@ -223,7 +270,6 @@ def check(
                 f"job {jid}: result {result}, last delivery token {last['token']} attempt "
                 f"{last['attempt']}, job token {row['lease_token']} attempts {row['attempts']}",
             )
-    return report
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,10 +1,11 @@
 """Soak: steady enqueue and drain with retention on, for minutes.
 
-    python -m bench.soak [--minutes 10] [--rate 50] [--workers 2] [--out PATH]
+    python -m bench.faults.soak [--minutes 10] [--rate 50] [--workers 2] [--concurrency 8]
+                                [--log-dir DIR] [--out PATH]
 
 A fresh server on disk with default durability (fsync and synchronous_commit
 on; or DATABASE_URL). ``--workers`` ``pgqueue worker`` processes run the
-fault handlers (``bench.fault_tasks``: a delivery row, then 10-50 ms of
+fault handlers (``harness.fault_tasks``: a delivery row, then 10-50 ms of
 work); this process enqueues ``--rate`` jobs per second in small batches.
 Retention is short (finished jobs are pruned after 20 s, the pruner runs
 every 2 s), so the jobs table should stay the same size however long it
@@ -14,7 +15,7 @@ worker's RSS, and the claim latency (started_at - run_at, p50/p95) of the
 jobs started in the last 10 s.
 
 At the end: production stops, the backlog drains, the workers are stopped
-with SIGTERM, and ``bench.invariants`` checks that every enqueued job was
+with SIGTERM, and ``harness.invariants`` checks that every enqueued job was
 delivered and counted as succeeded, pruned or not. The report gives the
 median of each figure per minute, and compares the second minute (the first
 at steady state: the first one fills the retention window) with the last.
@@ -34,9 +35,10 @@ from typing import Any
 
 import psycopg
 
-from bench.common import bench_database, server_info, write_result
-from bench.fault_tasks import create_deliveries, spawn_worker, stop_worker, wait_for
-from bench.invariants import check
+from bench.common import bench_database
+from bench.record import ResultRecord, command_line, server_info, write_result
+from harness.fault_tasks import create_deliveries, scalar, spawn_worker, stop_worker, wait_for
+from harness.invariants import check
 from pgqueue import Queue, Settings
 
 SAMPLE_SECONDS = 10.0
@@ -156,11 +158,13 @@ def run(
                         raise RuntimeError(f"worker processes exited early: {dead}")
                 time.sleep(max(0.0, min(next_batch, next_sample) - time.monotonic()))
         produced_for = time.monotonic() - started
+        if not samples:  # a run shorter than one sample interval still reports one
+            samples.append(sample(url, pids, produced_for))
         total = len(enqueued)
         # Drain: every enqueued job succeeded (counters survive pruning).
         wait_for(
             lambda: (
-                _scalar(url, "SELECT coalesce(sum(succeeded), 0) FROM pgqueue_counters") >= total
+                scalar(url, "SELECT coalesce(sum(succeeded), 0) FROM pgqueue_counters") >= total
             ),
             timeout=120,
             interval=0.5,
@@ -172,7 +176,7 @@ def run(
             if log:
                 log.close()
     report = check(url, enqueued_ids=enqueued, pruned=True)
-    delivered = _scalar(url, "SELECT count(DISTINCT job_id) FROM fault_deliveries")
+    delivered = scalar(url, "SELECT count(DISTINCT job_id) FROM fault_deliveries")
     per_minute = max(1, round(60 / SAMPLE_SECONDS))
     minutes = [samples[i : i + per_minute] for i in range(0, len(samples), per_minute)]
     # The first minute includes filling the retention window; the second is
@@ -205,11 +209,6 @@ def run(
     }
 
 
-def _scalar(url: str, sql: str) -> Any:
-    with psycopg.connect(url, autocommit=True) as conn:
-        return conn.execute(sql).fetchone()[0]  # type: ignore[index]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=10.0)
@@ -229,9 +228,8 @@ def main(argv: list[str] | None = None) -> int:
             concurrency=args.concurrency,
             log_dir=args.log_dir,
         )
-    result["server"] = server
-    result["command"] = "python -m bench.soak " + " ".join(sys.argv[1:] if argv is None else argv)
-    path = write_result("soak", result, args.out)
+    record = ResultRecord.from_report("soak", command_line(__spec__, argv), server, result)
+    path = write_result(record, args.out)
     s, e = result["start"], result["end"]
     print(
         f"soak {args.minutes:g} min: {result['jobs_enqueued']} jobs, lost {result['jobs_lost']}, "

@@ -1,6 +1,6 @@
-"""One PgQueuer drain, run by bench.compare inside PgQueuer's own virtualenv.
+"""One PgQueuer drain, run by bench.compare.compare in PgQueuer's own virtualenv.
 
-    python bench/_compare_pgqueuer.py URL JOBS CONSUMERS BATCH_SIZE [--install]
+    python bench/compare/_pgqueuer.py URL JOBS CONSUMERS BATCH_SIZE [--install]
 
 PgQueuer's own benchmark (tools/benchmark.py, "drain" strategy) is the model:
 the asyncpg driver, uvloop, CONSUMERS QueueManagers in one process (each on
@@ -46,7 +46,7 @@ async def main(
     for _ in range(consumers):
         pgq = PgQueuer(AsyncpgDriver(await asyncpg.connect(url)))
 
-        @pgq.entrypoint("noop")
+        @pgq.entrypoint("noop")  # type: ignore[untyped-decorator]
         async def noop(job: Job) -> None:
             return None
 

@@ -2,13 +2,13 @@
 without a history of finished jobs, at fillfactor 70 and at PostgreSQL's
 default of 100.
 
-    python -m bench.fillfactor [--history 300000] [--jobs 10000] [--repeats 3]
+    python -m bench.perf.fillfactor [--history 300000] [--jobs 10000] [--repeats 3] [--out PATH]
 
 For each fillfactor, three tables: empty; with HISTORY finished jobs that
 went through the real path (enqueue_many, then claim + finish, as in
 production); and with HISTORY finished rows bulk-inserted in one INSERT ...
-SELECT (never updated), which is how bench.history and
-bench.metrics_history make their history quickly. In each, JOBS jobs are
+SELECT (never updated), which is how bench.perf.metrics_history makes its
+history quickly. In each, JOBS jobs are
 enqueued, a CHECKPOINT is taken (so that every page's first change writes a
 full-page image to WAL, as in production between checkpoints), and the jobs
 are drained by a claim(100) + finish loop on one connection; then they are
@@ -25,7 +25,9 @@ from typing import Any
 
 import psycopg
 
-from bench.common import add_finished_jobs, bench_database, server_info, summary, write_result
+from bench.common import bench_database, summary
+from bench.record import ResultRecord, command_line, server_info, write_result
+from harness.history import add_finished_jobs
 from pgqueue import Outcome, Queue, Settings
 
 HISTORY_SQL = (
@@ -57,7 +59,7 @@ def drain_once(queue: Queue, admin: psycopg.Connection[Any], jobs: int) -> dict[
     }
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def main(argv: list[str] | None = None) -> ResultRecord:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--history", type=int, default=300_000)
     parser.add_argument("--jobs", type=int, default=10_000)
@@ -92,15 +94,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     )
             admin.execute("ALTER TABLE pgqueue_jobs SET (fillfactor = 70)")
         server = server_info(url)
-    payload = {
-        "command": "python -m bench.fillfactor",
-        "settings": vars(args),
-        "server": server,
-        "cells": cells,
-    }
-    path = write_result("fillfactor", payload, args.out)
+    record = ResultRecord(
+        name="fillfactor",
+        command=command_line(__spec__, argv),
+        server=server,
+        parameters=vars(args),
+        results={"cells": cells},
+    )
+    path = write_result(record, args.out)
     print(f"-> {path}")
-    return payload
+    return record
 
 
 if __name__ == "__main__":

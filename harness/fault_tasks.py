@@ -1,12 +1,13 @@
-"""Handlers for the fault tests: each one leaves evidence of every run.
+"""Handlers for the fault runs (tests/acceptance and bench/faults), and the worker
+processes that run them. Each handler run leaves evidence.
 
 Before doing any work, a handler inserts a *delivery* row (job id, attempt,
 fencing token, worker pid) on its own connection, committed at once, so the
 row survives even if the worker dies the next instant. It then works for
 10-50 ms (or what the payload asks) and returns a result naming the attempt
-that produced it. ``bench.invariants`` compares the two afterwards.
+that produced it. ``harness.invariants`` compares the two afterwards.
 
-    pgqueue worker --handlers bench.fault_tasks:HANDLERS
+    pgqueue worker --handlers harness.fault_tasks:HANDLERS
 
 The deliveries go to FAULT_DB_URL, else PGQUEUE_DATABASE_URL, else
 DATABASE_URL: the partition test points the worker at a proxy but its
@@ -21,6 +22,7 @@ Payload keys (all optional):
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import random
 import signal
@@ -134,7 +136,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def worker_env(url: str, **settings: Any) -> dict[str, str]:
     """Environment for a ``pgqueue worker`` child: the database, PGQUEUE_*
-    settings, and this repository on the path (for bench.fault_tasks)."""
+    settings, and this repository on the path (for harness.fault_tasks)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
     env.pop("DATABASE_URL", None)
     env["PGQUEUE_DATABASE_URL"] = url
@@ -157,28 +159,18 @@ def spawn_worker(
     """Start ``python -m pgqueue worker`` on the fault handlers. With
     ``processes`` == 1 the child *is* the worker (its pid names it).
 
-    ``warm``: start ``python -m bench.fault_tasks`` instead, which imports
-    the worker and then waits for a line on stdin (``release``) before it
-    calls ``run_from_cli``, the function behind ``pgqueue worker``. The crash
-    test keeps such spares ready, so that a replacement starts working at
-    once instead of after a second of imports on a small machine."""
+    ``warm``: start ``python -m harness.fault_tasks`` instead, which imports
+    the command line and the worker and then waits for a line on stdin
+    (``release``) before it runs ``pgqueue worker`` in the same process. The
+    crash test keeps such spares ready, so that a replacement starts working
+    at once instead of after a second of imports on a small machine."""
     env = worker_env(url, **settings)
     if delivery_url:
         env["FAULT_DB_URL"] = delivery_url
     if warm:
-        command = ["-m", "bench.fault_tasks", "--concurrency", str(concurrency)]
+        command = ["-m", "harness.fault_tasks", *_worker_args(concurrency, processes)]
     else:
-        command = [
-            "-m",
-            "pgqueue",
-            "worker",
-            "--handlers",
-            "bench.fault_tasks:HANDLERS",
-            "--concurrency",
-            str(concurrency),
-            "--processes",
-            str(processes),
-        ]
+        command = ["-m", "pgqueue", "worker", *_worker_args(concurrency, processes)]
     return subprocess.Popen(
         [sys.executable, *command],
         cwd=ROOT,
@@ -196,30 +188,31 @@ def release(proc: subprocess.Popen[bytes]) -> None:
     proc.stdin.close()
 
 
-def _warm_main() -> int:
-    """A worker process that is ready before it is needed (see spawn_worker)."""
-    import argparse
-    import logging
+def _worker_args(concurrency: int, processes: int) -> list[str]:
+    """The options of ``pgqueue worker`` that run the fault handlers."""
+    return [
+        "--handlers",
+        "harness.fault_tasks:HANDLERS",
+        "--concurrency",
+        str(concurrency),
+        "--processes",
+        str(processes),
+    ]
 
-    from pgqueue import Settings
-    from pgqueue.worker import run_from_cli
 
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--concurrency", type=int, default=1)
-    args = parser.parse_args()
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(process)d %(message)s"
-    )
-    logging.getLogger("psycopg").setLevel(logging.ERROR)
+def _warm_main(argv: list[str]) -> int:
+    """A worker process that is ready before it is needed (see spawn_worker):
+    ``pgqueue worker ARGV`` once a ``go`` line arrives on stdin."""
+    # The imports are the slow part of a start: done before the wait. The
+    # command line imports the worker only when it runs it.
+    from pgqueue.cli import main
+
+    importlib.import_module("pgqueue.worker")
     if sys.stdin.readline().strip() != "go":
         return 0
-    return run_from_cli(
-        "bench.fault_tasks:HANDLERS",
-        queues=None,
-        concurrency=args.concurrency,
-        processes=1,
-        settings=Settings.from_env(),
-    )
+    sys.argv = ["pgqueue", "worker", *argv]
+    main()  # exits with the worker's code
+    return 0
 
 
 def stop_worker(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> int:
@@ -252,4 +245,4 @@ def scalar(url: str, sql: str, params: Any = None) -> Any:
 
 
 if __name__ == "__main__":
-    sys.exit(_warm_main())
+    sys.exit(_warm_main(sys.argv[1:]))

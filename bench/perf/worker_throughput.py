@@ -1,6 +1,6 @@
 """Worker throughput (and idle latency), against a pure-SQL reference measured in the same run.
 
-    python -m bench.worker_throughput [--jobs 20000] [--repeats 3] [--latency-jobs 1000]
+    python -m bench.perf.worker_throughput [--jobs 20000] [--repeats 3] [--latency-jobs 1000]
 
 On a fresh server on disk with fsync and synchronous_commit on:
 
@@ -31,23 +31,18 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psycopg
-
-from bench.common import (
-    bench_database,
-    server_info,
-    start_latency_percentiles,
-    summary,
-    write_result,
-)
+from bench.common import bench_database, clear, rate, start_latency_percentiles, summary
+from bench.record import ResultRecord, command_line, server_info, write_result
+from bench.workers import HANDLERS, wait_connected
 from pgqueue import Queue, Settings
 from pgqueue.embedded import EmbeddedPostgres
 from pgqueue.sql import QUERIES
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CLIENTS = 2
 BATCH = 100
 
@@ -64,7 +59,7 @@ def spawn_workers(
             [
                 sys.executable,
                 "-m",
-                "bench.worker_throughput",
+                "bench.perf.worker_throughput",
                 "--child",
                 url,
                 task,
@@ -78,27 +73,11 @@ def spawn_workers(
 
 
 def child(url: str, task: str, concurrency: int) -> None:
-    """One worker process: the example handlers, until SIGTERM."""
-    from examples.tasks import HANDLERS
+    """One worker process: a no-op handler, until SIGTERM."""
     from pgqueue.worker import Worker
 
     settings = Settings(database_url=url, concurrency=concurrency)
     sys.exit(Worker({task: HANDLERS[task]}, settings=settings).run())
-
-
-def wait_listening(url: str, processes: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    with psycopg.connect(url, autocommit=True) as conn:
-        while time.monotonic() < deadline:
-            row = conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE query = %s",
-                (QUERIES["listen_jobs"],),
-            ).fetchone()
-            if row and row[0] >= processes:
-                time.sleep(0.2)  # the claim connections are up too
-                return
-            time.sleep(0.05)
-    raise RuntimeError("workers did not start listening")
 
 
 def stop_workers(procs: list[subprocess.Popen[bytes]]) -> list[int]:
@@ -107,31 +86,11 @@ def stop_workers(procs: list[subprocess.Popen[bytes]]) -> list[int]:
     return [proc.wait(timeout=60) for proc in procs]
 
 
-def clear(url: str) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("TRUNCATE pgqueue_jobs, pgqueue_counters, pgqueue_start_latency")
-        conn.execute("VACUUM ANALYZE pgqueue_jobs")
-        conn.execute("CHECKPOINT")
-
-
-def rate(url: str, jobs: int) -> float:
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*), extract(epoch FROM max(finished_at) - min(started_at))::float8 "
-            "FROM pgqueue_jobs WHERE state = 'succeeded'"
-        ).fetchone()
-    assert row is not None
-    done, seconds = row
-    if done != jobs:
-        raise RuntimeError(f"only {done} of {jobs} jobs succeeded")
-    return float(done / seconds)
-
-
 def drain(url: str, jobs: int, processes: int, task: str, concurrency: int) -> float:
     clear(url)
     procs = spawn_workers(url, processes, task, concurrency)
     try:
-        wait_listening(url, processes)
+        wait_connected(url, processes)
         with Queue(url, settings=Settings(database_url=url)) as q:
             q.enqueue_many([{"task": task}] * jobs)
             deadline = time.monotonic() + 300
@@ -183,6 +142,9 @@ def pgbench_script(bare: bool) -> str:
     )
 
     def variables(sql: str) -> str:
+        # No queue filter: NULL, which pgbench's -D cannot define.
+        for name in ("queue", "queues"):
+            sql = sql.replace(f"%({name})s", "NULL")
         sql = re.sub(r"%\((\w+)\)s", r":\1", sql).replace("%%", "%")
         return " ".join(sql.split())
 
@@ -241,7 +203,7 @@ def latency(url: str, jobs: int, per_second: float) -> dict[str, float]:
     clear(url)
     procs = spawn_workers(url, 1, "noop", 100)
     try:
-        wait_listening(url, 1)
+        wait_connected(url, 1)
         with Queue(url, settings=Settings(database_url=url)) as q:
             interval = 1.0 / per_second
             start = time.monotonic()
@@ -259,7 +221,7 @@ def latency(url: str, jobs: int, per_second: float) -> dict[str, float]:
 # -- main ------------------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def main(argv: list[str] | None = None) -> ResultRecord | None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--repeats", type=int, default=3)
@@ -275,8 +237,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error(f"--jobs must be a multiple of {CLIENTS * BATCH}")
     if args.child:
         child(args.child[0], args.child[1], int(args.child[2]))
-        return {}
-    scenarios = {
+        return None
+    scenarios: dict[str, Callable[[str], float]] = {
         "async_1_process": lambda url: drain(url, args.jobs, 1, "noop", args.concurrency),
         "async_2_processes": lambda url: drain(url, args.jobs, 2, "noop", args.concurrency),
         "sync_1_process": lambda url: drain(url, args.jobs, 1, "noop_sync", args.concurrency),
@@ -306,40 +268,42 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for name in scenarios:
                 ratios[name].append(round_rates[name] / round_rates["reference_pgbench"])
         lat = None if args.skip_latency else latency(url, args.latency_jobs, 100.0)
-    payload: dict[str, Any] = {
-        "command": "python -m bench.worker_throughput " + " ".join(argv or sys.argv[1:]),
-        "server": info,
-        "jobs": args.jobs,
-        "repeats": args.repeats,
-        "concurrency": args.concurrency,
+    sync_over_async = statistics.median(
+        s / a
+        for s, a in zip(
+            runs.get("sync_1_process", [0.0]), runs.get("async_1_process", [1.0]), strict=False
+        )
+    )
+    results: dict[str, Any] = {
         "rates_jobs_per_second": {k: summary(v) | {"runs": v} for k, v in runs.items()},
         "ratio_to_reference": {k: summary(v) for k, v in ratios.items()},
         "targets": {"async_1_process": 0.4, "async_2_processes": 0.55, "sync_over_async": 0.5},
-        "sync_over_async": statistics.median(
-            s / a
-            for s, a in zip(
-                runs.get("sync_1_process", [0.0]), runs.get("async_1_process", [1.0]), strict=False
-            )
-        ),
+        "sync_over_async": sync_over_async,
     }
     if lat is not None:
-        payload["latency_idle_100_per_second"] = lat
-    name = "worker_throughput" if not args.only else f"worker_throughput_{args.only}"
-    path = write_result(name, payload, args.out)
+        results["latency_idle_100_per_second"] = lat
+    record = ResultRecord(
+        name="worker_throughput" if not args.only else f"worker_throughput_{args.only}",
+        command=command_line(__spec__, argv),
+        server=info,
+        parameters={"jobs": args.jobs, "repeats": args.repeats, "concurrency": args.concurrency},
+        results=results,
+    )
+    path = write_result(record, args.out)
     print()
     for k, v in runs.items():
         print(
             f"{k:>26}: {statistics.median(v):>9,.0f} jobs/s  "
             f"ratio {statistics.median(ratios[k]):.2f}"
         )
-    print(f"{'sync / async':>26}: {payload['sync_over_async']:.2f}")
+    print(f"{'sync / async':>26}: {sync_over_async:.2f}")
     if lat is not None:
         print(
             f"{'idle latency':>26}: p50 {lat['p50_ms']:.2f} ms, p95 {lat['p95_ms']:.2f} ms, "
             f"p99 {lat['p99_ms']:.2f} ms"
         )
     print(f"written to {path}")
-    return payload
+    return record
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""One procrastinate drain, run by bench.compare inside procrastinate's own virtualenv.
+"""One procrastinate drain, run by bench.compare.compare in its own virtualenv.
 
-    python bench/_compare_procrastinate.py URL JOBS CONCURRENCY [--install]
+    python bench/compare/_procrastinate.py URL JOBS CONCURRENCY [--install]
 
 Pre-loads JOBS no-op jobs with ``Task.batch_defer_async`` (procrastinate's
 bulk defer: one statement), then runs one worker in this process with
@@ -30,7 +30,7 @@ async def main(url: str, jobs: int, concurrency: int, install: bool) -> dict[str
     connector = PsycopgConnector(conninfo=url, min_size=1, max_size=concurrency + 2)
     app = App(connector=connector)
 
-    @app.task(name="noop", queue="bench")
+    @app.task(name="noop", queue="bench")  # type: ignore[untyped-decorator]
     async def noop() -> None:
         return None
 

@@ -1,6 +1,6 @@
 """Per-transition cost of the core, without a worker runtime.
 
-    python -m bench.core [--jobs 100000] [--repeats 3]
+    python -m bench.perf.core [--jobs 100000] [--single-jobs 5000] [--repeats 3] [--out PATH]
 
 Measures, on a server with fsync and synchronous_commit on:
   * enqueue_many of N jobs (one transaction, chunks of a few thousand rows);
@@ -17,13 +17,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-from typing import Any
 
 import psycopg
 
+from bench.common import bench_database, clear, summary
+from bench.record import ResultRecord, command_line, server_info, write_result
 from pgqueue import AsyncQueue, Outcome, Queue, Settings
-
-from .common import bench_database, server_info, summary, write_result
 
 
 def enqueue_many_rate(queue: Queue, jobs: int) -> float:
@@ -79,13 +78,7 @@ def claim_ack_rate(queue: Queue, jobs: int, batch: int) -> float:
     return jobs / (time.perf_counter() - started)
 
 
-def clear(url: str) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("TRUNCATE pgqueue_jobs")
-        conn.execute("VACUUM ANALYZE pgqueue_jobs")
-
-
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def main(argv: list[str] | None = None) -> ResultRecord:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=100_000)
     parser.add_argument("--single-jobs", type=int, default=5_000)
@@ -95,7 +88,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     runs: dict[str, list[float]] = {}
 
-    def record(name: str, rate: float) -> None:
+    def note(name: str, rate: float) -> None:
         runs.setdefault(name, []).append(rate)
         print(f"  {name:<38} {rate:>10,.0f} jobs/s", flush=True)
 
@@ -104,40 +97,41 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with Queue(url, settings=settings) as queue:
             for repeat in range(args.repeats):
                 print(f"repeat {repeat + 1}/{args.repeats}")
-                clear(url)
-                record("enqueue_many", enqueue_many_rate(queue, args.jobs))
-                clear(url)
-                record("claim_ack_batch_100", claim_ack_rate(queue, args.jobs, 100))
-                clear(url)
-                record("enqueue_single_1_producer", single_enqueue_rate(queue, args.single_jobs))
-                clear(url)
-                record(
+                clear(url, checkpoint=False)
+                note("enqueue_many", enqueue_many_rate(queue, args.jobs))
+                clear(url, checkpoint=False)
+                note("claim_ack_batch_100", claim_ack_rate(queue, args.jobs, 100))
+                clear(url, checkpoint=False)
+                note("enqueue_single_1_producer", single_enqueue_rate(queue, args.single_jobs))
+                clear(url, checkpoint=False)
+                note(
                     "enqueue_transactional",
                     transactional_enqueue_rate(queue, url, args.single_jobs),
                 )
                 for notify in (True, False):
-                    clear(url)
+                    clear(url, checkpoint=False)
                     rate = asyncio.run(
                         concurrent_enqueue_rate(url, args.single_jobs * 2, 4, notify)
                     )
-                    record(f"enqueue_single_4_producers_notify_{'on' if notify else 'off'}", rate)
+                    note(f"enqueue_single_4_producers_notify_{'on' if notify else 'off'}", rate)
         server = server_info(url)
 
     results = {name: summary(values) for name, values in runs.items()}
     on = results["enqueue_single_4_producers_notify_on"]["median"]
     off = results["enqueue_single_4_producers_notify_off"]["median"]
-    payload = {
-        "settings": {"jobs": args.jobs, "single_jobs": args.single_jobs, "repeats": args.repeats},
-        "server": server,
-        "results_jobs_per_second": results,
-        "notify_cost_ratio": on / off,
-    }
-    path = write_result("core", payload, args.out)
+    record = ResultRecord(
+        name="core",
+        command=command_line(__spec__, argv),
+        server=server,
+        parameters={"jobs": args.jobs, "single_jobs": args.single_jobs, "repeats": args.repeats},
+        results={"results_jobs_per_second": results, "notify_cost_ratio": on / off},
+    )
+    path = write_result(record, args.out)
     print(f"\nmedians (jobs/s), {args.repeats} repeats -> {path}")
     for name, stats in results.items():
         print(f"  {name:<38} {stats['median']:>10,.0f}  ({stats['min']:,.0f}-{stats['max']:,.0f})")
     print(f"  NOTIFY on/off throughput ratio: {on / off:.2f}")
-    return payload
+    return record
 
 
 if __name__ == "__main__":

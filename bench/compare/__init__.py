@@ -1,0 +1,1 @@
+"""pgqueue against the other PostgreSQL queues, each in its own virtualenv."""

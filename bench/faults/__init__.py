@@ -1,0 +1,1 @@
+"""Fault runs at full size: the proofs of tests/acceptance, run longer."""

@@ -1,0 +1,1 @@
+"""Performance: what pgqueue costs, measured against PostgreSQL's own limits."""

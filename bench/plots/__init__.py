@@ -1,0 +1,1 @@
+"""Charts and Markdown tables drawn from results/*.json."""
