@@ -6,8 +6,10 @@ Layout (one guess finds each part):
     migrations/*.sql    the schema, applied in order by migrate()
     jobs.py             Job, JobState, JobSpec, JOB_FIELDS (the one shape of a new job)
     transitions.py      the state machine: one I/O-free generator per transition
-    queue.py            Queue (blocking) and AsyncQueue (asyncio) drive them
-    worker/             the asyncio worker runtime
+    driver.py           the one driver that runs them on a connection
+    queue.py            Queue (blocking) and AsyncQueue (asyncio); waiting.py: wait()
+    worker/             the worker: producer (claims), executor, completer (acks),
+                        leases, maintenance (reaps), wired in runtime.py
     api/                the FastAPI HTTP layer
     cli/                the command line, one module per topic
     stats.py            per-queue numbers from one snapshot (API and CLI)
