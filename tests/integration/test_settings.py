@@ -44,7 +44,9 @@ async def test_api_with_no_settings_reads_the_project_file(project: Path) -> Non
     app = create_app()
     async with (
         app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as api,
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://localhost"
+        ) as api,
     ):
         created = await api.post("/jobs", json={"task": "t"})
     assert created.status_code == 201, created.text

@@ -6,13 +6,12 @@ from __future__ import annotations
 import dataclasses
 import json
 
-import httpx
 from typer.testing import CliRunner
 
 from pgqueue import AsyncQueue, JobState, Queue, Settings
-from pgqueue.api import create_app
 from pgqueue.cli import app
 from pgqueue.stats import QueueStats, per_queue, total
+from tests.support import api_client
 
 
 def _traffic(queue: Queue) -> None:
@@ -49,11 +48,7 @@ async def test_the_api_and_the_cli_report_the_same_numbers(
 ) -> None:
     _traffic(queue)
     assert (await aqueue.run(per_queue(), transaction=True)).keys() == {"mail", "web"}
-    api = create_app(settings, url=settings.database_url)
-    async with (
-        api.router.lifespan_context(api),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://api") as c,
-    ):
+    async with api_client(settings) as c:
         over_http = (await c.get("/queues")).json()["queues"]
     result = CliRunner().invoke(app, ["--database-url", settings.database_url, "queues", "--json"])
     assert result.exit_code == 0, result.output
