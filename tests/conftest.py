@@ -7,6 +7,7 @@ database; each test gets ``CREATE DATABASE ... TEMPLATE`` and drops it after.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -50,15 +51,32 @@ def _with_db(url: str, name: str) -> str:
     return url.rsplit("/", 1)[0] + "/" + name
 
 
+@contextlib.contextmanager
+def _database(server: EmbeddedPostgres, template: str | None) -> Iterator[str]:
+    """A database of its own (a copy of ``template``, or empty), dropped after."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    copy = f" TEMPLATE {template}" if template else ""
+    with psycopg.connect(server.url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}{copy}")
+    try:
+        yield _with_db(server.url, name)
+    finally:
+        with psycopg.connect(server.url, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
 @pytest.fixture
 def db_url(pg_server: EmbeddedPostgres) -> Iterator[str]:
     """URL of a fresh, migrated database that only this test sees."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server.url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
-    yield _with_db(pg_server.url, name)
-    with psycopg.connect(pg_server.url, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    with _database(pg_server, TEMPLATE) as url:
+        yield url
+
+
+@pytest.fixture
+def empty_db(pg_server: EmbeddedPostgres) -> Iterator[str]:
+    """URL of a database that only this test sees, never migrated."""
+    with _database(pg_server, None) as url:
+        yield url
 
 
 @pytest.fixture

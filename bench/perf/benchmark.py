@@ -11,8 +11,8 @@ releases them together, and they drain the queue. Rate = JOBS /
 start-up and shut-down are not counted.
 
 Two claim modes: pgqueue's own claim (``transitions.claim``, its
-``job_claim`` statement: FOR UPDATE SKIP LOCKED), and this file's copy of that
-statement with a plain FOR UPDATE (``CLAIM_FOR_UPDATE``). Every worker process
+``job_claim`` statement: FOR UPDATE SKIP LOCKED), and the same statement with a
+plain FOR UPDATE (``CLAIM_FOR_UPDATE``). Every worker process
 runs the same loop on one dedicated autocommit connection: claim up to N jobs
 in the mode's way, ack them with one ``transitions.finish`` (``job_finish``),
 until a claim comes back empty. Two worker models, by N:
@@ -50,45 +50,13 @@ from bench.common import bench_database, clear, rate, summary
 from bench.record import ResultRecord, command_line, server_info, write_result
 from pgqueue import Job, Outcome, Queue, Settings
 from pgqueue import transitions as t
+from pgqueue.sql import QUERIES
 
-# pgqueue's job_claim (src/pgqueue/sql/queries.sql, without its comments)
-# with SKIP LOCKED removed. The product claims with SKIP LOCKED only; this
-# copy lives here so that the comparison needs nothing in the product. A
-# smoke test checks that it is still the product's statement otherwise.
-CLAIM_FOR_UPDATE: LiteralString = """
-WITH in_one_queue AS (
-    SELECT id FROM pgqueue_jobs
-    WHERE queue = %(queue)s::text AND state = 'queued' AND run_at <= now()
-    ORDER BY priority DESC, run_at, id
-    LIMIT %(limit)s
-    FOR UPDATE
-), in_any_queue AS (
-    SELECT id FROM pgqueue_jobs
-    WHERE %(queue)s::text IS NULL AND state = 'queued' AND run_at <= now()
-      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
-    ORDER BY priority DESC, run_at, id
-    LIMIT %(limit)s
-    FOR UPDATE
-), claimed AS (
-    UPDATE pgqueue_jobs j
-    SET state = 'running', attempts = j.attempts + 1,
-        lease_token = nextval('pgqueue_lease_token_seq'),
-        lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
-        worker = %(worker)s, started_at = now()
-    FROM (SELECT id FROM in_one_queue UNION ALL SELECT id FROM in_any_queue) picked
-    WHERE j.id = picked.id
-    RETURNING j.*, now() - j.run_at AS waited
-), latency AS (
-    INSERT INTO pgqueue_start_latency AS h (queue, shard, bucket, count, sum_seconds)
-    SELECT queue, pg_backend_pid() %% 16,
-           width_bucket(extract(epoch FROM waited)::double precision, %(latency_bounds)s::double precision[]),
-           count(*), sum(extract(epoch FROM waited))
-    FROM claimed GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
-    ON CONFLICT (queue, shard, bucket) DO UPDATE
-    SET count = h.count + excluded.count, sum_seconds = h.sum_seconds + excluded.sum_seconds
+# pgqueue's own job_claim with SKIP LOCKED taken out: the product claims with
+# SKIP LOCKED only, and the comparison needs nothing from it but its statement.
+CLAIM_FOR_UPDATE: LiteralString = QUERIES["job_claim"].replace(
+    "FOR UPDATE SKIP LOCKED", "FOR UPDATE"
 )
-SELECT * FROM claimed ORDER BY priority DESC, run_at, id
-"""  # noqa: E501  (kept line for line as in queries.sql)
 
 MODES = ("skip_locked", "for_update")
 MODELS = ("single", "batched")

@@ -4,32 +4,20 @@ says to run `pgqueue migrate`, on /healthz and on every endpoint; never a
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import httpx
 import psycopg
 import pytest
 
 from pgqueue import Settings, migrate
-from pgqueue.embedded import EmbeddedPostgres
 from pgqueue.sql import migration_versions
 from tests.support import api_client
 
 
 @pytest.fixture
-def unmigrated_url(pg_server: EmbeddedPostgres) -> Iterator[str]:
-    name = f"u_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server.url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    yield pg_server.url.rsplit("/", 1)[0] + "/" + name
-    with psycopg.connect(pg_server.url, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-
-
-@pytest.fixture
-async def api(unmigrated_url: str) -> AsyncIterator[httpx.AsyncClient]:
-    async with api_client(Settings(database_url=unmigrated_url)) as client:
+async def api(empty_db: str) -> AsyncIterator[httpx.AsyncClient]:
+    async with api_client(Settings(database_url=empty_db)) as client:
         yield client
 
 
@@ -42,12 +30,12 @@ def assert_not_migrated(response: httpx.Response) -> None:
 
 
 async def test_healthz_is_503_until_the_schema_is_migrated(
-    api: httpx.AsyncClient, unmigrated_url: str
+    api: httpx.AsyncClient, empty_db: str
 ) -> None:
     health = await api.get("/healthz")
     assert_not_migrated(health)
     assert all(v in health.json()["message"] for v in migration_versions())
-    migrate(unmigrated_url)
+    migrate(empty_db)
     assert (await api.get("/healthz")).json() == {"status": "ok"}
 
 

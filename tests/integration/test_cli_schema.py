@@ -3,8 +3,6 @@ was never migrated: one line saying to run `pgqueue migrate`, exit code 1."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -12,19 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from pgqueue.cli import app
-from pgqueue.embedded import EmbeddedPostgres
 
 runner = CliRunner()
-
-
-@pytest.fixture
-def unmigrated_url(pg_server: EmbeddedPostgres) -> Iterator[str]:
-    name = f"bare_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server.url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    yield pg_server.url.rsplit("/", 1)[0] + "/" + name
-    with psycopg.connect(pg_server.url, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 @pytest.mark.parametrize(
@@ -43,17 +30,17 @@ def unmigrated_url(pg_server: EmbeddedPostgres) -> Iterator[str]:
     ],
 )
 def test_a_command_on_an_unmigrated_database_says_to_migrate(
-    unmigrated_url: str, tmp_path: Path, command: list[str]
+    empty_db: str, tmp_path: Path, command: list[str]
 ) -> None:
     jobs = tmp_path / "jobs.jsonl"
     jobs.write_text('{"task": "send_mail"}\n')
     command = [str(jobs) if arg == "JOBS" else arg for arg in command]
-    result = runner.invoke(app, ["--database-url", unmigrated_url, *command])
+    result = runner.invoke(app, ["--database-url", empty_db, *command])
     assert result.exit_code == 1, result.output
     assert "Traceback" not in result.output
     assert result.stderr.strip().splitlines() == [
         "error: the database schema is not migrated: run `pgqueue migrate`"
     ]
-    with psycopg.connect(unmigrated_url) as conn:
+    with psycopg.connect(empty_db) as conn:
         tables = conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'")
         assert tables.fetchone() == (0,)  # nothing was created on the way

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import uuid
 from pathlib import Path
 
 import psycopg
@@ -17,14 +16,6 @@ from pgqueue import transitions as t
 from pgqueue.embedded import EmbeddedPostgres
 from pgqueue.sql import QUERIES, migration_files, migration_versions
 from pgqueue.transitions import heartbeat
-
-
-@pytest.fixture
-def empty_db(pg_server: EmbeddedPostgres) -> str:
-    name = f"m_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(pg_server.url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    return pg_server.url.rsplit("/", 1)[0] + "/" + name
 
 
 def test_concurrent_migrators_apply_each_file_once(empty_db: str) -> None:

@@ -25,17 +25,6 @@ from tests.support import running, until
 FAST = {"poll_interval_seconds": 0.1, "reap_interval_seconds": 0.2}
 
 
-@pytest.fixture
-def empty_db(pg_server: EmbeddedPostgres) -> Iterator[str]:
-    """A database with no pgqueue schema at all."""
-    name = f"e_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(pg_server.url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    yield pg_server.url.rsplit("/", 1)[0] + "/" + name
-    with psycopg.connect(pg_server.url, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-
-
 async def test_a_worker_started_before_the_migration_waits_then_works(
     empty_db: str, caplog: pytest.LogCaptureFixture
 ) -> None:

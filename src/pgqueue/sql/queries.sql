@@ -161,13 +161,9 @@ WITH outcome AS (
     SET succeeded = c.succeeded + excluded.succeeded, failed = c.failed + excluded.failed,
         dead = c.dead + excluded.dead
 ), woken AS (
-    -- Waiters of these jobs (wait()) learn which jobs ended: their ids, a few
-    -- hundred per notification, so that a payload stays under NOTIFY's 8000
-    -- bytes whatever the batch size.
-    SELECT pg_notify('pgqueue_finished', string_agg(id::text, ','))
-    FROM (SELECT id, (row_number() OVER ()) / 300 AS chunk
-          FROM finished WHERE state <> 'queued' AND %(notify_finished)s) ended
-    GROUP BY chunk
+    -- The waiters of the jobs that ended (wait()) learn which ones.
+    SELECT pgqueue_notify_ended(array_agg(id))
+    FROM finished WHERE state <> 'queued' AND %(notify_finished)s
 )
 SELECT id, state FROM finished, (SELECT count(*) FROM woken) w;
 
@@ -201,10 +197,7 @@ WITH expired AS (
     SET failed = c.failed + excluded.failed, dead = c.dead + excluded.dead
 ), woken AS (
     -- A job reaped dead has ended: its waiters learn it, as in job_finish.
-    SELECT pg_notify('pgqueue_finished', string_agg(id::text, ','))
-    FROM (SELECT id, (row_number() OVER ()) / 300 AS chunk
-          FROM reaped WHERE state = 'dead') ended
-    GROUP BY chunk
+    SELECT pgqueue_notify_ended(array_agg(id)) FROM reaped WHERE state = 'dead'
 )
 SELECT id, state FROM reaped, (SELECT count(*) FROM woken) w;
 
@@ -221,7 +214,7 @@ WITH cancelled AS (
     SELECT queue, pg_backend_pid() %% 16, 1 FROM cancelled
     ON CONFLICT (queue, shard) DO UPDATE SET cancelled = c.cancelled + 1
 ), woken AS (
-    SELECT pg_notify('pgqueue_finished', id::text) FROM cancelled
+    SELECT pgqueue_notify_ended(array_agg(id)) FROM cancelled
 )
 SELECT cancelled.* FROM cancelled, (SELECT count(*) FROM woken) w;
 

@@ -41,10 +41,13 @@ class Executor:
             )
         timeout = job.timeout_seconds or spec.timeout_seconds
         try:
-            async with asyncio.timeout(timeout) as deadline:
+            if timeout is None:  # most jobs: no timer to set up and cancel
                 result = await self._invoke(spec, job)
+            else:
+                async with asyncio.timeout(timeout) as deadline:
+                    result = await self._invoke(spec, job)
         except TimeoutError as exc:
-            if deadline.expired():
+            if timeout is not None and deadline.expired():
                 return self._timed_out(job, spec, timeout)
             return Outcome.failure(job, describe(exc))
         except Exception as exc:
@@ -63,7 +66,7 @@ class Executor:
             self.threads.abandon(future)
             raise
 
-    def _timed_out(self, job: Job, spec: Task, timeout: float | None) -> Outcome:
+    def _timed_out(self, job: Job, spec: Task, timeout: float) -> Outcome:
         self.events(
             logging.WARNING, "timeout", "job %d timed out after %g s", job.id, timeout, job=job
         )
