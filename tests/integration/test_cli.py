@@ -17,6 +17,7 @@ from typer.testing import CliRunner, Result
 
 from pgqueue import JobNotFound, JobState, Queue
 from pgqueue.cli import app
+from pgqueue.sql import migration_versions
 
 runner = CliRunner()
 
@@ -442,7 +443,7 @@ def test_migrate_a_fresh_database_then_nothing(db_url: str) -> None:
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {name}")
     try:
-        assert run_json(fresh, "migrate") == {"applied": ["0001_jobs"]}
+        assert run_json(fresh, "migrate") == {"applied": migration_versions()}
         again = run(fresh, "migrate")
         assert again.exit_code == 0 and "up to date" in again.stdout
     finally:
