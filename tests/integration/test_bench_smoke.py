@@ -174,6 +174,19 @@ def test_maintenance_smoke(bench_url: str, out_dir: Path) -> None:
     assert results["per_reap_interval_for_workers"]["every_worker_ms"] > 0
 
 
+def test_scheduled_smoke(out_dir: Path) -> None:
+    from bench.perf import scheduled
+
+    out = out_dir / "scheduled.json"
+    scheduled.main(
+        ["--scheduled", "2000", "--jobs", "200", "--rounds", "1", "--calls", "5", "--out", str(out)]
+    )
+    results = _read(out, "scheduled", "bench.perf.scheduled").results
+    for database in ("plain", "scheduled"):
+        assert results["idle_poll_ms"][database]["job_next_run_at_ms"] > 0
+        assert results["drain_jobs_per_second"][database]["median"] > 0
+
+
 def test_fillfactor_smoke(bench_url: str, out_dir: Path) -> None:
     from bench.perf import fillfactor
 

@@ -290,11 +290,47 @@ RETURNING 1
 SELECT count(*) AS pruned FROM pruned;
 
 -- name: job_next_run_at
--- When the earliest delayed job becomes runnable (NULL when none is waiting),
--- as seconds from now, so that an idle worker can sleep until then.
-SELECT extract(epoch FROM min(run_at) - now())::double precision AS seconds
-FROM pgqueue_jobs
-WHERE state = 'queued' AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]));
+-- When the earliest delayed job of `queues` (NULL: of every queue) becomes
+-- runnable, as seconds from now (NULL when none is waiting), so that an idle
+-- worker can sleep until then. A plain min(run_at) would read every queued
+-- row (90 ms with a million scheduled jobs, once per poll interval per idle
+-- worker). The claim indexes hold each priority level in run_at order, so
+-- the earliest job of a level is its first entry: this walks the levels with
+-- one index probe each (a loose index scan), whatever the backlog.
+WITH RECURSIVE levels AS (
+    -- Every queue (no queues given): the levels of pgqueue_jobs_claim.
+    SELECT max(priority) AS priority FROM pgqueue_jobs
+    WHERE state = 'queued' AND %(queues)s::text[] IS NULL
+  UNION ALL
+    SELECT (SELECT max(priority) FROM pgqueue_jobs
+            WHERE state = 'queued' AND priority < levels.priority)
+    FROM levels WHERE levels.priority IS NOT NULL
+), firsts AS (
+    SELECT (SELECT run_at FROM pgqueue_jobs
+            WHERE state = 'queued' AND priority = levels.priority
+            ORDER BY run_at LIMIT 1) AS run_at
+    FROM levels WHERE levels.priority IS NOT NULL
+  UNION ALL
+    -- Given queues: the levels of each queue in pgqueue_jobs_claim_queue.
+    SELECT first.run_at
+    FROM unnest(%(queues)s::text[]) AS wanted(name) CROSS JOIN LATERAL (
+        WITH RECURSIVE queue_levels AS (
+            SELECT max(priority) AS priority FROM pgqueue_jobs
+            WHERE state = 'queued' AND queue = wanted.name
+          UNION ALL
+            SELECT (SELECT max(priority) FROM pgqueue_jobs
+                    WHERE state = 'queued' AND queue = wanted.name
+                      AND priority < queue_levels.priority)
+            FROM queue_levels WHERE queue_levels.priority IS NOT NULL
+        )
+        SELECT (SELECT run_at FROM pgqueue_jobs
+                WHERE state = 'queued' AND queue = wanted.name
+                  AND priority = queue_levels.priority
+                ORDER BY run_at LIMIT 1) AS run_at
+        FROM queue_levels WHERE queue_levels.priority IS NOT NULL
+    ) first
+)
+SELECT extract(epoch FROM min(run_at) - now())::double precision AS seconds FROM firsts;
 
 -- name: queue_stats
 -- Per queue and live state: how many jobs, and the age of the oldest runnable
