@@ -49,6 +49,9 @@ class Settings:
     retention_seconds: float = 7 * 24 * 3600.0
     prune_interval_seconds: float = 60.0
     prune_batch: int = 5000
+    # A killed worker's row in the workers registry stays this long after it
+    # stopped heartbeating, listed as gone, before maintenance deletes it.
+    worker_retention_seconds: float = 3600.0
     # Connections.
     pool_min_size: int = 1
     pool_max_size: int = 10
@@ -100,6 +103,7 @@ class Settings:
             "reap_interval_seconds",
             "retention_seconds",
             "prune_interval_seconds",
+            "worker_retention_seconds",
             "pool_timeout_seconds",
             "poll_interval_seconds",
         ):

@@ -71,6 +71,9 @@ async def test_metrics_families_and_values(
         "pgqueue_jobs_completed": "counter",
         "pgqueue_job_failures": "counter",
         "pgqueue_enqueue_to_start_seconds": "histogram",
+        "pgqueue_workers": "gauge",
+        "pgqueue_worker_last_seen_seconds": "gauge",
+        "pgqueue_worker_stalled": "gauge",
     }
     assert samples == {}  # no queue yet: families without series
 

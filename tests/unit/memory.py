@@ -30,6 +30,7 @@ Row = dict[str, Any]
 class MemoryDatabase:
     def __init__(self, *, migrated: bool = True) -> None:
         self.jobs: dict[int, Row] = {}
+        self.workers: dict[str, Row] = {}  # the registry, by worker name
         self.migrated = migrated
         self.clock = datetime(2030, 1, 1, tzinfo=UTC)
         self.statements: list[Statement] = []
@@ -187,6 +188,23 @@ class MemoryDatabase:
 
     def job_next_run_at(self, queues: list[str] | None) -> list[Row]:
         return [{"seconds": None}]
+
+    def worker_register(self, name: str, **info: Any) -> list[Row]:
+        self.workers[name] = {"name": name, **info}
+        return []
+
+    def worker_seen(self, name: str, **load: Any) -> list[Row]:
+        if name not in self.workers:
+            return []
+        self.workers[name].update(load)
+        return [{"name": name}]
+
+    def worker_leave(self, name: str) -> list[Row]:
+        self.workers.pop(name, None)
+        return []
+
+    def worker_prune(self, retention_seconds: float) -> list[Row]:
+        return [{"pruned": 0}]
 
 
 class MemorySession:

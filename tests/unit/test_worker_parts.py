@@ -15,6 +15,7 @@ import pytest
 
 from pgqueue import Job, JobState, Settings, WorkerFailed, driver
 from pgqueue import transitions as t
+from pgqueue.presence import WorkerInfo, WorkerLoad
 from pgqueue.worker import AsyncWorker
 from pgqueue.worker._threads import ThreadPool
 from pgqueue.worker.completer import Completer
@@ -162,19 +163,25 @@ async def test_an_outcome_whose_lease_was_lost_while_waiting_is_dropped() -> Non
 async def test_a_lost_lease_cancels_the_running_handler() -> None:
     db = MemoryDatabase()
     held = HeldJobs(10)
-    keeper = LeaseKeeper(MemoryConnection(db), held, SETTINGS, EVENTS)
+    info = WorkerInfo("unit", "host", 1, "0", None, 10)
+    load = WorkerLoad(held=2, running=2, hung=0, claimed=2, claim_seconds_ago=0.5)
+    keeper = LeaseKeeper(MemoryConnection(db), held, SETTINGS, EVENTS, info, lambda: load)
     kept, lost = claimed(db, 2)
     for job in (kept, lost):
         held.hold(job).task = asyncio.create_task(asyncio.sleep(10))
     db.jobs[lost.id]["state"] = "cancelled"  # an operator cancelled it
     await keeper.beat()
     assert [s.params["ids"] for s in db.sent("job_heartbeat")] == [[kept.id, lost.id]]
+    # It said the worker is alive first: its row was missing, so it registered.
+    assert db.workers["unit"]["pid"] == 1
     entry = held.get(lost.id)
     assert entry is not None and entry.lost
     await asyncio.sleep(0)
     assert entry.task is not None and entry.task.cancelled()
     kept_task = held.get(kept.id).task  # type: ignore[union-attr]
     assert kept_task is not None and not kept_task.done()
+    await keeper.beat()  # the next heartbeat reports what the worker holds
+    assert db.workers["unit"]["held"] == 2
     kept_task.cancel()
 
 

@@ -26,8 +26,14 @@ from ..errors import DatabaseUnavailable, SchemaNotMigrated
 from ..jobs import JobState
 from ..queue import AsyncQueue
 from ..settings import Settings
-from . import metrics
-from .http_errors import ERROR_RESPONSES, error_response, install_handlers, schema_not_migrated
+from . import metrics, workers
+from .http_errors import (
+    ERROR_RESPONSES,
+    documented_errors,
+    error_response,
+    install_handlers,
+    schema_not_migrated,
+)
 from .middleware import BearerAuth, BodyLimit, HeadAsGet, SameOrigin, TokenSet
 from .models import (
     MAX_JOB_ID,
@@ -36,7 +42,6 @@ from .models import (
     BatchEnqueued,
     BatchItem,
     EnqueueRequest,
-    ErrorBody,
     Health,
     JobList,
     JobOut,
@@ -71,17 +76,6 @@ class _JobIdSegment(StringConvertor):
 
 
 register_url_convertor("pgqueue_job_id", _JobIdSegment())
-
-
-def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    common = {400, 401, 413, 422, 500, 503}
-    return {
-        s: ERROR_RESPONSES.get(s) or {"model": ErrorBody, "description": _DESCRIBE[s]}
-        for s in sorted(common | set(statuses))
-    }
-
-
-_DESCRIBE = {404: "No job has this id.", 409: "The job's state does not allow this."}
 
 
 def create_app(settings: Settings | None = None, *, url: str | None = None) -> FastAPI:
@@ -144,7 +138,7 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
                 "description": "The idempotency key already "
                 "belonged to this job; nothing was written.",
             },
-            **_errors(403),
+            **documented_errors(403),
         },
         summary="Enqueue a job",
     )
@@ -161,7 +155,7 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
         response_model=BatchEnqueued,
         responses={
             200: {"model": BatchEnqueued, "description": "Every job already existed."},
-            **_errors(403),
+            **documented_errors(403),
         },
         summary="Enqueue many jobs in one transaction",
         description=f"Up to {settings.api_max_batch} jobs (setting api_max_batch). All are "
@@ -187,7 +181,7 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
         "/jobs/{job_id:pgqueue_job_id}",
         tags=["jobs"],
         response_model=JobOut,
-        responses=_errors(404),
+        responses=documented_errors(404),
         summary="One job",
     )
     async def get_job(job_id: JobId) -> JobOut:
@@ -197,7 +191,7 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
         "/jobs",
         tags=["jobs"],
         response_model=JobList,
-        responses=_errors(),
+        responses=documented_errors(),
         summary="List jobs, newest first",
     )
     async def list_jobs(
@@ -242,7 +236,7 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
         "/jobs/{job_id:pgqueue_job_id}/cancel",
         tags=["jobs"],
         response_model=JobOut,
-        responses=_errors(403, 404, 409),
+        responses=documented_errors(403, 404, 409),
         summary="Cancel a queued or running job",
         description="A running job's lease is revoked: its worker's result is refused. "
         "409 if the job already finished.",
@@ -254,7 +248,7 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
         "/jobs/{job_id:pgqueue_job_id}/retry",
         tags=["jobs"],
         response_model=JobOut,
-        responses=_errors(403, 404, 409),
+        responses=documented_errors(403, 404, 409),
         summary="Retry a dead or cancelled job",
         description="Back to queued with a fresh attempt budget; 409 for any other state.",
     )
@@ -265,7 +259,7 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
         "/queues",
         tags=["queues"],
         response_model=QueueList,
-        responses=_errors(),
+        responses=documented_errors(),
         summary="Per queue: live jobs by state, outcome totals, lag",
     )
     async def list_queues() -> QueueList:
@@ -298,7 +292,7 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
                 "content": {PROMETHEUS_TEXT: {"schema": {"type": "string"}}},
                 "description": "Prometheus text exposition.",
             },
-            **_errors(),
+            **documented_errors(),
         },
         summary="Prometheus metrics, from one database snapshot",
     )
@@ -332,6 +326,7 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
             return schema_not_migrated(SchemaNotMigrated(pending))
         return Health(status="ok")
 
+    app.include_router(workers.router)
     install_pages(app)
     return app
 

@@ -36,7 +36,13 @@ from ..errors import (
 )
 from .models import ErrorBody
 
-__all__ = ["ERROR_RESPONSES", "error_response", "install_handlers", "schema_not_migrated"]
+__all__ = [
+    "ERROR_RESPONSES",
+    "documented_errors",
+    "error_response",
+    "install_handlers",
+    "schema_not_migrated",
+]
 
 log = logging.getLogger("pgqueue.api")
 
@@ -249,3 +255,16 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         "(run `pgqueue migrate`)."
     ),
 }
+
+
+_DESCRIBE = {404: "No job has this id.", 409: "The job's state does not allow this."}
+
+
+def documented_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The ``responses`` of an operation: the errors every endpoint may
+    answer, and ``statuses`` (403, 404, 409) where it may answer those too."""
+    common = {400, 401, 413, 422, 500, 503}
+    return {
+        s: ERROR_RESPONSES.get(s) or {"model": ErrorBody, "description": _DESCRIBE[s]}
+        for s in sorted(common | set(statuses))
+    }

@@ -8,6 +8,7 @@ with each other and share one now()):
     counters_totals           outcome counters, written by the transitions
                               themselves, so pruning does not lower them
     start_latency_histogram   enqueue-to-start buckets, written at claim
+    worker_list               the workers registry (one row per worker process)
 
 None of them reads finished jobs, so a scrape costs the same with a million
 of them in the table as with none (bench/metrics_history.py).
@@ -23,6 +24,13 @@ Metrics:
                                               errors and expired leases)
     pgqueue_enqueue_to_start_seconds{queue}   histogram: from when the job became
                                               runnable to its claim
+    pgqueue_workers{queue}                    gauge: live worker processes that claim
+                                              from the queue
+    pgqueue_worker_last_seen_seconds{worker}  gauge: since each registered worker's
+                                              last heartbeat (a killed one's grows
+                                              until maintenance prunes its row)
+    pgqueue_worker_stalled{worker}            gauge: 1 for a live worker with free
+                                              slots that has not claimed waiting work
 
 The histogram's buckets are ``Settings.latency_buckets`` of the workers that
 recorded them; the API must run with the same setting.
@@ -31,7 +39,7 @@ recorded them; the API must run with the same setting.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -42,6 +50,8 @@ from prometheus_client.core import (
     Metric,
 )
 
+from .. import presence
+from ..presence import WorkerRow
 from ..transitions import Flow, Statement
 
 __all__ = ["LIVE_STATES", "Snapshot", "render", "snapshot"]
@@ -58,6 +68,7 @@ class Snapshot:
     stats: list[Row]
     counters: list[Row]
     latency: list[Row]
+    workers: list[WorkerRow] = field(default_factory=list)
 
     def queues(self) -> list[str]:
         """Every queue that has live jobs or has ever counted an outcome."""
@@ -73,7 +84,8 @@ def snapshot() -> Flow[Snapshot]:
     stats = yield Statement("queue_stats", {})
     counters = yield Statement("counters_totals", {})
     latency = yield Statement("start_latency_histogram", {})
-    return Snapshot(stats, counters, latency)
+    workers = yield from presence.list_workers()
+    return Snapshot(stats, counters, latency, workers)
 
 
 class _SnapshotCollector:
@@ -114,6 +126,31 @@ class _SnapshotCollector:
                 completed.add_metric([queue, state], float(totals.get(state, 0)))
             failures.add_metric([queue], float(totals.get("failed", 0)))
         yield from (jobs, lag, completed, failures, self._histogram(queues))
+        yield from self._workers(queues)
+
+    def _workers(self, queues: Sequence[str]) -> Iterator[Metric]:
+        live = [w for w in self.snap.workers if w.alive]
+        per_queue = GaugeMetricFamily(
+            "pgqueue_workers", "Live worker processes that claim from the queue.", labels=["queue"]
+        )
+        for queue in queues:
+            serving = [w for w in live if w.queues is None or queue in w.queues]
+            per_queue.add_metric([queue], float(len(serving)))
+        last_seen = GaugeMetricFamily(
+            "pgqueue_worker_last_seen_seconds",
+            "Seconds since each registered worker's last heartbeat.",
+            labels=["worker"],
+        )
+        stalled = GaugeMetricFamily(
+            "pgqueue_worker_stalled",
+            "1 when a live worker with free slots has not claimed work that waits.",
+            labels=["worker"],
+        )
+        for worker in self.snap.workers:
+            last_seen.add_metric([worker.name], worker.last_seen_seconds)
+            if worker.alive:
+                stalled.add_metric([worker.name], 1.0 if worker.stalled else 0.0)
+        yield from (per_queue, last_seen, stalled)
 
     def _histogram(self, queues: Sequence[str]) -> HistogramMetricFamily:
         """Bucket k of the table (width_bucket over the bounds) holds waits in

@@ -332,6 +332,63 @@ WITH RECURSIVE levels AS (
 )
 SELECT extract(epoch FROM min(run_at) - now())::double precision AS seconds FROM firsts;
 
+-- name: worker_register
+-- A worker process starts: its row in the registry (a restarted name
+-- starts afresh).
+INSERT INTO pgqueue_workers AS w (name, host, pid, version, queues, concurrency, expires_at)
+VALUES (%(name)s, %(host)s, %(pid)s, %(version)s, %(queues)s::text[], %(concurrency)s,
+        now() + make_interval(secs => %(expires_in)s))
+ON CONFLICT (name) DO UPDATE
+SET host = excluded.host, pid = excluded.pid, version = excluded.version,
+    queues = excluded.queues, concurrency = excluded.concurrency,
+    started_at = now(), last_seen_at = now(), expires_at = excluded.expires_at,
+    held = 0, running = 0, hung = 0, claimed = 0, last_claim_at = NULL;
+
+-- name: worker_seen
+-- A worker's heartbeat: it is alive, and this is what it holds. Its last
+-- claim comes as seconds ago (the worker's own clock only measures
+-- durations). Returns nothing when the row is gone (pruned while the worker
+-- was cut off): the worker then registers again.
+UPDATE pgqueue_workers
+SET last_seen_at = now(), expires_at = now() + make_interval(secs => %(expires_in)s),
+    held = %(held)s, running = %(running)s, hung = %(hung)s, claimed = %(claimed)s,
+    last_claim_at = CASE WHEN %(claim_seconds_ago)s::double precision IS NULL THEN NULL
+                         ELSE now() - make_interval(secs => %(claim_seconds_ago)s) END
+WHERE name = %(name)s
+RETURNING name;
+
+-- name: worker_leave
+-- A worker stops gracefully: its row goes.
+DELETE FROM pgqueue_workers WHERE name = %(name)s;
+
+-- name: worker_prune
+-- Rows of workers that stopped heartbeating (killed, cut off) longer ago
+-- than `retention_seconds`.
+WITH pruned AS (
+    DELETE FROM pgqueue_workers
+    WHERE expires_at < now() - make_interval(secs => %(retention_seconds)s)
+    RETURNING 1
+)
+SELECT count(*) AS pruned FROM pruned;
+
+-- name: worker_list
+-- The registry, with what the rows do not say themselves: whether each
+-- worker is alive (its last heartbeat has not expired), and whether it is
+-- stalled: alive, with free slots, yet it has not claimed since a job of its
+-- queues became runnable `stall_seconds` ago or more (its claim loop is not
+-- doing its job). One probe of the claim index per worker.
+SELECT w.*, w.expires_at > now() AS alive,
+       extract(epoch FROM now() - w.last_seen_at)::double precision AS last_seen_seconds,
+       w.expires_at > now() AND w.running + w.hung < w.concurrency AND EXISTS (
+           SELECT 1 FROM pgqueue_jobs j
+           WHERE j.state = 'queued'
+             AND j.run_at <= now() - make_interval(secs => %(stall_seconds)s)
+             AND j.run_at > coalesce(w.last_claim_at, w.started_at)
+             AND (w.queues IS NULL OR j.queue = ANY(w.queues))
+       ) AS stalled
+FROM pgqueue_workers w
+ORDER BY w.name;
+
 -- name: queue_stats
 -- Per queue and live state: how many jobs, and the age of the oldest runnable
 -- one. Reads only the partial indexes of queued and running rows: one branch

@@ -1,6 +1,10 @@
 """The worker: runs handlers for claimed jobs (see docs/worker.md).
 
-    runtime.py     AsyncWorker (the asyncio runtime) and Worker (blocking, signals)
+    runtime.py     AsyncWorker: the parts below, wired together and supervised
+    producer.py    claims; executor.py runs handlers; completer.py acks
+    leases.py      heartbeats (the worker's own, in the registry, and its jobs')
+    maintenance.py reaps and prunes; registry.py the jobs it holds
+    blocking.py    Worker: the blocking face, with signal handling
     handlers.py    TaskRegistry, the ``task`` decorator, load_handlers("mod:ATTR")
     _threads.py    the daemon thread pool for sync handlers
 
@@ -22,8 +26,9 @@ import time
 from ..processes import Child, ProcessSupervisor
 from ..queue import resolve_url
 from ..settings import Settings
+from .blocking import Worker
 from .handlers import Task, TaskRegistry, load_handlers, task, tasks
-from .runtime import AsyncWorker, Worker
+from .runtime import AsyncWorker
 
 __all__ = [
     "AsyncWorker",

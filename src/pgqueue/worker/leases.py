@@ -1,7 +1,10 @@
-"""Keeping leases: one heartbeat statement extends every held lease.
+"""Keeping leases: the worker's own, and one statement for every held job's.
 
-Every ``heartbeat_seconds`` the lease keeper extends the leases of all held
-jobs in one ``job_heartbeat``, fenced by their tokens. A job missing from the
+Every ``heartbeat_seconds`` (and once at the start) the lease keeper says in
+the workers registry that this worker is alive and what it holds
+(``presence.seen``; registering again if its row was pruned meanwhile), then
+extends the leases of all held jobs in one ``job_heartbeat``, fenced by
+their tokens. A job missing from the
 reply lost its lease (it was reaped after a stall, or cancelled): an async
 handler still running is cancelled, a sync handler's late result will be
 dropped, an outcome waiting in the outbox is dropped by the completer.
@@ -11,8 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from .. import presence
+from ..presence import WorkerInfo, WorkerLoad
 from ..settings import Settings
 from ..transitions import heartbeat
 from .connection import FlowRunner
@@ -28,23 +34,31 @@ class LeaseKeeper:
     held: HeldJobs
     settings: Settings
     events: EventLog
+    info: WorkerInfo
+    load: Callable[[], WorkerLoad]
 
     async def heartbeat_loop(self) -> None:
-        """``beat()`` every heartbeat interval, for ever."""
+        """``beat()`` now, then every heartbeat interval, for ever."""
         interval = self.settings.heartbeat_seconds
         backoff = Backoff(self.events, "heartbeat")
+        delay = 0.0
         while True:
-            # After a failure, try again sooner: the leases are running out.
-            await asyncio.sleep(backoff.within(interval))
+            await asyncio.sleep(delay)
             try:
                 await self.beat()
             except WAIT_OUT as exc:
                 backoff.note(exc)
-                continue
-            backoff.succeeded()
+            else:
+                backoff.succeeded()
+            # After a failure, try again sooner: the leases are running out.
+            delay = backoff.within(interval)
 
     async def beat(self) -> None:
-        """Extend every held lease once; drop the jobs whose lease is gone."""
+        """Say the worker is alive; extend every held lease once; drop the
+        jobs whose lease is gone."""
+        interval = self.settings.heartbeat_seconds
+        if not await self.conn.run(presence.seen(self.info.name, self.load(), interval)):
+            await self.conn.run(presence.register(self.info, interval))
         leases = self.held.leases()
         if not leases:
             return

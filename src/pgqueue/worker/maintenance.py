@@ -13,6 +13,7 @@ import logging
 import random
 import time
 
+from .. import presence
 from ..settings import Settings
 from ..transitions import prune, reap
 from .connection import FlowRunner
@@ -70,7 +71,9 @@ class Maintenance:
             await asyncio.sleep(0)
 
     async def prune(self) -> None:
-        """Delete finished jobs past the retention period."""
+        """Delete finished jobs past the retention period, and the registry
+        rows of workers long gone."""
+        await self.conn.run(presence.prune(self.settings.worker_retention_seconds))
         total = 0
         for _ in range(MAX_BATCHES):
             pruned = await self.conn.run(prune(self.settings))

@@ -50,6 +50,7 @@ class Producer:
         self.queues = list(queues) if queues else None
         self.start = start
         self.stats = {"claimed": 0, "claims": 0}
+        self.last_claim_at: float | None = None  # monotonic
         self.stopping = False
         self._wake = asyncio.Event()  # work may be ready (or we are stopping)
         self._last_claim_full = True  # start by looking for work
@@ -92,8 +93,13 @@ class Producer:
             if not self._last_claim_full:
                 await self._refresh_next_due()
 
+    def seconds_since_claim(self) -> float | None:
+        """Since the last claim statement that worked (None: none yet)."""
+        return None if self.last_claim_at is None else time.monotonic() - self.last_claim_at
+
     def _claimed(self, jobs: list[Job], *, full: bool) -> None:
         self.stats["claims"] += 1
+        self.last_claim_at = time.monotonic()
         self._last_claim_full = full
         if not jobs:
             return

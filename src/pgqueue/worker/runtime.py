@@ -23,19 +23,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import importlib.metadata
 import logging
 import os
-import signal
 import socket
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
+from .. import presence
 from ..driver import RETRYABLE_ERRORS
 from ..errors import WorkerFailed
 from ..jobs import Job
+from ..presence import WorkerInfo, WorkerLoad
 from ..queue import resolve_url
 from ..settings import Settings
 from ..transitions import Outcome, schema_pending
@@ -50,7 +51,7 @@ from .maintenance import Maintenance
 from .producer import Producer
 from .registry import Held, HeldJobs, Stage
 
-__all__ = ["AsyncWorker", "Worker"]
+__all__ = ["AsyncWorker"]
 
 log = logging.getLogger("pgqueue.worker")
 
@@ -59,6 +60,14 @@ Hints = Callable[[str], AsyncIterator[str | None]]
 
 def default_worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+@functools.cache
+def _version() -> str:
+    try:
+        return importlib.metadata.version("pgqueue")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 class AsyncWorker:
@@ -197,8 +206,21 @@ class AsyncWorker:
             claims, self.held, s, events, queues=self.queues, start=self._start
         )
         self.completer = Completer(outcomes, self.held, s, events)
-        self.lease_keeper = LeaseKeeper(upkeep, self.held, s, events)
+        info = WorkerInfo(
+            self.name, socket.gethostname(), os.getpid(), _version(), self.queues, self.concurrency
+        )
+        self.lease_keeper = LeaseKeeper(upkeep, self.held, s, events, info, self._load)
         self.maintenance = Maintenance(upkeep, s, events)
+
+    def _load(self) -> WorkerLoad:
+        """What this worker holds now, for the workers registry."""
+        return WorkerLoad(
+            held=len(self.held),
+            running=self.held.running,
+            hung=self.threads.hung,
+            claimed=self.producer.stats["claimed"],
+            claim_seconds_ago=self.producer.seconds_since_claim(),
+        )
 
     def _start_parts(self) -> None:
         url = self.url
@@ -389,86 +411,11 @@ class AsyncWorker:
         for held in self.held:
             if held.task is not None and not held.task.done():
                 held.task.cancel()
+        with contextlib.suppress(Exception):  # else its row expires, as a killed worker's
+            await asyncio.wait_for(connections[2].run(presence.leave(self.name)), 2.0)
         for conn in connections:
             await conn.close()
         self.threads.shutdown()
         assert self._finished is not None
         self._finished.set()
         self.events(logging.INFO, "stopped", "worker %s stopped", self.name)
-
-
-class Worker:
-    """The blocking face: ``Worker(handlers).run()`` works until SIGTERM or
-    SIGINT, then shuts down gracefully; a second signal exits at once."""
-
-    def __init__(
-        self,
-        handlers: Mapping[str, Any] | TaskRegistry,
-        *,
-        settings: Settings | None = None,
-        url: str | None = None,
-        queues: Sequence[str] | None = None,
-        concurrency: int | None = None,
-        name: str | None = None,
-        listen: bool = True,
-    ) -> None:
-        self._args: dict[str, Any] = dict(
-            handlers=handlers,
-            settings=settings,
-            url=url,
-            queues=queues,
-            concurrency=concurrency,
-            name=name,
-            listen=listen,
-        )
-        self.worker: AsyncWorker | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._signals = 0
-
-    def run(self) -> int:
-        """Run until signalled; return the exit code: 0 after a clean stop,
-        1 when a part of the worker failed (logged with its traceback)."""
-        return asyncio.run(self._main())
-
-    async def _main(self) -> int:
-        worker = self.worker = AsyncWorker(**self._args)
-        loop = self._loop = asyncio.get_running_loop()
-        installed = []
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self._on_signal, sig)
-                installed.append(sig)
-        try:
-            await worker.run()
-        except WorkerFailed as exc:
-            log.error("%s; exiting with status 1", exc, extra={"action": "exit"})
-            return 1
-        finally:
-            for sig in installed:
-                loop.remove_signal_handler(sig)
-        return 0
-
-    def _on_signal(self, sig: signal.Signals) -> None:
-        self._signals += 1
-        assert self.worker is not None
-        if self._signals == 1:
-            log.info(
-                "received %s: stopping (send it again to exit at once)",
-                sig.name,
-                extra={"action": "shutdown", "worker_id": self.worker.name},
-            )
-            self.worker.request_stop()
-            return
-        log.warning(
-            "received %s again: exiting now; unwritten outcomes return to the "
-            "queue when their leases expire",
-            sig.name,
-            extra={"action": "shutdown", "worker_id": self.worker.name},
-        )
-        logging.shutdown()
-        os._exit(128 + sig)
-
-    def request_stop(self) -> None:
-        """Stop gracefully, as on SIGTERM; safe to call from any thread."""
-        if self.worker is not None and self._loop is not None:
-            self._loop.call_soon_threadsafe(self.worker.request_stop)
