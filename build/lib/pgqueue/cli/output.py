@@ -1,0 +1,176 @@
+"""What the command line prints: Rich for people, plain JSON with --json.
+
+Consoles are made per invocation (not at import), so that colour and width
+follow the stream the command actually writes to: colours go away when
+output is piped, and NO_COLOR is honoured (Rich does both).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from ..jobs import Job, JobState
+from ..stats import QueueStats
+
+__all__ = [
+    "STATE_STYLES",
+    "age",
+    "emit_json",
+    "error_line",
+    "jobs_table",
+    "queues_table",
+    "stderr_console",
+    "stdout_console",
+]
+
+STATE_STYLES = {
+    JobState.QUEUED: "cyan",
+    JobState.RUNNING: "yellow",
+    JobState.SUCCEEDED: "green",
+    JobState.DEAD: "bold red",
+    JobState.CANCELLED: "dim",
+}
+
+
+def stdout_console() -> Console:
+    return Console(file=sys.stdout, soft_wrap=False)
+
+
+def stderr_console() -> Console:
+    return Console(file=sys.stderr, soft_wrap=True)
+
+
+def error_line(message: str, *, console: Console | None = None) -> None:
+    """One red line on stderr: ``error: <message>`` (only the first line of it)."""
+    first = message.strip().splitlines()[0] if message.strip() else "failed"
+    (console or stderr_console()).print(f"[bold red]error:[/] {escape(first)}", highlight=False)
+
+
+def emit_json(value: Any) -> None:
+    """One JSON document on stdout, newline-terminated."""
+    sys.stdout.write(json.dumps(value, default=_json_default, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def age(seconds: float | None) -> str:
+    """A short human duration: 850ms, 12.5s, 3m04s, 2h05m, 3d04h."""
+    if seconds is None:
+        return "-"
+    if seconds < 0:
+        return "in " + age(-seconds)
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h{minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours:02d}h"
+
+
+def state_text(state: JobState) -> str:
+    return f"[{STATE_STYLES[state]}]{state}[/]"
+
+
+def jobs_table(jobs: Iterable[Job], now: datetime) -> Table:
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for name, justify in (
+        ("id", "right"),
+        ("queue", "left"),
+        ("task", "left"),
+        ("state", "left"),
+        ("tries", "right"),
+        ("prio", "right"),
+        ("enqueued", "right"),
+        ("run at", "right"),
+        ("last error", "left"),
+    ):
+        table.add_column(name, justify=justify, no_wrap=name != "last error")  # type: ignore[arg-type]
+    for job in jobs:
+        run_in = (job.run_at - now).total_seconds()
+        table.add_row(
+            str(job.id),
+            escape(job.queue),
+            escape(job.task),
+            state_text(job.state),
+            f"{job.attempts}/{job.max_attempts}",
+            str(job.priority),
+            age((now - job.enqueued_at).total_seconds()) + " ago",
+            ("in " + age(run_in))
+            if job.state is JobState.QUEUED and run_in > 0
+            else "now"
+            if job.state is JobState.QUEUED
+            else "-",
+            escape((job.last_error or "").splitlines()[0][:80]) if job.last_error else "",
+        )
+    return table
+
+
+QUEUE_COLUMNS = ("queued", "scheduled", "running", "succeeded", "failed", "dead", "cancelled")
+# Short headers, so that the table fits 80 columns when piped.
+_HEADERS = ("queued", "sched", "running", "ok", "failed", "dead", "cancel")
+QUEUES_CAPTION = (
+    "queued (runnable now), sched (later), running: now.  ok, failed (attempts), dead, "
+    "cancel: totals.  oldest: wait of the oldest runnable job.  1m: ok or dead in the "
+    "last minute."
+)
+
+
+def queues_table(
+    rows: Mapping[str, QueueStats], total: QueueStats, title: str | None = None
+) -> Table:
+    """The per-queue table of ``queues`` and ``top``, with a total row."""
+    table = Table(
+        box=None,
+        header_style="bold",
+        pad_edge=False,
+        title=title,
+        title_justify="left",
+        title_style="bold",
+        caption=QUEUES_CAPTION,
+        caption_justify="left",
+        caption_style="dim",
+    )
+    table.add_column("queue", overflow="fold")
+    for header in _HEADERS:
+        table.add_column(header, justify="right", no_wrap=True)
+    table.add_column("oldest", justify="right", no_wrap=True)
+    table.add_column("1m", justify="right", no_wrap=True)
+    for name, row in rows.items():
+        table.add_row(escape(name), *_queue_cells(row))
+    table.add_row("total", *_queue_cells(total), style="bold")
+    return table
+
+
+def _queue_cells(row: QueueStats) -> list[str]:
+    return [
+        *(_count(column, getattr(row, column)) for column in QUEUE_COLUMNS),
+        age(row.oldest_runnable_seconds) if row.queued else "-",
+        str(row.finished_last_minute),
+    ]
+
+
+def _count(name: str, value: int) -> str:
+    if value and name == "dead":
+        return f"[red]{value}[/]"
+    if value and name == "running":
+        return f"[yellow]{value}[/]"
+    return str(value)

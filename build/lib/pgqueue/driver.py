@@ -1,0 +1,248 @@
+"""The driver: the one place where a flow's statements meet a database.
+
+A flow (``transitions.py``) yields ``Statement(name, params)`` and is sent
+back the rows. ``run`` and ``run_async`` are the only loops that drive flows;
+a *session* says how one statement runs on one kind of connection:
+
+    CursorSession        a psycopg Cursor: Queue, and a caller's sync connection
+    AsyncCursorSession   a psycopg AsyncCursor: AsyncQueue, the worker
+    AsyncpgSession       a caller's asyncpg connection (transactional enqueue)
+
+The unit tests add a scripted in-memory session of their own. Rows come back
+as dicts, or as ``Job`` objects for a statement marked ``jobs=True``: the
+session builds them from plain tuples, which matters for a claim of hundreds
+of rows (no dict per row).
+
+Internal: the session classes may change between releases.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Sequence
+from typing import Any, Protocol, TypeVar
+
+import psycopg
+from psycopg.abc import AdaptContext
+from psycopg.adapt import Dumper
+from psycopg.rows import tuple_row
+
+from .jobs import Job
+from .sql import QUERIES
+from .transitions import Flow, Statement
+
+__all__ = [
+    "RETRYABLE_ERRORS",
+    "SCHEMA_ERRORS",
+    "AsyncCursorSession",
+    "AsyncSession",
+    "AsyncpgSession",
+    "CursorSession",
+    "Session",
+    "async_tuple_cursor",
+    "is_asyncpg_connection",
+    "register_array_dumper",
+    "run",
+    "run_async",
+    "tuple_cursor",
+]
+
+T = TypeVar("T")
+
+# Errors after which the same statement can succeed later: the database is
+# unreachable or the session is gone, or the server refuses for now (a
+# read-only standby after a failover, a serialization failure, a deadlock, a
+# lock timeout). Anything else from the driver is a bug or bad data.
+RETRYABLE_ERRORS = (
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+    OSError,
+    psycopg.errors.ReadOnlySqlTransaction,
+    psycopg.errors.SerializationFailure,
+    psycopg.errors.DeadlockDetected,
+    psycopg.errors.LockNotAvailable,
+)
+# What PostgreSQL says when pgqueue's tables, columns or functions are not
+# there: the database was never migrated, or is older than this code.
+SCHEMA_ERRORS = (
+    psycopg.errors.UndefinedTable,
+    psycopg.errors.UndefinedColumn,
+    psycopg.errors.UndefinedFunction,
+)
+
+
+class Session(Protocol):
+    def execute(self, statement: Statement) -> list[Any]: ...
+
+
+class AsyncSession(Protocol):
+    async def execute(self, statement: Statement) -> list[Any]: ...
+
+
+def run(flow: Flow[T], session: Session) -> T:
+    """Run each statement the flow yields, sending back its rows; return the
+    flow's result."""
+    try:
+        statement = next(flow)
+        while True:
+            statement = flow.send(session.execute(statement))
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+async def run_async(flow: Flow[T], session: AsyncSession) -> T:
+    """``run`` for an asyncio session."""
+    try:
+        statement = next(flow)
+        while True:
+            statement = flow.send(await session.execute(statement))
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+def _shaped(statement: Statement, names: Sequence[str], rows: list[tuple[Any, ...]]) -> list[Any]:
+    if statement.jobs:
+        return Job.from_tuples(names, rows)
+    return [dict(zip(names, row, strict=True)) for row in rows]
+
+
+class CursorSession:
+    """Statements on a psycopg cursor. ``prepare`` as in ``Cursor.execute``
+    (None: psycopg prepares a statement once it has run a few times)."""
+
+    def __init__(self, cursor: psycopg.Cursor[Any], *, prepare: bool | None = None) -> None:
+        self.cursor = cursor
+        self.prepare = prepare
+
+    def execute(self, statement: Statement) -> list[Any]:
+        cur = self.cursor
+        if statement.copy_rows is not None:
+            with cur.copy(QUERIES[statement.name]) as copy:
+                for row in statement.copy_rows:
+                    copy.write_row(row)
+            return []
+        cur.execute(QUERIES[statement.name], statement.params, prepare=self.prepare)
+        if cur.description is None:
+            return []
+        return _shaped(statement, [c.name for c in cur.description], cur.fetchall())
+
+
+class AsyncCursorSession:
+    """Statements on a psycopg async cursor."""
+
+    def __init__(self, cursor: psycopg.AsyncCursor[Any], *, prepare: bool | None = None) -> None:
+        self.cursor = cursor
+        self.prepare = prepare
+
+    async def execute(self, statement: Statement) -> list[Any]:
+        cur = self.cursor
+        if statement.copy_rows is not None:
+            async with cur.copy(QUERIES[statement.name]) as copy:
+                for row in statement.copy_rows:
+                    await copy.write_row(row)
+            return []
+        await cur.execute(QUERIES[statement.name], statement.params, prepare=self.prepare)
+        if cur.description is None:
+            return []
+        return _shaped(statement, [c.name for c in cur.description], await cur.fetchall())
+
+
+def tuple_cursor(connection: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
+    """A cursor of plain tuples on any psycopg connection (the caller's
+    included), with pgqueue's array parameters."""
+    cursor = connection.cursor(row_factory=tuple_row)
+    register_array_dumper(cursor)
+    return cursor
+
+
+def async_tuple_cursor(connection: psycopg.AsyncConnection[Any]) -> psycopg.AsyncCursor[Any]:
+    cursor = connection.cursor(row_factory=tuple_row)
+    register_array_dumper(cursor)
+    return cursor
+
+
+# -- array parameters ------------------------------------------------------------
+
+
+def _array_element(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if value is True:
+        return "t"
+    if value is False:
+        return "f"
+    if isinstance(value, int | float):
+        return repr(value)
+    text = str(value).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{text}"'
+
+
+class ArrayLiteralDumper(Dumper):
+    """Lists as array literals of unknown type, for the statement's cast
+    (every array parameter in queries.sql is cast: ``%(ids)s::bigint[]``).
+    The worker's statements carry arrays of hundreds of ids, tokens and
+    results; psycopg's generic list dumper adapts them one element at a time
+    in Python, and was a tenth of the worker's time in a profile."""
+
+    oid = 0
+
+    def dump(self, obj: Any) -> bytes:
+        return ("{" + ",".join(map(_array_element, obj)) + "}").encode()
+
+
+def register_array_dumper(context: AdaptContext) -> None:
+    """Use ArrayLiteralDumper for lists on a connection or a cursor (a
+    cursor's adapters do not leak into the caller's connection)."""
+    context.adapters.register_dumper(list, ArrayLiteralDumper)
+
+
+# -- asyncpg ------------------------------------------------------------------------
+
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
+_JSON_COLUMNS = ("payload", "result")
+
+
+def is_asyncpg_connection(connection: Any) -> bool:
+    return type(connection).__module__.split(".", 1)[0] == "asyncpg"
+
+
+@functools.cache
+def positional(name: str) -> tuple[str, tuple[str, ...]]:
+    """The query ``name`` with asyncpg's $n placeholders instead of psycopg's
+    %(name)s, and the parameter names in order."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(0) == "%%":
+            return "%"
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    return _PLACEHOLDER.sub(number, QUERIES[name]), tuple(names)
+
+
+class AsyncpgSession:
+    """Statements on a caller's asyncpg connection, for transactional enqueue
+    from code that already uses asyncpg. asyncpg returns jsonb as text, so
+    the JSON columns are decoded here."""
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+
+    async def execute(self, statement: Statement) -> list[Any]:
+        if statement.copy_rows is not None:
+            raise TypeError("COPY statements are not run over asyncpg")
+        query, names = positional(statement.name)
+        records = await self.connection.fetch(query, *(statement.params[n] for n in names))
+        rows = [_decoded(dict(record)) for record in records]
+        return [Job.from_row(row) for row in rows] if statement.jobs else rows
+
+
+def _decoded(row: dict[str, Any]) -> dict[str, Any]:
+    for column in _JSON_COLUMNS:
+        if isinstance(row.get(column), str):
+            row[column] = json.loads(row[column])
+    return row

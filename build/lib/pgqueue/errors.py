@@ -1,0 +1,105 @@
+"""The exceptions pgqueue raises.
+
+PgQueueError
+├── InvalidJob            bad input to enqueue; nothing was written
+├── InvalidSettings       a setting out of range or of the wrong type
+├── JobNotFound           no job has that id
+├── JobStateConflict      the transition does not apply to the job's state
+│   ├── JobAlreadyFinished   cancel of a succeeded, dead or cancelled job
+│   └── JobNotRetryable      retry of a job that is not dead or cancelled
+├── WaitTimeout           wait() gave up before the job finished
+├── DatabaseUnavailable   the database did not answer in time
+├── SchemaNotMigrated     the database lacks pgqueue's tables, or has an older schema
+└── WorkerFailed          a part of a worker failed unexpectedly; the worker stopped
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DatabaseUnavailable",
+    "InvalidJob",
+    "InvalidSettings",
+    "JobAlreadyFinished",
+    "JobNotFound",
+    "JobNotRetryable",
+    "JobStateConflict",
+    "PgQueueError",
+    "SchemaNotMigrated",
+    "WaitTimeout",
+    "WorkerFailed",
+]
+
+
+class PgQueueError(Exception):
+    """Root of every error pgqueue raises on purpose."""
+
+
+class InvalidJob(PgQueueError, ValueError):
+    """An enqueue argument is invalid. ``field`` names it; nothing was written."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{field}: {problem}")
+
+
+class InvalidSettings(PgQueueError, ValueError):
+    """A setting is out of range or of the wrong type."""
+
+
+class JobNotFound(PgQueueError, LookupError):
+    """No job has this id."""
+
+    def __init__(self, job_id: int) -> None:
+        self.job_id = job_id
+        super().__init__(f"job {job_id} does not exist")
+
+
+class JobStateConflict(PgQueueError):
+    """The requested transition does not apply to the job's current state."""
+
+    def __init__(self, job_id: int, state: str, action: str) -> None:
+        self.job_id = job_id
+        self.state = state
+        super().__init__(f"cannot {action} job {job_id}: it is {state}")
+
+
+class JobAlreadyFinished(JobStateConflict):
+    """Cancel of a job that already succeeded, died or was cancelled."""
+
+
+class JobNotRetryable(JobStateConflict):
+    """Retry of a job that is not dead or cancelled."""
+
+
+class WaitTimeout(PgQueueError, TimeoutError):
+    """The job did not finish within the wait's timeout."""
+
+    def __init__(self, job_id: int, timeout: float) -> None:
+        self.job_id = job_id
+        super().__init__(f"job {job_id} did not finish within {timeout:g} s")
+
+
+class DatabaseUnavailable(PgQueueError, ConnectionError):
+    """The database could not be reached within the configured wait."""
+
+
+class SchemaNotMigrated(PgQueueError):
+    """The database has no pgqueue schema, or an older one than this code.
+    ``pending`` lists the migrations not applied (empty when unknown)."""
+
+    def __init__(self, pending: list[str] | None = None) -> None:
+        self.pending = list(pending or [])
+        missing = f" (missing: {', '.join(self.pending)})" if self.pending else ""
+        super().__init__(f"the database schema is not migrated{missing}: run `pgqueue migrate`")
+
+
+class WorkerFailed(PgQueueError):
+    """A part of the worker (``part``: claims, outcomes, heartbeats, ...)
+    failed unexpectedly. The worker stopped gracefully; the cause is chained
+    and was logged with its traceback."""
+
+    def __init__(self, worker: str, part: str, cause: BaseException) -> None:
+        self.worker = worker
+        self.part = part
+        super().__init__(f"worker {worker}: {part} failed: {type(cause).__name__}: {cause}")

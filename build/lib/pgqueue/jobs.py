@@ -1,0 +1,286 @@
+"""What a job is, and the one shape every new job has on every surface.
+
+A new job has nine fields, named after the columns of the jobs table:
+
+    task, payload, queue, priority, delay_seconds, run_at, max_attempts,
+    timeout_seconds, idempotency_key
+
+``delay`` and ``timeout`` are aliases of ``delay_seconds`` and
+``timeout_seconds``; a job that gives a name and its alias is refused.
+``JOB_FIELDS`` describes each field once (its rule, default and meaning).
+``JobSpec.from_fields`` checks a mapping of fields against it: the library's
+``enqueue`` and ``enqueue_many``, the HTTP API and ``pgqueue enqueue-file``
+all call it, and the HTTP request model and its OpenAPI schema are built from
+the same table (``api/models.py``). Errors name the field as the caller
+spelled it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from .checks import Integer, Key, Moment, Name, Payload, Rule, Seconds, dump_json, printable
+from .errors import InvalidJob
+
+__all__ = [
+    "FIELD_ALIASES",
+    "JOB_FIELDS",
+    "MAX_ATTEMPTS",
+    "MAX_DELAY_SECONDS",
+    "MAX_KEY_LENGTH",
+    "MAX_PRIORITY",
+    "MAX_TIMEOUT_SECONDS",
+    "QUEUE_NAME",
+    "TASK_NAME",
+    "Job",
+    "JobField",
+    "JobSpec",
+    "JobState",
+    "build_specs",
+    "dump_json",
+]
+
+MAX_PRIORITY = 32767
+MAX_ATTEMPTS = 1000
+DEFAULT_MAX_ATTEMPTS = 5
+MAX_DELAY_SECONDS = 10 * 365 * 24 * 3600.0
+MAX_TIMEOUT_SECONDS = 7 * 24 * 3600.0
+MAX_KEY_LENGTH = 255
+TASK_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:\-]{0,199}")
+QUEUE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,62}")
+
+
+class JobState(enum.StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED)
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A row of the jobs table. ``duplicate`` is set by enqueue when the
+    idempotency key already belonged to this job (nothing new was written)."""
+
+    id: int
+    queue: str
+    task: str
+    payload: dict[str, Any]
+    priority: int
+    state: JobState
+    run_at: datetime
+    attempts: int
+    max_attempts: int
+    timeout_seconds: float | None
+    lease_token: int | None
+    lease_expires_at: datetime | None
+    worker: str | None
+    last_error: str | None
+    result: Any
+    idempotency_key: str | None
+    enqueued_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    duplicate: bool = False
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any], *, duplicate: bool = False) -> Job:
+        values = [row[name] for name in _COLUMNS]
+        values[_STATE_INDEX] = _STATES[values[_STATE_INDEX]]
+        return cls(*values, duplicate=duplicate)  # type: ignore[misc]  # mypy cannot count a list
+
+    @classmethod
+    def from_tuples(cls, names: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[Job]:
+        """Jobs from plain result tuples whose columns are ``names``: the
+        claim's hot path, without a dict per row."""
+        picks = [names.index(name) for name in _COLUMNS]
+        jobs = []
+        for row in rows:
+            values = [row[i] for i in picks]
+            values[_STATE_INDEX] = _STATES[values[_STATE_INDEX]]
+            jobs.append(cls(*values))
+        return jobs
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form: datetimes as ISO 8601 strings."""
+        out: dict[str, Any] = {}
+        for name in _COLUMNS:
+            value = getattr(self, name)
+            out[name] = value.isoformat() if isinstance(value, datetime) else value
+        out["state"] = str(self.state)
+        return out
+
+
+_COLUMNS = tuple(f.name for f in fields(Job) if f.name != "duplicate")
+_STATE_INDEX = _COLUMNS.index("state")
+_STATES = {state.value: state for state in JobState}
+
+
+# -- a new job -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class JobField:
+    """One field of a new job. A missing field takes ``default``; so does a
+    null one when ``nullable``. ``alias`` is another accepted name."""
+
+    name: str
+    rule: Rule
+    description: str
+    default: Any = None
+    nullable: bool = True
+    required: bool = False
+    alias: str | None = None
+
+
+JOB_FIELDS: tuple[JobField, ...] = (
+    JobField("task", Name(TASK_NAME), "The handler's name.", nullable=False, required=True),
+    JobField(
+        "payload",
+        Payload(),
+        "The job's arguments: a JSON object (no NaN or Infinity, no NUL character, "
+        "no lone surrogate).",
+        default={},
+    ),
+    JobField("queue", Name(QUEUE_NAME), "The queue's name.", default="default", nullable=False),
+    JobField(
+        "priority",
+        Integer(-MAX_PRIORITY, MAX_PRIORITY),
+        "Higher runs first.",
+        default=0,
+        nullable=False,
+    ),
+    JobField(
+        "delay_seconds",
+        Seconds(0.0, MAX_DELAY_SECONDS),
+        "Run no earlier than this many seconds from now.",
+        default=0,
+        alias="delay",
+    ),
+    JobField(
+        "run_at",
+        Moment(MAX_DELAY_SECONDS),
+        "Run no earlier than this time (ISO 8601 with a time zone; a time in the past "
+        "means now). Give delay_seconds or run_at, not both.",
+    ),
+    JobField(
+        "max_attempts",
+        Integer(1, MAX_ATTEMPTS),
+        "Attempts before the job is dead (default: the setting default_max_attempts).",
+    ),
+    JobField(
+        "timeout_seconds",
+        Seconds(0.0, MAX_TIMEOUT_SECONDS, exclusive_low=True),
+        "Time limit of one attempt (default: the handler's own, else none).",
+        alias="timeout",
+    ),
+    JobField(
+        "idempotency_key",
+        Key(MAX_KEY_LENGTH),
+        "A second enqueue with this key returns the first job and writes nothing.",
+    ),
+)
+FIELD_ALIASES = {f.alias: f.name for f in JOB_FIELDS if f.alias}
+_REQUIRED = [f.name for f in JOB_FIELDS if f.required]
+# Each field by every name it is accepted by.
+_BY_NAME = {name: f for f in JOB_FIELDS for name in (f.name, f.alias) if name}
+# The checked value of each field when it is missing (max_attempts: the caller's default).
+_DEFAULTS: dict[str, Any] = {
+    f.name: None if f.default is None else f.rule.check(f.name, f.default) for f in JOB_FIELDS
+}
+
+
+def _unknown(name: Any) -> InvalidJob:
+    shown = printable(str(name))
+    guess = difflib.get_close_matches(shown, _BY_NAME, n=1)
+    known = ", ".join(f.name for f in JOB_FIELDS)
+    hint = f"did you mean '{guess[0]}'?" if guess else f"the fields are {known}"
+    return InvalidJob(shown, f"unknown field '{shown}' ({hint})")
+
+
+class JobSpec(NamedTuple):
+    """A validated request to enqueue one job: build it with ``from_fields``
+    (or ``build``). A named tuple: bulk enqueues build a hundred thousand."""
+
+    task: str
+    payload_json: str
+    queue: str
+    priority: int
+    run_at: datetime | None
+    delay_seconds: float
+    max_attempts: int
+    timeout_seconds: float | None
+    idempotency_key: str | None
+
+    @classmethod
+    def from_fields(
+        cls, given: Mapping[str, Any], *, default_max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    ) -> JobSpec:
+        """Check a mapping of fields (canonical names or aliases; a missing
+        or null optional field takes its default); raise InvalidJob naming
+        the first bad field in the mapping's order, unknown fields included."""
+        values = dict(_DEFAULTS)
+        names: dict[str, str] = {}  # canonical name -> the name it was given by
+        for name, value in given.items():
+            job_field = _BY_NAME.get(name)
+            if job_field is None:
+                raise _unknown(name)
+            if job_field.name in names:
+                raise InvalidJob(
+                    job_field.name, f"give {names[job_field.name]} or {name}, not both"
+                )
+            names[job_field.name] = name
+            if value is not None or not job_field.nullable:
+                values[job_field.name] = job_field.rule.check(name, value)
+        for required in _REQUIRED:
+            if required not in names:
+                raise InvalidJob(required, "missing")
+        delay = names.get("delay_seconds")
+        if values["run_at"] is not None and delay is not None and given[delay] is not None:
+            raise InvalidJob("run_at", f"give {delay} or run_at, not both")
+        return cls(
+            values["task"],
+            values["payload"],
+            values["queue"],
+            values["priority"],
+            values["run_at"],
+            values["delay_seconds"],
+            values["max_attempts"] or default_max_attempts,
+            values["timeout_seconds"],
+            values["idempotency_key"],
+        )
+
+    @classmethod
+    def build(cls, task: Any, payload: Any = None, **fields: Any) -> JobSpec:
+        """``from_fields`` with the task, payload and fields as arguments."""
+        return cls.from_fields({"task": task, "payload": payload, **fields})
+
+
+def build_specs(
+    jobs: Iterable[JobSpec | Mapping[str, Any]], *, default_max_attempts: int
+) -> list[JobSpec]:
+    """Validate a batch up front, so that one bad job writes nothing; the
+    error names the job by its index: ``jobs[3].priority``."""
+    specs = []
+    for index, job in enumerate(jobs):
+        if isinstance(job, JobSpec):
+            specs.append(job)
+            continue
+        if not isinstance(job, Mapping):
+            raise InvalidJob(f"jobs[{index}]", f"must be a mapping, got {type(job).__name__}")
+        try:
+            specs.append(JobSpec.from_fields(job, default_max_attempts=default_max_attempts))
+        except InvalidJob as exc:
+            raise InvalidJob(f"jobs[{index}].{exc.field}", exc.problem) from None
+    return specs

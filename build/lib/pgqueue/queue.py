@@ -1,0 +1,368 @@
+"""The two faces of the queue: ``Queue`` (blocking) and ``AsyncQueue`` (asyncio).
+
+Both drive the same transition generators from ``transitions``; this module
+only owns connections: a pool that checks connections on checkout (so a
+database restart costs one failed check, not a failed call), bounded waits,
+and running a transition on the caller's own connection so that a job
+commits or rolls back with the caller's data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
+
+from . import driver
+from . import transitions as t
+from .driver import SCHEMA_ERRORS, is_asyncpg_connection
+from .embedded import EmbeddedPostgres
+from .errors import DatabaseUnavailable, SchemaNotMigrated, WaitTimeout
+from .jobs import Job, JobSpec, JobState, build_specs
+from .settings import Settings
+from .transitions import Enqueued, Flow, Outcome
+from .waiting import WAIT_POLL_SECONDS, AsyncWaiters, Waiters
+
+__all__ = ["AsyncQueue", "Queue", "resolve_url"]
+
+T = TypeVar("T")
+
+
+def resolve_url(settings: Settings) -> str:
+    """The database to use: DATABASE_URL, or the embedded server (started if needed)."""
+    if settings.database_url:
+        return settings.database_url
+    return EmbeddedPostgres(settings.data_dir).ensure_running()
+
+
+def _caller_connection(connection: Any) -> Any:
+    """The psycopg connection behind what the caller passed: a psycopg
+    (Async)Connection, or a SQLAlchemy Connection/Session on the psycopg driver.
+    (AsyncQueue also takes an asyncpg connection; see _asyncpg.py.)"""
+    if isinstance(connection, psycopg.Connection | psycopg.AsyncConnection):
+        return connection
+    if callable(getattr(connection, "connection", None)):  # SQLAlchemy Session
+        connection = connection.connection()
+    driver = getattr(getattr(connection, "connection", None), "driver_connection", None)
+    if isinstance(driver, psycopg.Connection | psycopg.AsyncConnection):
+        return driver
+    raise TypeError(
+        "connection must be a psycopg connection, a SQLAlchemy connection or session "
+        "using the psycopg driver, or (with AsyncQueue) an asyncpg connection; "
+        f"got {type(connection).__name__}"
+    )
+
+
+class _Common:
+    """Settings, URL and the validation shared by both faces."""
+
+    def __init__(self, url: str | None, settings: Settings | None) -> None:
+        self.settings = settings or Settings.load()
+        self._url = url
+
+    def _spec(self, task: Any, payload: Any, **fields: Any) -> JobSpec:
+        return JobSpec.from_fields(
+            {"task": task, "payload": payload, **fields},
+            default_max_attempts=self.settings.default_max_attempts,
+        )
+
+    def _specs(self, jobs: Iterable[JobSpec | Mapping[str, Any]]) -> list[JobSpec]:
+        return build_specs(jobs, default_max_attempts=self.settings.default_max_attempts)
+
+    def _claim(self, limit: int, worker: str, queues: Sequence[str] | None) -> Flow[list[Job]]:
+        if not 1 <= limit <= 10_000:
+            raise ValueError(f"limit must be between 1 and 10000, got {limit}")
+        return t.claim(self.settings, limit=limit, worker=worker, queues=queues)
+
+    def _pool_kwargs(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "min_size": s.pool_min_size,
+            "max_size": s.pool_max_size,
+            "timeout": s.pool_timeout_seconds,
+            # A server that accepts connections but never answers must not
+            # hold a pool slot for minutes.
+            "kwargs": {"autocommit": True, "connect_timeout": 5},
+            "name": "pgqueue",
+        }
+
+
+class Queue(_Common):
+    """The blocking face: ``with Queue() as q: q.enqueue("task", {...})``."""
+
+    def __init__(self, url: str | None = None, *, settings: Settings | None = None) -> None:
+        super().__init__(url, settings)
+        self.url = url or resolve_url(self.settings)
+        self._pool = ConnectionPool(
+            self.url, check=ConnectionPool.check_connection, open=True, **self._pool_kwargs()
+        )
+        self._waiters = Waiters(self.url)
+
+    def close(self) -> None:
+        self._waiters.close()
+        self._pool.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- driving transitions --------------------------------------------------
+
+    def run(self, flow: Flow[T], connection: Any = None, *, transaction: bool = False) -> T:
+        """Run a transition on the caller's connection, or on a pooled one."""
+        with _unavailable_as_error():
+            if connection is not None:
+                with driver.tuple_cursor(_caller_connection(connection)) as cur:
+                    return driver.run(flow, driver.CursorSession(cur))
+            with self._pool.connection() as conn:
+                tx = conn.transaction() if transaction else contextlib.nullcontext()
+                with tx, driver.tuple_cursor(conn) as cur:
+                    return driver.run(flow, driver.CursorSession(cur))
+
+    # -- producers ----------------------------------------------------------------
+
+    def enqueue(
+        self, task: str, payload: Any = None, *, connection: Any = None, **fields: Any
+    ) -> Job:
+        """Add a job. Fields: queue, priority, delay_seconds (or delay), run_at,
+        max_attempts, timeout_seconds (or timeout), idempotency_key; see
+        ``jobs.JOB_FIELDS``. A bad or unknown field raises InvalidJob naming
+        it. With ``connection``, the job is part of the caller's transaction.
+        ``job.duplicate`` says the key already existed."""
+        return self.run(t.enqueue(self._spec(task, payload, **fields)), connection)
+
+    def enqueue_many(
+        self, jobs: Iterable[JobSpec | Mapping[str, Any]], *, connection: Any = None
+    ) -> list[Enqueued]:
+        """Add many jobs (mappings of the same fields as ``enqueue``, task
+        and payload included) in one transaction; one result per job, in order."""
+        specs = self._specs(jobs)
+        if not specs:
+            return []
+        return self.run(t.enqueue_many(specs), connection, transaction=True)
+
+    def wait(self, job_id: int, timeout: float) -> Job:
+        """Block until the job succeeds, dies or is cancelled; raise WaitTimeout."""
+        deadline = time.monotonic() + timeout
+        with self._waiters.waiting(job_id) as ended:
+            while True:
+                job = self.get(job_id)
+                remaining = deadline - time.monotonic()
+                if job.state.finished:
+                    return job
+                if remaining <= 0:
+                    raise WaitTimeout(job_id, timeout)
+                ended.wait(min(remaining, WAIT_POLL_SECONDS))
+                ended.clear()
+
+    # -- workers --------------------------------------------------------------------
+
+    def claim(
+        self, limit: int = 1, *, worker: str = "", queues: Sequence[str] | None = None
+    ) -> list[Job]:
+        return self.run(self._claim(limit, worker, queues))
+
+    def heartbeat(self, jobs: Sequence[Job], lease_seconds: float | None = None) -> set[int]:
+        held = [(job.id, t._token(job)) for job in jobs]
+        return self.run(t.heartbeat(held, lease_seconds or self.settings.lease_seconds))
+
+    def ack(self, job: Job, result: Any = None) -> JobState | None:
+        """Record success: the new state (succeeded; or queued/dead when the
+        result cannot be stored), or None if the lease was lost (result dropped)."""
+        return self.finish([Outcome.success(job, result)]).get(job.id)
+
+    def fail(self, job: Job, error: str, *, retryable: bool = True) -> JobState | None:
+        """Record a failed attempt; the new state, or None if the lease was lost."""
+        return self.finish([Outcome.failure(job, error, retryable=retryable)]).get(job.id)
+
+    def finish(self, outcomes: Sequence[Outcome]) -> dict[int, JobState]:
+        return self.run(t.finish(self.settings, outcomes))
+
+    def reap(self, limit: int | None = None) -> dict[int, JobState]:
+        return self.run(t.reap(self.settings, limit))
+
+    def prune(self, limit: int | None = None) -> int:
+        return self.run(t.prune(self.settings, limit))
+
+    # -- operators ----------------------------------------------------------------
+
+    def get(self, job_id: int) -> Job:
+        return self.run(t.get(job_id))
+
+    def cancel(self, job_id: int) -> Job:
+        return self.run(t.cancel(job_id))
+
+    def retry(self, job_id: int) -> Job:
+        return self.run(t.retry(job_id))
+
+    def retry_dead(self, queue: str | None = None) -> int:
+        return self.run(t.retry_dead(queue))
+
+    def list_jobs(self, **filters: Any) -> list[Job]:
+        return self.run(t.list_jobs(**filters))
+
+    def read(self, name: str, **params: Any) -> list[dict[str, Any]]:
+        """Rows of a read-only named query (queue_stats, counters_totals, ...)."""
+        return self.run(t.read(name, **params))
+
+
+class AsyncQueue(_Common):
+    """The asyncio face: ``async with AsyncQueue() as q: await q.enqueue(...)``."""
+
+    def __init__(self, url: str | None = None, *, settings: Settings | None = None) -> None:
+        super().__init__(url, settings)
+        self.url = url or ""
+        self._pool: AsyncConnectionPool | None = None
+        self._waiters: AsyncWaiters | None = None
+        self._opening = asyncio.Lock()
+
+    async def open(self) -> Self:
+        async with self._opening:  # two first calls at once make one pool
+            if self._pool is None:
+                if not self.url:
+                    self.url = await asyncio.to_thread(resolve_url, self.settings)
+                pool = AsyncConnectionPool(
+                    self.url,
+                    check=AsyncConnectionPool.check_connection,
+                    open=False,
+                    **self._pool_kwargs(),
+                )
+                await pool.open()
+                self._pool = pool
+                self._waiters = AsyncWaiters(self.url)
+        return self
+
+    async def close(self) -> None:
+        if self._waiters is not None:
+            await self._waiters.close()
+            self._waiters = None
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    async def __aenter__(self) -> Self:
+        return await self.open()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        await self.open()
+        assert self._pool is not None
+        async with self._pool.connection() as conn:
+            yield conn
+
+    async def run(self, flow: Flow[T], connection: Any = None, *, transaction: bool = False) -> T:
+        """Run a transition on the caller's connection, or on a pooled one."""
+        with _unavailable_as_error():
+            if connection is not None and is_asyncpg_connection(connection):
+                return await driver.run_async(flow, driver.AsyncpgSession(connection))
+            if connection is not None:
+                async with driver.async_tuple_cursor(_caller_connection(connection)) as cur:
+                    return await driver.run_async(flow, driver.AsyncCursorSession(cur))
+            async with self._connection() as conn:
+                tx = conn.transaction() if transaction else contextlib.nullcontext()
+                async with tx, driver.async_tuple_cursor(conn) as cur:
+                    return await driver.run_async(flow, driver.AsyncCursorSession(cur))
+
+    async def enqueue(
+        self, task: str, payload: Any = None, *, connection: Any = None, **fields: Any
+    ) -> Job:
+        """As Queue.enqueue."""
+        return await self.run(t.enqueue(self._spec(task, payload, **fields)), connection)
+
+    async def enqueue_many(
+        self, jobs: Iterable[JobSpec | Mapping[str, Any]], *, connection: Any = None
+    ) -> list[Enqueued]:
+        specs = self._specs(jobs)
+        if not specs:
+            return []
+        flow = t.enqueue_many(specs, copy=not is_asyncpg_connection(connection))
+        return await self.run(flow, connection, transaction=True)
+
+    async def wait(self, job_id: int, timeout: float) -> Job:  # noqa: ASYNC109
+        """As Queue.wait, without blocking the event loop."""
+        deadline = time.monotonic() + timeout
+        await self.open()
+        assert self._waiters is not None
+        async with self._waiters.waiting(job_id) as ended:
+            while True:
+                job = await self.get(job_id)
+                remaining = deadline - time.monotonic()
+                if job.state.finished:
+                    return job
+                if remaining <= 0:
+                    raise WaitTimeout(job_id, timeout)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(ended.wait(), min(remaining, WAIT_POLL_SECONDS))
+                ended.clear()
+
+    async def claim(
+        self, limit: int = 1, *, worker: str = "", queues: Sequence[str] | None = None
+    ) -> list[Job]:
+        return await self.run(self._claim(limit, worker, queues))
+
+    async def heartbeat(self, jobs: Sequence[Job], lease_seconds: float | None = None) -> set[int]:
+        held = [(job.id, t._token(job)) for job in jobs]
+        return await self.run(t.heartbeat(held, lease_seconds or self.settings.lease_seconds))
+
+    async def ack(self, job: Job, result: Any = None) -> JobState | None:
+        return (await self.finish([Outcome.success(job, result)])).get(job.id)
+
+    async def fail(self, job: Job, error: str, *, retryable: bool = True) -> JobState | None:
+        return (await self.finish([Outcome.failure(job, error, retryable=retryable)])).get(job.id)
+
+    async def finish(self, outcomes: Sequence[Outcome]) -> dict[int, JobState]:
+        return await self.run(t.finish(self.settings, outcomes))
+
+    async def reap(self, limit: int | None = None) -> dict[int, JobState]:
+        return await self.run(t.reap(self.settings, limit))
+
+    async def prune(self, limit: int | None = None) -> int:
+        return await self.run(t.prune(self.settings, limit))
+
+    async def get(self, job_id: int) -> Job:
+        return await self.run(t.get(job_id))
+
+    async def cancel(self, job_id: int) -> Job:
+        return await self.run(t.cancel(job_id))
+
+    async def retry(self, job_id: int) -> Job:
+        return await self.run(t.retry(job_id))
+
+    async def retry_dead(self, queue: str | None = None) -> int:
+        return await self.run(t.retry_dead(queue))
+
+    async def list_jobs(self, **filters: Any) -> list[Job]:
+        return await self.run(t.list_jobs(**filters))
+
+    async def read(self, name: str, **params: Any) -> list[dict[str, Any]]:
+        return await self.run(t.read(name, **params))
+
+
+@contextlib.contextmanager
+def _unavailable_as_error() -> Iterator[None]:
+    """Raise the database being out of reach as DatabaseUnavailable, and a
+    missing schema as SchemaNotMigrated."""
+    try:
+        yield
+    except SCHEMA_ERRORS as exc:
+        raise SchemaNotMigrated() from exc
+    except PoolTimeout as exc:
+        raise DatabaseUnavailable(f"no database connection within the pool timeout: {exc}") from exc
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailable(str(exc).strip()) from exc

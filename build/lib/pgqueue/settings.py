@@ -1,0 +1,229 @@
+"""One settings object, and the one way every entry point loads it.
+
+``Settings.load(**flags)`` layers, highest first: the flags given (None means
+not given), ``PGQUEUE_<FIELD>`` environment variables (and DATABASE_URL), the
+``[tool.pgqueue]`` table of ./pyproject.toml, the defaults below. The library
+(``Queue()``, ``AsyncQueue()``), the worker, the API (``create_app()``) and the
+command line all call it when given no Settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import tomllib
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Self
+
+from .errors import InvalidSettings
+
+__all__ = ["Settings"]
+
+ENV_PREFIX = "PGQUEUE_"
+PYPROJECT = "pyproject.toml"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """Everything tunable, validated at construction.
+
+    ``database_url`` empty means the embedded server in ``data_dir``.
+    """
+
+    database_url: str = ""
+    data_dir: str = ".pgqueue"
+    # Claiming and leases.
+    lease_seconds: float = 30.0
+    heartbeat_seconds: float = 10.0
+    # Retries: base * 2^(attempt-1), capped, half fixed and half random.
+    backoff_base_seconds: float = 1.0
+    backoff_cap_seconds: float = 3600.0
+    default_max_attempts: int = 5
+    # Maintenance.
+    reap_interval_seconds: float = 5.0
+    reap_batch: int = 1000
+    retention_seconds: float = 7 * 24 * 3600.0
+    prune_interval_seconds: float = 60.0
+    prune_batch: int = 5000
+    # A killed worker's row in the workers registry stays this long after it
+    # stopped heartbeating, listed as gone, before maintenance deletes it.
+    worker_retention_seconds: float = 3600.0
+    # Connections.
+    pool_min_size: int = 1
+    pool_max_size: int = 10
+    pool_timeout_seconds: float = 5.0
+    notify_finished: bool = True
+    # Worker.
+    concurrency: int = 100
+    poll_interval_seconds: float = 1.0
+    shutdown_timeout_seconds: float = 30.0
+    # HTTP API. Tokens: admin tokens may do everything, read tokens only GETs.
+    # With none configured the API binds to 127.0.0.1 unless told otherwise.
+    api_host: str = "127.0.0.1"
+    api_port: int = 8000
+    api_tokens: tuple[str, ...] = ()
+    api_read_tokens: tuple[str, ...] = ()
+    api_max_body_bytes: int = 1_048_576
+    api_max_batch: int = 1000
+    # Without tokens, Host names the API answers to besides IP addresses,
+    # localhost and api_host (a page on any other name is DNS rebinding).
+    api_allowed_hosts: tuple[str, ...] = ()
+    # Upper bounds of the enqueue-to-start histogram, in seconds.
+    latency_buckets: tuple[float, ...] = field(
+        default=(
+            0.001,
+            0.0025,
+            0.005,
+            0.01,
+            0.025,
+            0.05,
+            0.1,
+            0.25,
+            0.5,
+            1.0,
+            2.5,
+            5.0,
+            10.0,
+            30.0,
+            60.0,
+            300.0,
+        )
+    )
+
+    def __post_init__(self) -> None:
+        for name in (
+            "lease_seconds",
+            "heartbeat_seconds",
+            "backoff_base_seconds",
+            "backoff_cap_seconds",
+            "reap_interval_seconds",
+            "retention_seconds",
+            "prune_interval_seconds",
+            "worker_retention_seconds",
+            "pool_timeout_seconds",
+            "poll_interval_seconds",
+        ):
+            if not getattr(self, name) > 0:
+                raise InvalidSettings(f"{name} must be > 0, got {getattr(self, name)!r}")
+        for name in (
+            "reap_batch",
+            "prune_batch",
+            "pool_max_size",
+            "concurrency",
+            "default_max_attempts",
+            "api_max_body_bytes",
+            "api_max_batch",
+        ):
+            if getattr(self, name) < 1:
+                raise InvalidSettings(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.pool_min_size < 0 or self.pool_min_size > self.pool_max_size:
+            raise InvalidSettings("pool_min_size must be between 0 and pool_max_size")
+        if self.heartbeat_seconds >= self.lease_seconds:
+            raise InvalidSettings(
+                f"heartbeat_seconds ({self.heartbeat_seconds}) must be shorter than "
+                f"lease_seconds ({self.lease_seconds}), or leases expire between heartbeats"
+            )
+        if list(self.latency_buckets) != sorted(set(self.latency_buckets)):
+            raise InvalidSettings("latency_buckets must be strictly increasing")
+
+    @classmethod
+    def load(cls, *, environ: Mapping[str, str] | None = None, **flags: Any) -> Self:
+        """Flags > environment (default: os.environ) > ./pyproject.toml >
+        defaults. A flag that is None counts as not given."""
+        values = _read_pyproject(Path.cwd() / PYPROJECT)
+        values.update(_read_environment(os.environ if environ is None else environ))
+        values.update({name: value for name, value in flags.items() if value is not None})
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> Self:
+        return dataclasses.replace(self, **changes)
+
+
+@functools.cache
+def _kinds() -> dict[str, Any]:
+    """Each field's type (the annotations are strings until resolved)."""
+    return typing.get_type_hints(Settings)
+
+
+def _read_environment(env: Mapping[str, str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    if env.get("DATABASE_URL"):
+        values["database_url"] = env["DATABASE_URL"]
+    for name, kind in _kinds().items():
+        variable = ENV_PREFIX + name.upper()
+        if variable in env:
+            values[name] = _check(variable, kind, _from_text(kind, env[variable]))
+    return values
+
+
+def _read_pyproject(path: Path) -> dict[str, Any]:
+    """The ``[tool.pgqueue]`` table; keys may use - or _."""
+    if not path.is_file():
+        return {}
+    try:
+        with open(path, "rb") as handle:
+            document = tomllib.load(handle)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise InvalidSettings(f"{path}: cannot read it: {exc}") from None
+    table = document.get("tool", {}).get("pgqueue", {})
+    if not isinstance(table, dict):
+        raise InvalidSettings(f"{path}: [tool.pgqueue] must be a table")
+    kinds = _kinds()
+    values: dict[str, Any] = {}
+    for key, value in table.items():
+        name = key.replace("-", "_")
+        if name not in kinds:
+            raise InvalidSettings(
+                f"{path}: [tool.pgqueue] has an unknown setting {key!r} "
+                f"(known: {', '.join(sorted(kinds))})"
+            )
+        values[name] = _check(f"{path}: [tool.pgqueue] {key}", kinds[name], value)
+    return values
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _from_text(kind: Any, raw: str) -> Any:
+    """An environment variable's text as the TOML value it stands for; text
+    that does not parse stays text, for ``_check`` to refuse by name."""
+    try:
+        if kind is bool and raw.lower() in _TRUE + _FALSE:
+            return raw.lower() in _TRUE
+        if kind is int:
+            return int(raw)
+        if kind is float:
+            return float(raw)
+        if kind == tuple[float, ...]:
+            return [float(part) for part in raw.split(",")]
+    except ValueError:
+        pass
+    return raw
+
+
+def _check(where: str, kind: Any, value: Any) -> Any:
+    """A value as its field's type, with no silent conversion between types
+    (an int may be a float; a comma-separated string is a tuple of strings)."""
+    item = typing.get_args(kind)[0] if typing.get_origin(kind) is tuple else None
+    if item is str and isinstance(value, str):
+        value = [part.strip() for part in value.split(",") if part.strip()]
+    if item is not None and isinstance(value, list) and all(_fits(item, v) for v in value):
+        return tuple(item(v) for v in value)
+    if item is None and _fits(kind, value):
+        return kind(value)
+    name = getattr(kind, "__name__", None) if item is None else None
+    raise InvalidSettings(f"{where}: expected {name or kind}, got {type(value).__name__} {value!r}")
+
+
+def _fits(kind: type, value: Any) -> bool:
+    """Whether a TOML value is of a scalar type (a bool is not a number)."""
+    if isinstance(value, bool):
+        return kind is bool
+    if kind is float:
+        return isinstance(value, int | float)
+    return isinstance(value, kind)

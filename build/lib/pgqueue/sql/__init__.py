@@ -1,0 +1,46 @@
+"""All SQL of pgqueue: ``queries.sql`` loaded into a dict keyed by name, and
+the migration files of ``pgqueue/migrations``.
+
+Each block in queries.sql starts with ``-- name: <entity>_<action>``. Nothing
+else in the package holds SQL.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from importlib.resources import files
+from typing import LiteralString
+
+__all__ = ["QUERIES", "migration_files", "migration_versions"]
+
+_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+
+def _load() -> dict[str, LiteralString]:
+    text = files(__package__).joinpath("queries.sql").read_text(encoding="utf-8")
+    parts = _NAME.split(text)
+    queries: dict[str, LiteralString] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        if name in queries:
+            raise RuntimeError(f"query {name!r} is defined twice in queries.sql")
+        # Comments stay in the file for readers; the server gets the statement.
+        lines = [line for line in body.splitlines() if not line.strip().startswith("--")]
+        queries[name] = "\n".join(lines).strip().rstrip(";")
+    return queries
+
+
+QUERIES = _load()
+
+
+@functools.cache
+def migration_files() -> list[tuple[str, LiteralString]]:
+    """(version, SQL) of every migration, in the order they apply."""
+    folder = files("pgqueue").joinpath("migrations")
+    found = sorted((p for p in folder.iterdir() if p.name.endswith(".sql")), key=lambda p: p.name)
+    return [(p.name.removesuffix(".sql"), p.read_text("utf-8")) for p in found]
+
+
+def migration_versions() -> list[str]:
+    """The versions this code expects, in order."""
+    return [version for version, _ in migration_files()]

@@ -1,0 +1,483 @@
+-- Every statement pgqueue sends, one named block each. The loader in
+-- pgqueue/sql/__init__.py turns this file into a dict keyed by the name.
+-- Each block starts with "-- name: <entity>_<action>" and a line saying what
+-- it does. Parameters are psycopg named placeholders. Only now() is used as a
+-- clock: every time in the table comes from the database.
+
+-- name: job_enqueue
+-- Insert one job; with an idempotency key already present, insert nothing.
+-- A run_at in the past means now: run_at is when the job became runnable,
+-- which the lag gauge and the start-latency histogram measure from.
+-- Returns the new row (created = true) or nothing on a key conflict.
+WITH inserted AS (
+    INSERT INTO pgqueue_jobs (queue, task, payload, priority, run_at, max_attempts,
+                              timeout_seconds, idempotency_key)
+    VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s,
+            greatest(coalesce(%(run_at)s, now() + make_interval(secs => %(delay)s)), now()),
+            %(max_attempts)s, %(timeout_seconds)s, %(idempotency_key)s)
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING *
+), woken AS (
+    -- NOTIFY is a hint that work is ready; delayed jobs need none.
+    SELECT pg_notify('pgqueue_jobs', queue) FROM inserted WHERE run_at <= now()
+)
+SELECT inserted.* FROM inserted, (SELECT count(*) FROM woken) w;
+
+-- name: job_get_by_idempotency_key
+-- The job holding an idempotency key.
+SELECT * FROM pgqueue_jobs WHERE idempotency_key = %(idempotency_key)s;
+
+-- name: job_enqueue_many
+-- Insert many jobs in one statement from parallel arrays. Rows whose
+-- idempotency key exists are skipped. One notification per queue, not per job.
+WITH inserted AS (
+    INSERT INTO pgqueue_jobs (queue, task, payload, priority, run_at, max_attempts,
+                              timeout_seconds, idempotency_key)
+    SELECT queue, task, payload, priority,
+           greatest(coalesce(run_at, now() + make_interval(secs => delay)), now()),
+           max_attempts, timeout_seconds, idempotency_key
+    FROM unnest(%(queue)s::text[], %(task)s::text[], %(payload)s::jsonb[],
+                %(priority)s::integer[], %(run_at)s::timestamptz[],
+                %(delay)s::double precision[], %(max_attempts)s::integer[],
+                %(timeout_seconds)s::double precision[], %(idempotency_key)s::text[])
+         AS t(queue, task, payload, priority, run_at, delay, max_attempts,
+              timeout_seconds, idempotency_key)
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, idempotency_key, queue, run_at
+), woken AS (
+    SELECT pg_notify('pgqueue_jobs', queue)
+    FROM (SELECT DISTINCT queue FROM inserted WHERE run_at <= now()) q
+)
+SELECT id, idempotency_key FROM inserted, (SELECT count(*) FROM woken) w ORDER BY id;
+
+-- name: job_ids_by_idempotency_keys
+-- The ids of the jobs holding these idempotency keys.
+SELECT id, idempotency_key FROM pgqueue_jobs
+WHERE idempotency_key = ANY(%(idempotency_keys)s::text[]);
+
+-- name: job_reserve_ids
+-- Take `count` ids from the jobs' identity sequence, for a COPY that must
+-- know the ids it writes.
+-- (The identity sequence's name is fixed by the migration.)
+SELECT array_agg(nextval('pgqueue_jobs_id_seq')) AS ids FROM generate_series(1, %(count)s);
+
+-- name: job_copy
+-- Bulk load of plain jobs (runnable now, no idempotency key): the fastest
+-- path into the table. Rows are (id, queue, task, payload, priority,
+-- max_attempts, timeout_seconds); the rest takes the column defaults.
+COPY pgqueue_jobs (id, queue, task, payload, priority, max_attempts, timeout_seconds) FROM STDIN;
+
+-- name: job_notify_queues
+-- One "jobs are ready" hint per queue.
+SELECT count(pg_notify('pgqueue_jobs', q)) AS notified FROM unnest(%(queues)s::text[]) AS q;
+
+-- name: job_claim
+-- Claim up to `limit` runnable jobs of one `queue`, of any of `queues`, or
+-- (both NULL) of every queue: mark them running, count the attempt, and give
+-- each a lease and a fresh fencing token.
+WITH in_one_queue AS (
+    -- One queue walks its own index, pgqueue_jobs_claim_queue, in claim order,
+    -- so that a flood in another queue costs this claim nothing. With a NULL
+    -- `queue` the index scan finds nothing at once.
+    SELECT id FROM pgqueue_jobs
+    WHERE queue = %(queue)s::text AND state = 'queued' AND run_at <= now()
+    ORDER BY priority DESC, run_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), in_any_queue AS (
+    -- Otherwise the index of all queued rows, pgqueue_jobs_claim, with the
+    -- queues as a filter. "%(queue)s IS NULL" is a one-time filter: when a
+    -- single queue was given, this branch is never executed. (A single
+    -- "queue = ANY(...)" cannot use the per-queue index in order.)
+    SELECT id FROM pgqueue_jobs
+    WHERE %(queue)s::text IS NULL AND state = 'queued' AND run_at <= now()
+      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+    ORDER BY priority DESC, run_at, id
+    LIMIT %(limit)s
+    -- SKIP LOCKED lets concurrent claimers take the next free rows instead of
+    -- queueing behind each other's row locks.
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE pgqueue_jobs j
+    SET state = 'running', attempts = j.attempts + 1,
+        lease_token = nextval('pgqueue_lease_token_seq'),
+        lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
+        worker = %(worker)s, started_at = now()
+    FROM (SELECT id FROM in_one_queue UNION ALL SELECT id FROM in_any_queue) picked
+    WHERE j.id = picked.id
+    RETURNING j.*, now() - j.run_at AS waited
+), latency AS (
+    INSERT INTO pgqueue_start_latency AS h (queue, shard, bucket, count, sum_seconds)
+    SELECT queue, pg_backend_pid() %% 16,
+           width_bucket(extract(epoch FROM waited)::double precision, %(latency_bounds)s::double precision[]),
+           count(*), sum(extract(epoch FROM waited))
+    FROM claimed GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
+    ON CONFLICT (queue, shard, bucket) DO UPDATE
+    SET count = h.count + excluded.count, sum_seconds = h.sum_seconds + excluded.sum_seconds
+)
+SELECT * FROM claimed ORDER BY priority DESC, run_at, id;
+
+-- name: job_heartbeat
+-- Extend the leases of many held jobs at once, only where the fencing token
+-- still matches. Returns the ids whose lease is still held.
+UPDATE pgqueue_jobs j
+SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS held(id, token)
+WHERE j.id = held.id AND j.lease_token = held.token AND j.state = 'running'
+RETURNING j.id;
+
+-- name: job_finish
+-- Record the outcome of many attempts in one statement, each fenced by its
+-- token: a worker whose lease was taken over matches no row. A success ends
+-- the job; a failure retries it after a backoff, or ends it dead when it is
+-- out of attempts or not retryable. Counts outcomes, and wakes waiters.
+WITH outcome AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(succeeded)s::boolean[],
+                         %(results)s::jsonb[], %(errors)s::text[], %(retryable)s::boolean[])
+         AS t(id, token, succeeded, result, error, retryable)
+), finished AS (
+    UPDATE pgqueue_jobs j
+    SET state = CASE WHEN o.succeeded THEN 'succeeded'
+                     WHEN o.retryable AND j.attempts < j.max_attempts THEN 'queued'
+                     ELSE 'dead' END,
+        result = CASE WHEN o.succeeded THEN o.result END,
+        last_error = CASE WHEN o.succeeded THEN j.last_error ELSE o.error END,
+        run_at = CASE WHEN NOT o.succeeded AND o.retryable AND j.attempts < j.max_attempts
+                      THEN now() + pgqueue_backoff(j.attempts, %(backoff_base)s, %(backoff_cap)s)
+                      ELSE j.run_at END,
+        finished_at = CASE WHEN o.succeeded OR NOT o.retryable OR j.attempts >= j.max_attempts
+                           THEN now() END,
+        lease_expires_at = NULL
+    FROM outcome o
+    WHERE j.id = o.id AND j.lease_token = o.token AND j.state = 'running'
+    RETURNING j.id, j.queue, j.state, o.succeeded
+), counted AS (
+    INSERT INTO pgqueue_counters AS c (queue, shard, succeeded, failed, dead)
+    SELECT queue, pg_backend_pid() %% 16,
+           count(*) FILTER (WHERE succeeded), count(*) FILTER (WHERE NOT succeeded),
+           count(*) FILTER (WHERE state = 'dead')
+    FROM finished GROUP BY 1, 2 ORDER BY 1, 2
+    ON CONFLICT (queue, shard) DO UPDATE
+    SET succeeded = c.succeeded + excluded.succeeded, failed = c.failed + excluded.failed,
+        dead = c.dead + excluded.dead
+), woken AS (
+    -- The waiters of the jobs that ended (wait()) learn which ones.
+    SELECT pgqueue_notify_ended(array_agg(id))
+    FROM finished WHERE state <> 'queued' AND %(notify_finished)s
+)
+SELECT id, state FROM finished, (SELECT count(*) FROM woken) w;
+
+-- name: job_reap
+-- Take back up to `limit` jobs whose lease expired (their worker died or
+-- stalled). An expired lease is a failed attempt: back to queued after the
+-- same backoff as any failure, or dead when out of attempts. Rows another
+-- reaper is handling are skipped, so every worker may run this at once.
+WITH expired AS (
+    SELECT id FROM pgqueue_jobs
+    WHERE state = 'running' AND lease_expires_at < now()
+    ORDER BY lease_expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), reaped AS (
+    UPDATE pgqueue_jobs j
+    SET state = CASE WHEN j.attempts < j.max_attempts THEN 'queued' ELSE 'dead' END,
+        run_at = CASE WHEN j.attempts < j.max_attempts
+                      THEN now() + pgqueue_backoff(j.attempts, %(backoff_base)s, %(backoff_cap)s)
+                      ELSE j.run_at END,
+        finished_at = CASE WHEN j.attempts < j.max_attempts THEN NULL ELSE now() END,
+        last_error = format('lease expired (worker %%s, attempt %%s)', j.worker, j.attempts),
+        lease_expires_at = NULL
+    FROM expired WHERE j.id = expired.id
+    RETURNING j.id, j.queue, j.state
+), counted AS (
+    INSERT INTO pgqueue_counters AS c (queue, shard, failed, dead)
+    SELECT queue, pg_backend_pid() %% 16, count(*), count(*) FILTER (WHERE state = 'dead')
+    FROM reaped GROUP BY 1, 2 ORDER BY 1, 2
+    ON CONFLICT (queue, shard) DO UPDATE
+    SET failed = c.failed + excluded.failed, dead = c.dead + excluded.dead
+), woken AS (
+    -- A job reaped dead has ended: its waiters learn it, as in job_finish.
+    SELECT pgqueue_notify_ended(array_agg(id)) FROM reaped WHERE state = 'dead'
+)
+SELECT id, state FROM reaped, (SELECT count(*) FROM woken) w;
+
+-- name: job_cancel
+-- Cancel a queued or running job; a running job's lease is revoked, so its
+-- worker's ack matches nothing.
+WITH cancelled AS (
+    UPDATE pgqueue_jobs
+    SET state = 'cancelled', finished_at = now(), lease_expires_at = NULL
+    WHERE id = %(id)s AND state IN ('queued', 'running')
+    RETURNING *
+), counted AS (
+    INSERT INTO pgqueue_counters AS c (queue, shard, cancelled)
+    SELECT queue, pg_backend_pid() %% 16, 1 FROM cancelled
+    ON CONFLICT (queue, shard) DO UPDATE SET cancelled = c.cancelled + 1
+), woken AS (
+    SELECT pgqueue_notify_ended(array_agg(id)) FROM cancelled
+)
+SELECT cancelled.* FROM cancelled, (SELECT count(*) FROM woken) w;
+
+-- name: job_retry
+-- Put a dead or cancelled job back to queued with a fresh attempt budget.
+WITH retried AS (
+    UPDATE pgqueue_jobs
+    SET state = 'queued', attempts = 0, run_at = now(), finished_at = NULL,
+        started_at = NULL, result = NULL, lease_token = NULL, worker = NULL
+    WHERE id = %(id)s AND state IN ('dead', 'cancelled')
+    RETURNING *
+), woken AS (
+    SELECT pg_notify('pgqueue_jobs', queue) FROM retried
+)
+SELECT retried.* FROM retried, (SELECT count(*) FROM woken) w;
+
+-- name: job_retry_dead
+-- Put every dead job (of one queue, or of all) back to queued.
+WITH retried AS (
+    UPDATE pgqueue_jobs
+    SET state = 'queued', attempts = 0, run_at = now(), finished_at = NULL,
+        started_at = NULL, result = NULL, lease_token = NULL, worker = NULL
+    WHERE state = 'dead' AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+    RETURNING id, queue
+), woken AS (
+    SELECT pg_notify('pgqueue_jobs', queue) FROM (SELECT DISTINCT queue FROM retried) q
+)
+SELECT count(*) AS retried FROM retried, (SELECT count(*) FROM woken) w;
+
+-- name: job_get
+-- One job by id.
+SELECT * FROM pgqueue_jobs WHERE id = %(id)s;
+
+-- name: job_list
+-- Jobs newest first, filtered, after a keyset cursor (the last id seen).
+SELECT * FROM pgqueue_jobs
+WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(task)s::text IS NULL OR task = %(task)s::text)
+  AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: job_list_summary
+-- Like job_list, without the heavy columns (payload, result, last_error):
+-- what a listing that polls needs, without reading large values.
+SELECT id, queue, task, priority, state, run_at, attempts, max_attempts,
+       timeout_seconds, idempotency_key, worker, lease_expires_at,
+       enqueued_at, started_at, finished_at
+FROM pgqueue_jobs
+WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(task)s::text IS NULL OR task = %(task)s::text)
+  AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: job_prune
+-- Delete up to `limit` finished jobs older than the retention period. The
+-- counters already hold their outcomes, so metrics do not move.
+WITH pruned AS (
+DELETE FROM pgqueue_jobs
+WHERE id IN (
+    SELECT id FROM pgqueue_jobs
+    WHERE state IN ('succeeded', 'dead', 'cancelled')
+      AND finished_at < now() - make_interval(secs => %(retention_seconds)s)
+    ORDER BY finished_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING 1
+)
+SELECT count(*) AS pruned FROM pruned;
+
+-- name: job_next_run_at
+-- When the earliest delayed job of `queues` (NULL: of every queue) becomes
+-- runnable, as seconds from now (NULL when none is waiting), so that an idle
+-- worker can sleep until then. A plain min(run_at) would read every queued
+-- row (90 ms with a million scheduled jobs, once per poll interval per idle
+-- worker). The claim indexes hold each priority level in run_at order, so
+-- the earliest job of a level is its first entry: this walks the levels with
+-- one index probe each (a loose index scan), whatever the backlog.
+WITH RECURSIVE levels AS (
+    -- Every queue (no queues given): the levels of pgqueue_jobs_claim.
+    SELECT max(priority) AS priority FROM pgqueue_jobs
+    WHERE state = 'queued' AND %(queues)s::text[] IS NULL
+  UNION ALL
+    SELECT (SELECT max(priority) FROM pgqueue_jobs
+            WHERE state = 'queued' AND priority < levels.priority)
+    FROM levels WHERE levels.priority IS NOT NULL
+), firsts AS (
+    SELECT (SELECT run_at FROM pgqueue_jobs
+            WHERE state = 'queued' AND priority = levels.priority
+            ORDER BY run_at LIMIT 1) AS run_at
+    FROM levels WHERE levels.priority IS NOT NULL
+  UNION ALL
+    -- Given queues: the levels of each queue in pgqueue_jobs_claim_queue.
+    SELECT first.run_at
+    FROM unnest(%(queues)s::text[]) AS wanted(name) CROSS JOIN LATERAL (
+        WITH RECURSIVE queue_levels AS (
+            SELECT max(priority) AS priority FROM pgqueue_jobs
+            WHERE state = 'queued' AND queue = wanted.name
+          UNION ALL
+            SELECT (SELECT max(priority) FROM pgqueue_jobs
+                    WHERE state = 'queued' AND queue = wanted.name
+                      AND priority < queue_levels.priority)
+            FROM queue_levels WHERE queue_levels.priority IS NOT NULL
+        )
+        SELECT (SELECT run_at FROM pgqueue_jobs
+                WHERE state = 'queued' AND queue = wanted.name
+                  AND priority = queue_levels.priority
+                ORDER BY run_at LIMIT 1) AS run_at
+        FROM queue_levels WHERE queue_levels.priority IS NOT NULL
+    ) first
+)
+SELECT extract(epoch FROM min(run_at) - now())::double precision AS seconds FROM firsts;
+
+-- name: worker_register
+-- A worker process starts: its row in the registry (a restarted name
+-- starts afresh).
+INSERT INTO pgqueue_workers AS w (name, host, pid, version, queues, concurrency, expires_at)
+VALUES (%(name)s, %(host)s, %(pid)s, %(version)s, %(queues)s::text[], %(concurrency)s,
+        now() + make_interval(secs => %(expires_in)s))
+ON CONFLICT (name) DO UPDATE
+SET host = excluded.host, pid = excluded.pid, version = excluded.version,
+    queues = excluded.queues, concurrency = excluded.concurrency,
+    started_at = now(), last_seen_at = now(), expires_at = excluded.expires_at,
+    held = 0, running = 0, hung = 0, claimed = 0, last_claim_at = NULL;
+
+-- name: worker_seen
+-- A worker's heartbeat: it is alive, and this is what it holds. Its last
+-- claim comes as seconds ago (the worker's own clock only measures
+-- durations). Returns nothing when the row is gone (pruned while the worker
+-- was cut off): the worker then registers again.
+UPDATE pgqueue_workers
+SET last_seen_at = now(), expires_at = now() + make_interval(secs => %(expires_in)s),
+    held = %(held)s, running = %(running)s, hung = %(hung)s, claimed = %(claimed)s,
+    last_claim_at = CASE WHEN %(claim_seconds_ago)s::double precision IS NULL THEN NULL
+                         ELSE now() - make_interval(secs => %(claim_seconds_ago)s) END
+WHERE name = %(name)s
+RETURNING name;
+
+-- name: worker_leave
+-- A worker stops gracefully: its row goes.
+DELETE FROM pgqueue_workers WHERE name = %(name)s;
+
+-- name: worker_prune
+-- Rows of workers that stopped heartbeating (killed, cut off) longer ago
+-- than `retention_seconds`.
+WITH pruned AS (
+    DELETE FROM pgqueue_workers
+    WHERE expires_at < now() - make_interval(secs => %(retention_seconds)s)
+    RETURNING 1
+)
+SELECT count(*) AS pruned FROM pruned;
+
+-- name: worker_list
+-- The registry, with what the rows do not say themselves: whether each
+-- worker is alive (its last heartbeat has not expired), and whether it is
+-- stalled: alive, with free slots, yet it has not claimed since a job of its
+-- queues became runnable `stall_seconds` ago or more (its claim loop is not
+-- doing its job). One probe of the claim index per worker.
+SELECT w.*, w.expires_at > now() AS alive,
+       extract(epoch FROM now() - w.last_seen_at)::double precision AS last_seen_seconds,
+       w.expires_at > now() AND w.running + w.hung < w.concurrency AND EXISTS (
+           SELECT 1 FROM pgqueue_jobs j
+           WHERE j.state = 'queued'
+             AND j.run_at <= now() - make_interval(secs => %(stall_seconds)s)
+             AND j.run_at > coalesce(w.last_claim_at, w.started_at)
+             AND (w.queues IS NULL OR j.queue = ANY(w.queues))
+       ) AS stalled
+FROM pgqueue_workers w
+ORDER BY w.name;
+
+-- name: queue_stats
+-- Per queue and live state: how many jobs, and the age of the oldest runnable
+-- one. Reads only the partial indexes of queued and running rows: one branch
+-- per index, because the planner cannot match "state IN (...)" to a partial
+-- index and would scan every finished job instead.
+SELECT queue,
+       count(*) FILTER (WHERE state = 'queued' AND run_at <= now()) AS queued,
+       count(*) FILTER (WHERE state = 'queued' AND run_at > now()) AS scheduled,
+       count(*) FILTER (WHERE state = 'running') AS running,
+       coalesce(extract(epoch FROM now() - min(run_at) FILTER (WHERE state = 'queued' AND run_at <= now())), 0)::double precision AS oldest_runnable_seconds
+FROM (SELECT queue, state, run_at FROM pgqueue_jobs WHERE state = 'queued'
+      UNION ALL
+      SELECT queue, state, run_at FROM pgqueue_jobs WHERE state = 'running') live
+GROUP BY queue
+ORDER BY queue;
+
+-- name: queue_throughput
+-- Per queue, the jobs that ended within the last `window_seconds`, by how
+-- they ended (for the command line's done-per-minute). A range read of the
+-- pgqueue_jobs_finished partial index.
+SELECT queue,
+       count(*) FILTER (WHERE state = 'succeeded') AS succeeded,
+       count(*) FILTER (WHERE state = 'dead') AS dead,
+       count(*) FILTER (WHERE state = 'cancelled') AS cancelled
+FROM pgqueue_jobs
+WHERE state IN ('succeeded', 'dead', 'cancelled')
+  AND finished_at > now() - make_interval(secs => %(window_seconds)s)
+GROUP BY queue
+ORDER BY queue;
+
+-- name: counters_totals
+-- Outcome totals per queue, summed over shards.
+SELECT queue, sum(succeeded)::bigint AS succeeded, sum(failed)::bigint AS failed,
+       sum(dead)::bigint AS dead, sum(cancelled)::bigint AS cancelled
+FROM pgqueue_counters GROUP BY queue ORDER BY queue;
+
+-- name: start_latency_histogram
+-- Enqueue-to-start histogram per queue and bucket, summed over shards.
+SELECT queue, bucket, sum(count)::bigint AS count, sum(sum_seconds) AS sum_seconds
+FROM pgqueue_start_latency GROUP BY queue, bucket ORDER BY queue, bucket;
+
+-- name: snapshot_begin
+-- Make the current transaction one read-only snapshot, so that several reads
+-- (the API's /metrics and /queues) see the same moment and the same now().
+-- Must be the first statement of the transaction.
+SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
+
+-- name: db_ping
+-- The database answers.
+SELECT 1 AS ok;
+
+-- name: server_set_password
+-- The embedded server's superuser password, given as a SCRAM verifier made
+-- by the client, so the password itself never reaches the server or its
+-- logs. A utility statement takes no parameters: run it on a ClientCursor.
+ALTER ROLE postgres PASSWORD %(verifier)s;
+
+-- name: listen_jobs
+-- Subscribe to "jobs are ready" hints (payload: the queue name).
+LISTEN pgqueue_jobs;
+
+-- name: listen_finished
+-- Subscribe to "these jobs ended" hints (payload: job ids, comma-separated),
+-- for wait().
+LISTEN pgqueue_finished;
+
+-- name: migration_lock
+-- Serialise concurrent migrators (session-level advisory lock).
+SELECT pg_advisory_lock(hashtext('pgqueue.migrate'));
+
+-- name: migration_unlock
+-- Release the migrators' lock.
+SELECT pg_advisory_unlock(hashtext('pgqueue.migrate'));
+
+-- name: migration_table
+-- The record of applied migrations.
+CREATE TABLE IF NOT EXISTS pgqueue_migrations (
+    version    text PRIMARY KEY,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: migration_table_exists
+-- Whether the record of applied migrations exists (false: never migrated).
+SELECT to_regclass('pgqueue_migrations') IS NOT NULL AS present;
+
+-- name: migration_applied
+-- Versions already applied.
+SELECT version FROM pgqueue_migrations ORDER BY version;
+
+-- name: migration_record
+-- Record one applied version.
+INSERT INTO pgqueue_migrations (version) VALUES (%(version)s);

@@ -1,0 +1,137 @@
+"""The worker: runs handlers for claimed jobs (see docs/worker.md).
+
+    runtime.py     AsyncWorker: the parts below, wired together and supervised
+    producer.py    claims; executor.py runs handlers; completer.py acks
+    leases.py      heartbeats (the worker's own, in the registry, and its jobs')
+    maintenance.py reaps and prunes; registry.py the jobs it holds
+    blocking.py    Worker: the blocking face, with signal handling
+    handlers.py    TaskRegistry, the ``task`` decorator, load_handlers("mod:ATTR")
+    _threads.py    the daemon thread pool for sync handlers
+
+``run_from_cli`` is what ``pgqueue worker`` calls; with several processes it
+runs them under ``pgqueue.processes.ProcessSupervisor``, each child running
+``child_main``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+
+from ..processes import Child, ProcessSupervisor
+from ..queue import resolve_url
+from ..settings import Settings
+from .blocking import Worker
+from .handlers import Task, TaskRegistry, load_handlers, task, tasks
+from .runtime import AsyncWorker
+
+__all__ = [
+    "AsyncWorker",
+    "Task",
+    "TaskRegistry",
+    "Worker",
+    "child_main",
+    "load_handlers",
+    "run_from_cli",
+    "task",
+    "tasks",
+]
+
+log = logging.getLogger("pgqueue.worker")
+
+# Past the workers' own shutdown timeout, how long before children are killed.
+KILL_GRACE_SECONDS = 10.0
+_CHILD_COMMAND = "from pgqueue.worker import child_main; child_main()"
+
+
+def run_worker(
+    handlers: str, *, queues: list[str] | None, concurrency: int, settings: Settings
+) -> int:
+    """One worker in this process, until SIGTERM/SIGINT; the exit code."""
+    return Worker(
+        load_handlers(handlers), settings=settings, queues=queues, concurrency=concurrency
+    ).run()
+
+
+def run_from_cli(
+    handlers: str,
+    *,
+    queues: list[str] | None,
+    concurrency: int,
+    processes: int,
+    settings: Settings,
+) -> int:
+    """``pgqueue worker``: ``processes`` == 1 runs one worker in this process,
+    more run under a supervisor that restarts a child that dies. Blocks until
+    SIGTERM/SIGINT; returns the exit code (0 after a clean shutdown)."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    if processes < 1:
+        raise ValueError(f"processes must be >= 1, got {processes}")
+    # Fail here, with a clear error, rather than in every child.
+    load_handlers(handlers)
+    # Resolve (and start, if embedded) the database once, for all children.
+    settings = settings.replace(database_url=resolve_url(settings))
+    if processes == 1:
+        # Sync handlers run on daemon threads: one stuck past its timeout
+        # does not keep the process alive after the shutdown.
+        return run_worker(handlers, queues=queues, concurrency=concurrency, settings=settings)
+    config = pickle.dumps(
+        {
+            "handlers": handlers,
+            "queues": queues,
+            "concurrency": concurrency,
+            "settings": settings,
+            "log_level": logging.getLogger("pgqueue").getEffectiveLevel(),
+            "parent": os.getpid(),
+        }
+    )
+    children = [
+        Child(f"worker-{n}", [sys.executable, "-c", _CHILD_COMMAND], stdin=config, restart=True)
+        for n in range(1, processes + 1)
+    ]
+    supervisor = ProcessSupervisor(
+        children,
+        stop_timeout=settings.shutdown_timeout_seconds + KILL_GRACE_SECONDS,
+        on_event=_log_event,
+    )
+    return supervisor.run()
+
+
+def _log_event(action: str, message: str, level: int) -> None:
+    log.log(level, "supervisor: %s", message, extra={"action": action})
+
+
+def child_main() -> None:
+    """A worker process under the supervisor: its config comes on stdin."""
+    config = pickle.loads(sys.stdin.buffer.read())
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=config["log_level"],
+            stream=sys.stderr,
+            format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s",
+        )
+    threading.Thread(target=_watch_parent, args=(config["parent"],), daemon=True).start()
+    code = run_worker(
+        config["handlers"],
+        queues=config["queues"],
+        concurrency=config["concurrency"],
+        settings=config["settings"],
+    )
+    logging.shutdown()
+    # Handler threads that outlived their timeout must not hold the exit.
+    os._exit(code)
+
+
+def _watch_parent(parent: int) -> None:
+    """If the supervisor dies, stop gracefully rather than run orphaned."""
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+            return

@@ -1,0 +1,210 @@
+"""Writing outcomes: where a job is acked (or its attempt failed).
+
+Outcomes wait in an outbox and go out in batches: one ``job_finish``
+statement for up to ``ACK_BATCH_MAX`` of them, sent when a batch is full or
+``ACK_DELAY_SECONDS`` after its first outcome. Each row is fenced by its
+attempt's token, so a worker whose lease was taken over matches nothing.
+
+Faults: an outcome that could not be written (the database is unreachable)
+goes back to the front of the outbox and is retried after a backoff; the job
+stays held, so the lease keeper keeps its lease, and a retry after a lost
+reply is harmless. A batch the database refuses (a result it cannot store) is
+written one outcome at a time, so that one bad result cannot block the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+import psycopg
+
+from ..driver import RETRYABLE_ERRORS
+from ..jobs import JobState
+from ..settings import Settings
+from ..transitions import Outcome, finish
+from .connection import FlowRunner
+from .faults import WAIT_OUT, Backoff, EventLog, short
+from .registry import Held, HeldJobs, Stage
+
+__all__ = ["ACK_BATCH_MAX", "ACK_DELAY_SECONDS", "Completer"]
+
+# An outcome waits at most this long for others to share its statement.
+ACK_DELAY_SECONDS = 0.002
+# And a statement carries at most this many outcomes.
+ACK_BATCH_MAX = 1000
+# Errors that say the database refused this batch's data, not the connection.
+REFUSED = (psycopg.Error, UnicodeError)
+
+
+class Completer:
+    def __init__(
+        self, conn: FlowRunner, held: HeldJobs, settings: Settings, events: EventLog
+    ) -> None:
+        self.conn = conn
+        self.held = held
+        self.settings = settings
+        self.events = events
+        self.batch_size = min(held.concurrency, ACK_BATCH_MAX)
+        self.stats = {"succeeded": 0, "failed": 0, "lost": 0, "finishes": 0}
+        self._outbox: list[Outcome] = []
+        self._first_at = 0.0  # when the oldest outcome in the outbox arrived
+        self._ready = asyncio.Event()  # the outbox has outcomes
+        self._full = asyncio.Event()  # ... enough to send at once (or we are flushing)
+        self._flushing = False
+
+    def submit(self, held: Held, outcome: Outcome) -> None:
+        """Queue an attempt's outcome for writing."""
+        held.stage = Stage.DONE
+        if not self._outbox:
+            self._first_at = time.monotonic()
+            self._ready.set()
+        self._outbox.append(outcome)
+        if len(self._outbox) >= self.batch_size:
+            self._full.set()
+
+    def flush(self) -> None:
+        """From now on write every outcome as soon as it arrives (shutdown)."""
+        self._flushing = True
+        self._full.set()
+        self._ready.set()
+
+    async def write_loop(self) -> None:
+        """Write batches of outcomes as they come, for ever."""
+        backoff = Backoff(self.events, "writing outcomes")
+        while True:
+            batch = await self._next_batch()
+            if not batch:
+                continue
+            try:
+                states = await self._write(batch)
+            except WAIT_OUT as exc:
+                self._retry_later(batch)
+                await backoff.failed(exc)
+                continue
+            backoff.succeeded()
+            self._written(batch, states)
+
+    async def _next_batch(self) -> list[Outcome]:
+        await self._ready.wait()
+        if not self._full.is_set():
+            delay = self._first_at + ACK_DELAY_SECONDS - time.monotonic()
+            if delay > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._full.wait(), delay)
+        batch = self._outbox[:ACK_BATCH_MAX]
+        del self._outbox[:ACK_BATCH_MAX]
+        if not self._outbox:
+            self._ready.clear()
+        if not self._flushing or not self._outbox:
+            self._full.clear()
+        self._first_at = time.monotonic()
+        return [o for o in batch if self._take(o)]
+
+    def _take(self, outcome: Outcome) -> bool:
+        """Mark an outcome as being written; or drop it, when its lease was
+        lost while it waited."""
+        held = self.held.get(outcome.job_id)
+        if held is None:
+            return False
+        if held.lost:
+            self.held.release(outcome.job_id)
+            self._discarded(held)
+            return False
+        held.stage = Stage.WRITING
+        return True
+
+    def _discarded(self, held: Held) -> None:
+        self.stats["lost"] += 1
+        self.events(
+            logging.WARNING,
+            "discard",
+            "job %d: lease lost before its outcome was written; the outcome is discarded",
+            held.job.id,
+            job=held.job,
+        )
+
+    def _retry_later(self, batch: list[Outcome]) -> None:
+        """Back to the front of the outbox, still held: the lease keeper keeps
+        their leases, and the token fences the retry."""
+        for outcome in batch:
+            held = self.held.get(outcome.job_id)
+            if held is not None:
+                held.stage = Stage.DONE
+        self._outbox[:0] = batch
+        self._ready.set()
+
+    async def _write(self, batch: list[Outcome]) -> dict[int, JobState]:
+        try:
+            self.stats["finishes"] += 1
+            return await self.conn.run(finish(self.settings, batch))
+        except RETRYABLE_ERRORS:
+            raise
+        except REFUSED as exc:
+            self.events(
+                logging.ERROR,
+                "db_error",
+                "writing a batch of outcomes was refused (%s); writing them one at a time",
+                short(exc),
+            )
+        states: dict[int, JobState] = {}
+        for outcome in batch:
+            states.update(await self._write_one(outcome))
+        return states
+
+    async def _write_one(self, outcome: Outcome) -> dict[int, JobState]:
+        try:
+            return await self.conn.run(finish(self.settings, [outcome]))
+        except RETRYABLE_ERRORS:
+            raise
+        except REFUSED as exc:
+            problem = short(exc)
+        held = self.held.get(outcome.job_id)
+        if outcome.succeeded and held is not None:  # the result is what was refused
+            fallback = Outcome.failure(
+                held.job, f"handler returned a result PostgreSQL cannot store: {problem}"
+            )
+            try:
+                return await self.conn.run(finish(self.settings, [fallback]))
+            except RETRYABLE_ERRORS:
+                raise
+            except REFUSED:
+                pass
+        self.events(
+            logging.ERROR,
+            "db_error",
+            "job %d: outcome refused (%s); the job returns to the queue when its lease expires",
+            outcome.job_id,
+            problem,
+        )
+        return {}
+
+    def _written(self, batch: list[Outcome], states: dict[int, JobState]) -> None:
+        debug = self.events.enabled(logging.DEBUG)
+        for outcome in batch:
+            held = self.held.release(outcome.job_id)
+            if held is None:
+                continue
+            job = held.job
+            state = states.get(outcome.job_id)
+            if state is None:
+                self._discarded(held)
+            elif outcome.succeeded and state is JobState.SUCCEEDED:
+                self.stats["succeeded"] += 1
+                if debug:
+                    self.events(logging.DEBUG, "ack", "job %d succeeded", job.id, job=job)
+            else:
+                self.stats["failed"] += 1
+                action = "retry" if state is JobState.QUEUED else "dead"
+                self.events(
+                    logging.WARNING if action == "dead" else logging.INFO,
+                    action,
+                    "job %d attempt %d failed (%s): %s",
+                    job.id,
+                    job.attempts,
+                    action,
+                    (outcome.error or "")[:500],
+                    job=job,
+                )

@@ -1,0 +1,79 @@
+"""Running one job's handler: one job in, one ``Outcome`` out.
+
+The executor writes nothing and knows no other job. ``async def`` handlers
+run on the worker's loop; plain functions on its thread pool. A handler that
+raises, times out, or returns what PostgreSQL cannot store is a failed
+attempt; a task name without a handler too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from ..jobs import Job
+from ..transitions import Outcome
+from ._threads import ThreadPool
+from .faults import EventLog, describe
+from .handlers import Task
+
+__all__ = ["Executor"]
+
+
+class Executor:
+    def __init__(self, tasks: dict[str, Task], threads: ThreadPool, events: EventLog) -> None:
+        self.tasks = tasks
+        self.threads = threads
+        self.events = events
+
+    async def execute(self, job: Job) -> Outcome:
+        """Run the job's handler and say how the attempt ended. Cancelling
+        the call cancels an async handler; a sync handler's thread runs on
+        and its result is dropped."""
+        spec = self.tasks.get(job.task)
+        if spec is None:
+            known = ", ".join(sorted(self.tasks)) or "none"
+            return Outcome.failure(
+                job,
+                f"unknown task {job.task!r}: worker {self.events.worker} has no handler for it "
+                f"(it handles: {known})",
+            )
+        timeout = job.timeout_seconds or spec.timeout_seconds
+        try:
+            if timeout is None:  # most jobs: no timer to set up and cancel
+                result = await self._invoke(spec, job)
+            else:
+                async with asyncio.timeout(timeout) as deadline:
+                    result = await self._invoke(spec, job)
+        except TimeoutError as exc:
+            if timeout is not None and deadline.expired():
+                return self._timed_out(job, spec, timeout)
+            return Outcome.failure(job, describe(exc))
+        except Exception as exc:
+            return Outcome.failure(job, describe(exc))
+        return Outcome.success(job, result)
+
+    async def _invoke(self, spec: Task, job: Job) -> Any:
+        if spec.is_async:
+            return await spec.fn(job)
+        future = self.threads.submit(spec.fn, job)
+        try:
+            # Shielded: given up on, the future still learns when the thread
+            # returns, which is when its slot is free again.
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            self.threads.abandon(future)
+            raise
+
+    def _timed_out(self, job: Job, spec: Task, timeout: float) -> Outcome:
+        self.events(
+            logging.WARNING, "timeout", "job %d timed out after %g s", job.id, timeout, job=job
+        )
+        if spec.is_async:
+            return Outcome.failure(job, f"timed out after {timeout:g} s; handler cancelled")
+        return Outcome.failure(
+            job,
+            f"timed out after {timeout:g} s; handler abandoned (its thread runs on, "
+            "and its slot stays busy until it returns)",
+        )

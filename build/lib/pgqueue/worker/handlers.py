@@ -1,0 +1,150 @@
+"""Handlers: what a worker runs for each task name.
+
+A handler is any callable taking the claimed ``Job`` and returning a
+JSON-able result; ``async def`` handlers run on the worker's event loop,
+plain functions in its bounded thread pool. Give the worker either a plain
+mapping ``{"task": fn}`` or a ``TaskRegistry`` filled with its decorator,
+which can also carry a per-task timeout::
+
+    registry = TaskRegistry()
+
+    @registry.task(timeout=30)
+    async def send_email(job: Job) -> dict[str, str]:
+        ...
+
+``load_handlers("package.module:ATTR")`` resolves the command line's
+``--handlers`` argument to either form.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, overload
+
+from ..jobs import Job
+
+__all__ = ["Handler", "Task", "TaskRegistry", "load_handlers", "resolve_tasks", "task", "tasks"]
+
+Handler = Callable[[Job], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One registered handler: its callable, whether it is a coroutine
+    function, and its default timeout (a job's own timeout wins)."""
+
+    name: str
+    fn: Handler
+    is_async: bool
+    timeout_seconds: float | None = None
+
+
+def _is_async(fn: Any) -> bool:
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if inspect.iscoroutinefunction(fn):
+        return True
+    call = getattr(fn, "__call__", None)  # noqa: B004 - an object with an async __call__
+    return call is not None and inspect.iscoroutinefunction(call)
+
+
+def _task(name: str, fn: Any, timeout: float | None = None) -> Task:
+    if not callable(fn):
+        raise TypeError(f"handler for task {name!r} is not callable: {fn!r}")
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"timeout of task {name!r} must be > 0, got {timeout!r}")
+    return Task(name, fn, _is_async(fn), timeout)
+
+
+class TaskRegistry(Mapping[str, Handler]):
+    """A mapping of task name to handler, filled by the ``task`` decorator."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, Task] = {}
+
+    @overload
+    def task(self, fn: Handler, /) -> Handler: ...
+
+    @overload
+    def task(
+        self, fn: None = None, /, *, name: str | None = None, timeout: float | None = None
+    ) -> Callable[[Handler], Handler]: ...
+
+    def task(
+        self,
+        fn: Handler | None = None,
+        /,
+        *,
+        name: str | None = None,
+        timeout: float | None = None,
+    ) -> Handler | Callable[[Handler], Handler]:
+        """Register ``fn`` under ``name`` (default: the function's name)."""
+
+        def register(fn: Handler) -> Handler:
+            key = name or getattr(fn, "__name__", None)
+            if not key:
+                raise ValueError(f"give a name for {fn!r}: it has no __name__")
+            if key in self._tasks:
+                raise ValueError(f"task {key!r} is registered twice")
+            self._tasks[key] = _task(key, fn, timeout)
+            return fn
+
+        return register(fn) if fn is not None else register
+
+    def add(self, name: str, fn: Handler, *, timeout: float | None = None) -> None:
+        self.task(name=name, timeout=timeout)(fn)
+
+    def tasks(self) -> dict[str, Task]:
+        return dict(self._tasks)
+
+    def __getitem__(self, name: str) -> Handler:
+        return self._tasks[name].fn
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tasks)
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+
+#: The default registry, for ``@task``-decorated functions.
+tasks = TaskRegistry()
+task = tasks.task
+
+
+def resolve_tasks(handlers: Mapping[str, Any] | TaskRegistry) -> dict[str, Task]:
+    """Normalise what the worker was given into ``{name: Task}``."""
+    if isinstance(handlers, TaskRegistry):
+        return handlers.tasks()
+    if not isinstance(handlers, Mapping):
+        raise TypeError(
+            "handlers must be a mapping of task name to callable, or a TaskRegistry; "
+            f"got {type(handlers).__name__}"
+        )
+    out = {}
+    for name, fn in handlers.items():
+        if not isinstance(name, str):
+            raise TypeError(f"task names must be strings, got {name!r}")
+        out[name] = fn if isinstance(fn, Task) else _task(name, fn)
+    return out
+
+
+def load_handlers(spec: str) -> dict[str, Task]:
+    """Import ``"package.module:ATTR"``: a mapping or a TaskRegistry."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"handlers must look like 'package.module:ATTR', got {spec!r}")
+    module = importlib.import_module(module_name)
+    try:
+        target: Any = module
+        for part in attr.split("."):
+            target = getattr(target, part)
+    except AttributeError:
+        raise ValueError(f"module {module_name!r} has no attribute {attr!r}") from None
+    if callable(target) and not isinstance(target, Mapping):
+        target = target()  # a factory returning the mapping
+    return resolve_tasks(target)

@@ -1,0 +1,83 @@
+"""Keeping leases: the worker's own, and one statement for every held job's.
+
+Every ``heartbeat_seconds`` (and once at the start) the lease keeper says in
+the workers registry that this worker is alive and what it holds
+(``presence.seen``; registering again if its row was pruned meanwhile), then
+extends the leases of all held jobs in one ``job_heartbeat``, fenced by
+their tokens. A job missing from the
+reply lost its lease (it was reaped after a stall, or cancelled): an async
+handler still running is cancelled, a sync handler's late result will be
+dropped, an outcome waiting in the outbox is dropped by the completer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .. import presence
+from ..presence import WorkerInfo, WorkerLoad
+from ..settings import Settings
+from ..transitions import heartbeat
+from .connection import FlowRunner
+from .faults import WAIT_OUT, Backoff, EventLog
+from .registry import HeldJobs, Stage
+
+__all__ = ["LeaseKeeper"]
+
+
+@dataclass
+class LeaseKeeper:
+    conn: FlowRunner
+    held: HeldJobs
+    settings: Settings
+    events: EventLog
+    info: WorkerInfo
+    load: Callable[[], WorkerLoad]
+
+    async def heartbeat_loop(self) -> None:
+        """``beat()`` now, then every heartbeat interval, for ever."""
+        interval = self.settings.heartbeat_seconds
+        backoff = Backoff(self.events, "heartbeat")
+        delay = 0.0
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                await self.beat()
+            except WAIT_OUT as exc:
+                backoff.note(exc)
+            else:
+                backoff.succeeded()
+            # After a failure, try again sooner: the leases are running out.
+            delay = backoff.within(interval)
+
+    async def beat(self) -> None:
+        """Say the worker is alive; extend every held lease once; drop the
+        jobs whose lease is gone."""
+        interval = self.settings.heartbeat_seconds
+        if not await self.conn.run(presence.seen(self.info.name, self.load(), interval)):
+            await self.conn.run(presence.register(self.info, interval))
+        leases = self.held.leases()
+        if not leases:
+            return
+        still = await self.conn.run(heartbeat(leases, self.settings.lease_seconds))
+        self.events(logging.DEBUG, "heartbeat", "extended %d leases", len(still))
+        for job_id, _ in leases:
+            if job_id not in still:
+                self._lost(job_id)
+
+    def _lost(self, job_id: int) -> None:
+        held = self.held.lose(job_id)
+        if held is None:
+            return
+        self.events(
+            logging.WARNING,
+            "lost",
+            "job %d: lease lost (reaped or cancelled); dropping it",
+            job_id,
+            job=held.job,
+        )
+        if held.stage is Stage.RUNNING and held.task is not None:
+            held.task.cancel()

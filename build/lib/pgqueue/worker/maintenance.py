@@ -1,0 +1,85 @@
+"""Maintenance: where expired leases are reaped and old jobs pruned.
+
+Every worker runs both (they are idempotent and skip rows another worker has
+locked), so there is no leader to elect and none to lose. Intervals are
+jittered so that workers started together do not run them together, and
+each runs in bounded batches, repeated while batches come back full.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+
+from .. import presence
+from ..settings import Settings
+from ..transitions import prune, reap
+from .connection import FlowRunner
+from .faults import WAIT_OUT, Backoff, EventLog
+
+__all__ = ["Maintenance"]
+
+# Batches per round, so that one round cannot run without end.
+MAX_BATCHES = 100
+
+
+class Maintenance:
+    def __init__(self, conn: FlowRunner, settings: Settings, events: EventLog) -> None:
+        self.conn = conn
+        self.settings = settings
+        self.events = events
+
+    async def maintenance_loop(self) -> None:
+        """Reap and prune at their (jittered) intervals, for ever."""
+        s = self.settings
+        now = time.monotonic()
+        next_reap = now + random.uniform(0, s.reap_interval_seconds)
+        next_prune = now + random.uniform(0, s.prune_interval_seconds)
+        backoff = Backoff(self.events, "maintenance")
+        while True:
+            await asyncio.sleep(max(0.0, min(next_reap, next_prune) - time.monotonic()))
+            now = time.monotonic()
+            try:
+                if now >= next_reap:
+                    next_reap = now + s.reap_interval_seconds * random.uniform(0.8, 1.2)
+                    await self.reap()
+                if now >= next_prune:
+                    next_prune = now + s.prune_interval_seconds * random.uniform(0.8, 1.2)
+                    await self.prune()
+            except WAIT_OUT as exc:
+                backoff.note(exc)  # the next round is the retry
+                continue
+            backoff.succeeded()
+
+    async def reap(self) -> None:
+        """Take back jobs whose lease expired: failed attempts, retried or dead."""
+        for _ in range(MAX_BATCHES):
+            states = await self.conn.run(reap(self.settings))
+            for job_id, state in states.items():
+                self.events(
+                    logging.WARNING,
+                    "reap",
+                    "job %d: lease expired; now %s",
+                    job_id,
+                    state,
+                    job_id=job_id,
+                )
+            if len(states) < self.settings.reap_batch:
+                return
+            await asyncio.sleep(0)
+
+    async def prune(self) -> None:
+        """Delete finished jobs past the retention period, and the registry
+        rows of workers long gone."""
+        await self.conn.run(presence.prune(self.settings.worker_retention_seconds))
+        total = 0
+        for _ in range(MAX_BATCHES):
+            pruned = await self.conn.run(prune(self.settings))
+            total += pruned
+            if pruned < self.settings.prune_batch:
+                break
+            await asyncio.sleep(0)
+        if total:
+            self.events(logging.INFO, "prune", "pruned %d finished jobs", total)

@@ -1,0 +1,158 @@
+"""The producer: where jobs are claimed.
+
+It claims up to the free slots in one ``job_claim`` whenever it is woken,
+claims again at once while batches come back full, and otherwise sleeps
+until woken (a NOTIFY from an enqueue, or a freed slot), the poll interval,
+or the earliest known ``run_at`` of a delayed job, whichever comes first.
+Each claimed job goes to ``start`` (the worker), which runs it.
+
+Wake-ups: ``listen()`` keeps a LISTEN connection of its own; a hint for one
+of our queues wakes the claim loop. Hints sent while it was not listening
+are lost, so it also wakes the loop each time it starts listening again.
+NOTIFY is a hint: the poll interval is the backstop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+
+from ..jobs import Job
+from ..settings import Settings
+from ..transitions import claim, next_run_in
+from .connection import FlowRunner
+from .faults import WAIT_OUT, Backoff, EventLog
+from .registry import HeldJobs
+
+__all__ = ["Producer"]
+
+Listen = Callable[[], AsyncIterator[str | None]]
+
+
+class Producer:
+    def __init__(
+        self,
+        conn: FlowRunner,
+        held: HeldJobs,
+        settings: Settings,
+        events: EventLog,
+        *,
+        queues: Sequence[str] | None,
+        start: Callable[[list[Job]], None],
+    ) -> None:
+        self.conn = conn
+        self.held = held
+        self.settings = settings
+        self.events = events
+        self.queues = list(queues) if queues else None
+        self.start = start
+        self.stats = {"claimed": 0, "claims": 0}
+        self.last_claim_at: float | None = None  # monotonic
+        self.stopping = False
+        self._wake = asyncio.Event()  # work may be ready (or we are stopping)
+        self._last_claim_full = True  # start by looking for work
+        self._next_check_at = 0.0  # when to ask again for the earliest run_at
+        self._next_due: float | None = None  # monotonic time of the earliest run_at
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Claim nothing more; a claim in flight completes (its jobs run)."""
+        self.stopping = True
+        self._wake.set()
+        self.held.slot_freed.set()
+
+    async def claim_loop(self) -> None:
+        """Claim whenever there are free slots and work may be ready, until stopped."""
+        backoff = Backoff(self.events, "claim")
+        while not self.stopping:
+            free = self.held.free_slots()
+            if free == 0:
+                self.held.slot_freed.clear()
+                await self.held.slot_freed.wait()
+                continue
+            if not self._last_claim_full:
+                await self._idle_wait()
+                if self.stopping:
+                    break
+            self._wake.clear()
+            try:
+                jobs = await self.conn.run(
+                    claim(self.settings, limit=free, worker=self.events.worker, queues=self.queues)
+                )
+            except WAIT_OUT as exc:
+                self._last_claim_full = True  # look again after the backoff
+                await backoff.failed(exc)
+                continue
+            backoff.succeeded()
+            self._claimed(jobs, full=len(jobs) == free)
+            if not self._last_claim_full:
+                await self._refresh_next_due()
+
+    def seconds_since_claim(self) -> float | None:
+        """Since the last claim statement that worked (None: none yet)."""
+        return None if self.last_claim_at is None else time.monotonic() - self.last_claim_at
+
+    def _claimed(self, jobs: list[Job], *, full: bool) -> None:
+        self.stats["claims"] += 1
+        self.last_claim_at = time.monotonic()
+        self._last_claim_full = full
+        if not jobs:
+            return
+        self.stats["claimed"] += len(jobs)
+        if self.events.enabled(logging.DEBUG):
+            self.events(
+                logging.DEBUG, "claim", "claimed %d jobs", len(jobs), job_ids=[j.id for j in jobs]
+            )
+        self.start(jobs)
+
+    async def _idle_wait(self) -> None:
+        """Sleep until woken, the poll interval, or the earliest known run_at."""
+        timeout = self.settings.poll_interval_seconds
+        if self._next_due is not None:
+            timeout = min(timeout, max(0.0, self._next_due - time.monotonic()))
+        if not self._wake.is_set() and timeout > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+        if self._next_due is not None and time.monotonic() >= self._next_due:
+            self._next_due = None
+            self._next_check_at = 0.0  # ask again after this claim
+        self._last_claim_full = True  # look once more
+
+    async def _refresh_next_due(self) -> None:
+        """At most once per poll interval, ask when the next delayed job is due."""
+        now = time.monotonic()
+        if now < self._next_check_at:
+            return
+        self._next_check_at = now + self.settings.poll_interval_seconds
+        try:
+            seconds = await self.conn.run(next_run_in(self.queues))
+        except WAIT_OUT:
+            return  # the next claim will meet the same error and back off
+        if seconds is not None and seconds > 0:
+            due = time.monotonic() + seconds
+            self._next_due = due
+            self._next_check_at = min(self._next_check_at, due)
+        else:
+            self._next_due = None
+
+    async def listen_loop(self, hints: Listen) -> None:
+        """Wake the claim loop on every hint for one of our queues; reconnect
+        (with backoff) when the listening connection is lost."""
+        backoff = Backoff(self.events, "listen connection")
+        ours = set(self.queues or ())
+        while True:
+            try:
+                async for queue in hints():
+                    if queue is None:  # listening (again): look, hints were missed
+                        backoff.succeeded()
+                        self._wake.set()
+                    elif not ours or queue in ours:
+                        self._wake.set()
+                raise ConnectionError("the listening connection was closed")
+            except WAIT_OUT as exc:  # ConnectionError is an OSError
+                await backoff.failed(exc)

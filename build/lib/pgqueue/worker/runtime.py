@@ -1,0 +1,421 @@
+"""The worker: its parts, wired together and supervised.
+
+One job's path, by calls::
+
+    Producer.claim_loop     claims jobs (producer.py) and hands them to
+    AsyncWorker._start      which holds each (registry.py) and runs
+    AsyncWorker._run_job    -> Executor.execute (executor.py): the handler, an Outcome
+                            -> Completer.submit (completer.py): written in a batch by
+                               Completer.write_loop, fenced by the attempt's token
+    LeaseKeeper.heartbeat_loop      extends the leases of held jobs (leases.py)
+    Maintenance.maintenance_loop    reaps expired leases, prunes old jobs (maintenance.py)
+
+Supervision: each part runs as a task of its own. A part waits out database
+faults itself (logs, backs off, goes on). Anything else it raises is logged
+here with its traceback and stops the worker gracefully; ``run()`` then
+raises ``WorkerFailed`` and ``Worker.run()`` returns exit code 1, so that a
+supervisor or an orchestrator restarts the process. A worker started before
+the schema exists says so once and starts as soon as it is migrated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import importlib.metadata
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from typing import Any
+
+from .. import presence
+from ..driver import RETRYABLE_ERRORS
+from ..errors import WorkerFailed
+from ..jobs import Job
+from ..presence import WorkerInfo, WorkerLoad
+from ..queue import resolve_url
+from ..settings import Settings
+from ..transitions import Outcome, schema_pending
+from ._threads import ThreadPool
+from .completer import Completer
+from .connection import Connection, FlowRunner, listen_for_hints
+from .executor import Executor
+from .faults import Backoff, EventLog
+from .handlers import Task, TaskRegistry, resolve_tasks
+from .leases import LeaseKeeper
+from .maintenance import Maintenance
+from .producer import Producer
+from .registry import Held, HeldJobs, Stage
+
+__all__ = ["AsyncWorker"]
+
+log = logging.getLogger("pgqueue.worker")
+
+Hints = Callable[[str], AsyncIterator[str | None]]
+
+
+def default_worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+@functools.cache
+def _version() -> str:
+    try:
+        return importlib.metadata.version("pgqueue")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class AsyncWorker:
+    """Run handlers for claimed jobs until ``stop()``; see the module docstring.
+
+    ``handlers``: a mapping of task name to callable, or a TaskRegistry.
+    ``queues``: claim only from these queues (default: every queue).
+    ``listen``: False skips LISTEN (e.g. behind a transaction-pooling proxy,
+    where notifications do not arrive); the poll interval then sets latency.
+    ``connect`` and ``hints`` replace the database connections and the
+    LISTEN stream (the unit tests give scripted ones).
+    """
+
+    def __init__(
+        self,
+        handlers: Mapping[str, Any] | TaskRegistry,
+        *,
+        settings: Settings | None = None,
+        url: str | None = None,
+        queues: Sequence[str] | None = None,
+        concurrency: int | None = None,
+        name: str | None = None,
+        listen: bool = True,
+        connect: Callable[[str], FlowRunner] = Connection,
+        hints: Hints = listen_for_hints,
+    ) -> None:
+        self.settings = settings or Settings.load()
+        self.url = url or self.settings.database_url
+        self.tasks: dict[str, Task] = resolve_tasks(handlers)
+        self.queues = list(queues) if queues else None
+        self.concurrency = concurrency or self.settings.concurrency
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        self.name = name or default_worker_name()
+        self.listen = listen
+        self._connect = connect
+        self._hints = hints
+        self.events = EventLog(self.name)
+        self.threads = ThreadPool(self.concurrency, on_hung_return=self._hung_returned)
+        self.held = HeldJobs(self.concurrency, hung_threads=lambda: self.threads.hung)
+        self.executor = Executor(self.tasks, self.threads, self.events)
+        self._dropped = 0  # results discarded because the lease was lost
+        self._hung_reported = 0
+        self._parts: dict[str, asyncio.Task[None]] = {}
+        self._failure: tuple[str, BaseException] | None = None
+        self._stopping = False
+        self._started = False
+        self._finished: asyncio.Event | None = None
+
+    # -- public -----------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Work until ``stop()``/``request_stop()``; then drain and return.
+        Raises WorkerFailed after a part failed (the worker drained first)."""
+        if self._started:
+            raise RuntimeError("a worker runs once; make a new one")
+        self._started = True
+        self._finished = asyncio.Event()
+        self._stop_requested = asyncio.Event()
+        if self._stopping:
+            self._stop_requested.set()
+        if not self.url:
+            self.url = await asyncio.to_thread(resolve_url, self.settings)
+        connections = [self._connect(self.url) for _ in range(3)]
+        self._build(*connections)
+        self.events(
+            logging.INFO,
+            "start",
+            "worker %s started (concurrency %d, queues %s)",
+            self.name,
+            self.concurrency,
+            ",".join(self.queues or ["*"]),
+        )
+        try:
+            if await self._supervised("schema check", self._schema_ready(connections[2])):
+                self._start_parts()
+                await self._stop_requested.wait()
+                self.events(
+                    logging.INFO,
+                    "shutdown",
+                    "worker %s stopping: %d jobs running",
+                    self.name,
+                    self.held.running,
+                )
+                await self._drain()
+        finally:
+            await self._teardown(connections)
+        if self._failure is not None:
+            part, cause = self._failure
+            raise WorkerFailed(self.name, part, cause) from cause
+
+    def request_stop(self) -> None:
+        """Stop claiming and shut down gracefully (safe from a signal handler
+        on the loop's thread)."""
+        self._stopping = True
+        if self._started:
+            self._stop_requested.set()
+
+    async def stop(self) -> None:
+        """Request a graceful stop and wait until ``run()`` has returned."""
+        self.request_stop()
+        if self._finished is not None:
+            await self._finished.wait()
+
+    @property
+    def held_count(self) -> int:
+        """Jobs claimed and not yet written back."""
+        return len(self.held)
+
+    @property
+    def running_count(self) -> int:
+        return self.held.running
+
+    @property
+    def degraded(self) -> bool:
+        """Some slots are held by sync handlers that run on past their job."""
+        return self.threads.hung > 0
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counts since start: claimed, claims, succeeded, failed, lost,
+        finishes (statements), hung_handlers (now)."""
+        counts = {"claimed": 0, "claims": 0, "succeeded": 0, "failed": 0, "lost": 0, "finishes": 0}
+        if self._started:
+            counts.update(self.producer.stats)
+            counts.update(self.completer.stats)
+        counts["lost"] += self._dropped
+        counts["hung_handlers"] = self.threads.hung
+        return counts
+
+    # -- wiring and supervision ----------------------------------------------------
+
+    def _build(self, claims: FlowRunner, outcomes: FlowRunner, upkeep: FlowRunner) -> None:
+        s, events = self.settings, self.events
+        self.producer = Producer(
+            claims, self.held, s, events, queues=self.queues, start=self._start
+        )
+        self.completer = Completer(outcomes, self.held, s, events)
+        info = WorkerInfo(
+            self.name, socket.gethostname(), os.getpid(), _version(), self.queues, self.concurrency
+        )
+        self.lease_keeper = LeaseKeeper(upkeep, self.held, s, events, info, self._load)
+        self.maintenance = Maintenance(upkeep, s, events)
+
+    def _load(self) -> WorkerLoad:
+        """What this worker holds now, for the workers registry."""
+        return WorkerLoad(
+            held=len(self.held),
+            running=self.held.running,
+            hung=self.threads.hung,
+            claimed=self.producer.stats["claimed"],
+            claim_seconds_ago=self.producer.seconds_since_claim(),
+        )
+
+    def _start_parts(self) -> None:
+        url = self.url
+        parts: dict[str, Coroutine[Any, Any, None]] = {
+            "outcomes": self.completer.write_loop(),
+            "heartbeats": self.lease_keeper.heartbeat_loop(),
+            "claims": self.producer.claim_loop(),
+            "maintenance": self.maintenance.maintenance_loop(),
+        }
+        if self.listen:
+            parts["wake-ups"] = self.producer.listen_loop(lambda: self._hints(url))
+        for name, coro in parts.items():
+            task = asyncio.create_task(coro, name=f"pgqueue-{name}")
+            task.add_done_callback(functools.partial(self._part_ended, name))
+            self._parts[name] = task
+
+    def _part_ended(self, name: str, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is None:
+            if self._stopping:  # the claim loop returns when told to stop
+                return
+            exc = RuntimeError(f"the {name} loop returned")
+        if self._failure is None:
+            self._failure = (name, exc)
+        self.events.crashed(name, exc)
+        self.request_stop()
+
+    async def _supervised(self, part: str, step: Coroutine[Any, Any, bool]) -> bool:
+        """Run a step of the start; an unexpected error in it is a failure of
+        the worker like any part's (False: do not go on)."""
+        try:
+            return await step
+        except Exception as exc:
+            self._failure = (part, exc)
+            self.events.crashed(part, exc)
+            return False
+
+    async def _schema_ready(self, conn: FlowRunner) -> bool:
+        """Wait until the schema is migrated (saying so once); False if told
+        to stop meanwhile."""
+        backoff = Backoff(self.events, "schema check")
+        waiting = False
+        while not self._stopping:
+            try:
+                pending = await conn.run(schema_pending())
+            except RETRYABLE_ERRORS as exc:
+                await self._sleep(backoff.note(exc))
+                continue
+            if not pending:
+                if waiting:
+                    self.events(logging.INFO, "schema_ready", "schema migrated: starting work")
+                return True
+            if not waiting:
+                waiting = True
+                self.events(
+                    logging.WARNING,
+                    "schema_missing",
+                    "schema not migrated (missing: %s): waiting; run `pgqueue migrate`",
+                    ", ".join(pending),
+                )
+            await self._sleep(self.settings.poll_interval_seconds)
+        return False
+
+    async def _sleep(self, seconds: float) -> None:
+        """Sleep, unless told to stop first."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop_requested.wait(), seconds)
+
+    # -- one job's path --------------------------------------------------------------
+
+    def _start(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            held = self.held.hold(job)
+            held.task = asyncio.create_task(self._run_job(held))
+
+    async def _run_job(self, held: Held) -> None:
+        """Run the job's handler; hand its outcome to the completer."""
+        job = held.job
+        outcome: Outcome | None = None
+        try:
+            outcome = await self.executor.execute(job)
+        except asyncio.CancelledError:
+            if held.interrupted:
+                outcome = Outcome.failure(
+                    job, "interrupted: the worker shut down before the handler finished"
+                )
+            elif not held.lost:
+                raise  # the worker is being torn down
+        finally:
+            self.held.handler_finished(held)
+            if self.threads.hung != self._hung_reported:
+                self._report_hung()
+        if outcome is None or held.lost:
+            self.held.release(job.id)
+            self._dropped += 1
+            self.events(
+                logging.WARNING,
+                "discard",
+                "job %d: lease lost; the handler's result is discarded",
+                job.id,
+                job=job,
+            )
+            return
+        self.completer.submit(held, outcome)
+
+    def _hung_returned(self) -> None:
+        self.held.slot_hung_return()
+        self._report_hung()
+
+    def _report_hung(self) -> None:
+        hung, self._hung_reported = self.threads.hung, self.threads.hung
+        if hung:
+            self.events(
+                logging.WARNING,
+                "degraded",
+                "worker %s degraded: %d of %d slots held by sync handlers that run on past "
+                "their job (timeout or lost lease); their slots free up when they return",
+                self.name,
+                hung,
+                self.concurrency,
+                hung_handlers=hung,
+            )
+        else:
+            self.events(logging.INFO, "recovered", "worker %s: no hung handlers left", self.name)
+
+    # -- shutdown ----------------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        """Stop claiming, let running handlers finish within the shutdown
+        timeout, then write every outcome we can."""
+        deadline = time.monotonic() + self.settings.shutdown_timeout_seconds
+        self.producer.stop()
+        claims = self._parts.get("claims")
+        if claims is not None:  # a claim in flight completes; its jobs run below
+            await asyncio.wait([claims], timeout=max(0.0, deadline - time.monotonic()))
+        for name in ("claims", "wake-ups"):
+            if name in self._parts:
+                self._parts[name].cancel()
+        await self._finish_handlers(deadline)
+        self.completer.flush()
+        end = max(deadline, time.monotonic()) + 5.0
+        outcomes = self._parts.get("outcomes")
+        while len(self.held) and time.monotonic() < end:
+            if outcomes is None or outcomes.done():
+                break  # nobody is writing: the leases will expire
+            self.held.released.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.held.released.wait(), end - time.monotonic())
+        if len(self.held):
+            ids = sorted(h.job.id for h in self.held)
+            self.events(
+                logging.ERROR,
+                "shutdown",
+                "could not write %d outcomes before exiting; their jobs return to the "
+                "queue when their leases expire: %s",
+                len(ids),
+                ids[:50],
+            )
+
+    async def _finish_handlers(self, deadline: float) -> None:
+        """Wait for running handlers until the deadline; fail the attempts of
+        those still running then (they are retried)."""
+        running = [h.task for h in self.held if h.stage is Stage.RUNNING and h.task]
+        if running:
+            await asyncio.wait(running, timeout=max(0.0, deadline - time.monotonic()))
+        late = [h for h in self.held if h.stage is Stage.RUNNING]
+        for held in late:
+            held.interrupted = True
+            if held.task is not None:
+                held.task.cancel()
+        if late:
+            self.events(
+                logging.WARNING,
+                "shutdown",
+                "%d handlers still running at the shutdown timeout: failing their "
+                "attempts (they will be retried)",
+                len(late),
+            )
+            await asyncio.wait([h.task for h in late if h.task], timeout=1.0)
+
+    async def _teardown(self, connections: list[FlowRunner]) -> None:
+        parts = list(self._parts.values())
+        for task in parts:
+            task.cancel()
+        await asyncio.gather(*parts, return_exceptions=True)
+        for held in self.held:
+            if held.task is not None and not held.task.done():
+                held.task.cancel()
+        with contextlib.suppress(Exception):  # else its row expires, as a killed worker's
+            await asyncio.wait_for(connections[2].run(presence.leave(self.name)), 2.0)
+        for conn in connections:
+            await conn.close()
+        self.threads.shutdown()
+        assert self._finished is not None
+        self._finished.set()
+        self.events(logging.INFO, "stopped", "worker %s stopped", self.name)
