@@ -26,7 +26,7 @@ from ..errors import DatabaseUnavailable, SchemaNotMigrated
 from ..jobs import JobState
 from ..queue import AsyncQueue
 from ..settings import Settings
-from . import metrics
+from . import metrics, schedules
 from .http_errors import ERROR_RESPONSES, error_response, install_handlers, schema_not_migrated
 from .middleware import BearerAuth, BodyLimit, HeadAsGet, SameOrigin, TokenSet
 from .models import (
@@ -332,6 +332,7 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
             return schema_not_migrated(SchemaNotMigrated(pending))
         return Health(status="ok")
 
+    app.include_router(schedules.router)
     install_pages(app)
     return app
 

@@ -2,6 +2,7 @@
 
     runtime.py     AsyncWorker (the asyncio runtime) and Worker (blocking, signals)
     handlers.py    TaskRegistry, the ``task`` decorator, load_handlers("mod:ATTR")
+    scheduler.py   the part that fires schedules (periodic jobs)
     _threads.py    the daemon thread pool for sync handlers
 
 ``run_from_cli`` is what ``pgqueue worker`` calls; with several processes it
@@ -22,7 +23,7 @@ import time
 from ..processes import Child, ProcessSupervisor
 from ..queue import resolve_url
 from ..settings import Settings
-from .handlers import Task, TaskRegistry, load_handlers, task, tasks
+from .handlers import Task, TaskRegistry, load_handlers, load_target, task, tasks
 from .runtime import AsyncWorker, Worker
 
 __all__ = [
@@ -49,7 +50,7 @@ def run_worker(
 ) -> int:
     """One worker in this process, until SIGTERM/SIGINT; the exit code."""
     return Worker(
-        load_handlers(handlers), settings=settings, queues=queues, concurrency=concurrency
+        load_target(handlers), settings=settings, queues=queues, concurrency=concurrency
     ).run()
 
 
