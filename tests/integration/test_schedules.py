@@ -296,3 +296,22 @@ async def test_a_changed_timing_starts_afresh_and_a_worker_of_other_tasks_leaves
     async with workers(others, fast, 1):
         await until(lambda: has_row(sql, "other"))
     assert schedule_row(sql)["retired_at"] is None  # "beat" is not a task it handles
+
+
+def test_a_schedule_deleted_and_declared_again_never_enqueues_a_tick_twice(
+    queue: Queue, sql: psycopg.Connection[Any]
+) -> None:
+    beat = s.Schedule.create("beat", every=3600)
+    queue.run(s.sync([beat], []))
+    planned = schedule_row(sql)["next_run_at"]
+    sql.execute("UPDATE pgqueue_schedules SET next_run_at = %s", (planned - timedelta(hours=1),))
+    [first] = queue.run(s.fire_due(5))
+    assert len(first.jobs) == 1
+    queue.run(s.delete("beat"))
+    queue.run(s.sync([beat], []))  # declared again: starts afresh at its next tick
+    assert schedule_row(sql)["next_run_at"] == planned
+    # Had its row been put back at the tick already enqueued, the key refuses it.
+    sql.execute("UPDATE pgqueue_schedules SET next_run_at = %s", (planned - timedelta(hours=1),))
+    [again] = queue.run(s.fire_due(5))
+    assert again.moved and again.jobs == [] and again.already == [first.jobs[0][0]]
+    assert len(ticks(sql)) == 1
