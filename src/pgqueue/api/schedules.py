@@ -92,28 +92,32 @@ async def list_schedules(request: Request) -> ScheduleList:
     return ScheduleList(schedules=[ScheduleOut.of(r) for r in records])
 
 
-@router.post(
-    "/{name}/enable",
-    response_model=ScheduleOut,
-    responses=_RESPONSES,
-    summary="Switch a schedule on",
-    description="It starts from its first tick after now: the ticks of the time it was off "
-    "are not caught up.",
-)
-async def enable_schedule(request: Request, name: ScheduleName) -> ScheduleOut:
-    return ScheduleOut.of(await _run(request, schedules.set_enabled(name, True)))
+def _switch_route(enabled: bool, summary: str, description: str) -> None:
+    """POST /schedules/{name}/enable or /disable."""
+    verb = "enable" if enabled else "disable"
+
+    @router.post(
+        f"/{{name}}/{verb}",
+        response_model=ScheduleOut,
+        responses=_RESPONSES,
+        summary=summary,
+        description=description,
+        name=f"{verb}_schedule",
+    )
+    async def switch(request: Request, name: ScheduleName) -> ScheduleOut:
+        return ScheduleOut.of(await _run(request, schedules.set_enabled(name, enabled)))
 
 
-@router.post(
-    "/{name}/disable",
-    response_model=ScheduleOut,
-    responses=_RESPONSES,
-    summary="Switch a schedule off",
-    description="No scheduler enqueues its ticks until it is switched on again; worker "
-    "restarts keep it off.",
+_switch_route(
+    True,
+    "Switch a schedule on",
+    "It starts from its first tick after now: the ticks of the time it was off are not caught up.",
 )
-async def disable_schedule(request: Request, name: ScheduleName) -> ScheduleOut:
-    return ScheduleOut.of(await _run(request, schedules.set_enabled(name, False)))
+_switch_route(
+    False,
+    "Switch a schedule off",
+    "No scheduler enqueues its ticks until it is switched on again; worker restarts keep it off.",
+)
 
 
 @router.delete(
