@@ -6,7 +6,7 @@ Layout (one guess finds each part):
     migrations/*.sql    the schema, applied in order by migrate()
     jobs.py             Job, JobState, JobSpec, JOB_FIELDS (the one shape of a new job)
     transitions.py      the state machine: one I/O-free generator per transition
-    schedules.py        periodic jobs: Schedule, its ticks (cron, zones), their flows
+    schedules.py        periodic jobs: Schedule and its flows; ticks.py: when each ticks
     driver.py           the one driver that runs them on a connection
     queue.py            Queue (blocking) and AsyncQueue (asyncio); waiting.py: wait()
     worker/             the worker: producer (claims), executor, completer (acks),

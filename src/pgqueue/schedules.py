@@ -1,70 +1,45 @@
-"""Periodic jobs: what a schedule is, when it ticks, and the flows that store
-and fire schedules (I/O-free generators, driven like those of transitions.py).
+"""Periodic jobs: what a schedule is, and the flows that store and fire
+schedules (I/O-free generators, driven like those of transitions.py).
 
 A schedule enqueues one job per tick of its timing: a cron expression in a
-time zone, or every N seconds. The cron parser is cronsim (5 fields, or 6 with
-the seconds first; ``L``, ``W``, ``#``, names of days and months). Intervals
-count from 1970-01-01 UTC, so ``every=3600`` ticks on the hour, whoever plans
-it. Ticks are planned from the database's clock alone: each flow reads now()
-from PostgreSQL and computes from it.
+time zone, or every N seconds (``ticks.py`` says when each ticks, daylight
+saving time included). Ticks are planned from the database's clock alone:
+each flow reads now() from PostgreSQL and computes from it.
 
     code ──sync──> pgqueue_schedules ──fire, once per tick──> a job whose
                    (one row each)                              idempotency key is
                                                                pgqueue:schedule:NAME@TICK
-
-Daylight saving time, as cronsim (and Debian's cron) does it: a 5-field
-expression with a fixed minute and hour (``30 2 * * *``) runs once per day
-whatever the clock does. On the day a zone skips the hour, the tick runs at
-the first minute that exists (03:00 in Europe/Berlin); on the day it repeats
-the hour, it runs at the first 02:30 only. Every other expression (``*/15 * *
-* *``, ``0 * * * *``, any 6-field one) follows the clock as it runs: a local
-time that does not exist does not tick, and one that happens twice ticks
-twice (tests/unit/test_schedules.py shows each case).
 """
 
 from __future__ import annotations
 
-import itertools
-from collections import deque
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, Protocol, get_args
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
-from cronsim import CronSim, CronSimError
+from typing import Any, Literal
 
 from .errors import InvalidJob, InvalidSchedule, ScheduleNotFound
 from .jobs import TASK_NAME, Job, JobSpec
+from .ticks import CATCH_UP_MODES, Cadence, CatchUp, Plan, cadence, next_tick, plan
 from .transitions import Flow, Statement
 
 __all__ = [
-    "CATCH_UP_MODES",
-    "ON_TIME_SECONDS",
-    "CatchUp",
     "Fired",
-    "Plan",
     "Schedule",
     "ScheduleRecord",
     "Status",
     "Synced",
-    "cadence",
     "delete",
     "fire_due",
+    "key",
     "list_schedules",
     "next_due",
-    "plan",
     "set_enabled",
     "sync",
     "tick_of",
 ]
 
-CatchUp = Literal["none", "last", "all"]
 Status = Literal["enabled", "disabled", "retired"]
-CATCH_UP_MODES: tuple[CatchUp, ...] = get_args(CatchUp)
-# With catch_up="none", a tick this late still runs: a worker that restarts
-# across a tick has not missed it.
-ON_TIME_SECONDS = 60.0
 DEFAULT_CATCH_UP_LIMIT = 100
 MAX_CATCH_UP_LIMIT = 10_000
 MAX_EVERY_SECONDS = 366 * 24 * 3600
@@ -72,135 +47,13 @@ MAX_CRON_LENGTH = 200
 KEY_PREFIX = "pgqueue:schedule:"
 # Due schedules fired per round of the scheduler.
 DUE_BATCH = 100
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_SECOND = timedelta(seconds=1)
 _TICK_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
-
-
-# -- timing --------------------------------------------------------------------------
-
-
-class Cadence(Protocol):
-    """When a schedule ticks (every tick a whole second, in UTC)."""
-
-    def ticks_after(self, moment: datetime) -> Iterator[datetime]:
-        """The ticks strictly after ``moment``, in order."""
-        ...
-
-    def back(self, moment: datetime, count: int) -> datetime | None:
-        """A time at or before the ``count``-th newest tick up to ``moment``
-        (None: no tick before it), so that a catch-up walks a bounded stretch."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class Cron:
-    expr: str
-    zone: ZoneInfo
-
-    def ticks_after(self, moment: datetime) -> Iterator[datetime]:
-        # Compared in UTC: two local times of one zone compare by wall clock.
-        newest = moment.astimezone(UTC)
-        # cronsim walks local wall-clock time; in a repeated hour that can
-        # come back before a tick already given, and a skipped hour can map
-        # two times onto its first minute: keep only ticks that move forward.
-        for tick in CronSim(self.expr, moment.astimezone(self.zone)):
-            instant = tick.astimezone(UTC)
-            if instant > newest:
-                newest = instant
-                yield instant
-
-    def back(self, moment: datetime, count: int) -> datetime | None:
-        start = moment.replace(microsecond=0) + _SECOND  # its first step back is `moment`
-        steps = CronSim(self.expr, start.astimezone(self.zone), reverse=True)
-        found = list(itertools.islice(steps, count))
-        return found[-1].astimezone(UTC) if found else None
-
-
-@dataclass(frozen=True, slots=True)
-class Every:
-    seconds: int
-
-    def ticks_after(self, moment: datetime) -> Iterator[datetime]:
-        step = timedelta(seconds=self.seconds)
-        tick = _EPOCH + ((moment - _EPOCH) // step + 1) * step
-        while True:
-            yield tick
-            tick += step
-
-    def back(self, moment: datetime, count: int) -> datetime | None:
-        step = timedelta(seconds=self.seconds)
-        return _EPOCH + ((moment - _EPOCH) // step - count + 1) * step
-
-
-def cadence(name: str, cron: str | None, every_seconds: int | None, tz: str) -> Cadence:
-    """The timing of a schedule, checked: raises InvalidSchedule."""
-    if cron is None:
-        if every_seconds is None:
-            raise InvalidSchedule(name, "cron", "give cron or every")
-        return Every(every_seconds)
-    zone = _zone(name, tz)
-    try:
-        CronSim(cron, _EPOCH.astimezone(zone))  # parses, and says what is wrong
-    except CronSimError as exc:
-        raise InvalidSchedule(name, "cron", f"{exc} in {cron!r}") from None
-    return Cron(cron, zone)
-
-
-def _zone(name: str, tz: str) -> ZoneInfo:
-    try:
-        return ZoneInfo(tz)
-    except (ZoneInfoNotFoundError, ValueError, OSError):
-        raise InvalidSchedule(
-            name, "tz", f"unknown time zone {tz!r} (an IANA name, e.g. Europe/Berlin or UTC)"
-        ) from None
-
-
-def next_tick(timing: Cadence, moment: datetime) -> datetime | None:
-    return next(timing.ticks_after(moment), None)
 
 
 def _utc(moment: datetime) -> datetime:
     """A time from the database in UTC. psycopg gives the session's zone, and
     two times of one zone compare by wall clock, wrong across a DST change."""
     return moment.astimezone(UTC)
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """What a scheduler does with a due schedule: enqueue ``ticks`` (oldest
-    first), then wait for ``next_run_at`` (None: no tick ahead). Ticks from
-    ``missed_from`` up to the first of ``ticks`` (or to now) are not enqueued,
-    as ``catch_up`` says."""
-
-    ticks: list[datetime]
-    next_run_at: datetime | None
-    missed_from: datetime | None
-    catch_up: CatchUp
-
-
-def plan(timing: Cadence, due: datetime, now: datetime, catch_up: CatchUp, limit: int) -> Plan:
-    """Which ticks from ``due`` (the planned tick) to ``now`` to enqueue:
-    with "none" the newest, if it is at most ON_TIME_SECONDS late; with
-    "last" the newest; with "all" the newest ``limit``."""
-    ticks = _recent(timing, due, now, limit if catch_up == "all" else 1)
-    late = bool(ticks) and (now - ticks[-1]).total_seconds() > ON_TIME_SECONDS
-    if catch_up == "none" and late:
-        ticks = []
-    missed = due if not ticks or ticks[0] > due else None
-    return Plan(ticks, next_tick(timing, now), missed, catch_up)
-
-
-def _recent(timing: Cadence, since: datetime, now: datetime, count: int) -> list[datetime]:
-    """The newest ``count`` ticks from ``since`` to ``now``, oldest first."""
-    bound = timing.back(now, count)
-    start = since if bound is None or bound < since else bound
-    ticks: deque[datetime] = deque(maxlen=count)
-    for tick in timing.ticks_after(start - _SECOND):
-        if tick > now:
-            break
-        ticks.append(tick)
-    return list(ticks)
 
 
 # -- a schedule ----------------------------------------------------------------------

@@ -21,6 +21,7 @@ import pytest
 
 from pgqueue import Job, Queue, Settings
 from pgqueue import schedules as s
+from pgqueue import ticks as tk
 from pgqueue.worker import AsyncWorker, TaskRegistry
 from tests.support import until
 
@@ -166,7 +167,7 @@ async def test_catch_up_after_every_worker_was_down(
     fast: Settings,
     sql: psycopg.Connection[Any],
     caplog: pytest.LogCaptureFixture,
-    catch_up: s.CatchUp,
+    catch_up: tk.CatchUp,
     limit: int,
     expected: int,
 ) -> None:
@@ -176,8 +177,8 @@ async def test_catch_up_after_every_worker_was_down(
     # Ten hourly ticks passed while no worker ran, the newest more than
     # ON_TIME_SECONDS ago (in the first minute of an hour, wait that out).
     now = db_now(sql)
-    if now.minute == 0 and now.second < 5 + s.ON_TIME_SECONDS:
-        await asyncio.sleep(5 + s.ON_TIME_SECONDS - now.second)
+    if now.minute == 0 and now.second < 5 + tk.ON_TIME_SECONDS:
+        await asyncio.sleep(5 + tk.ON_TIME_SECONDS - now.second)
     newest = db_now(sql).replace(minute=0, second=0, microsecond=0)
     sql.execute("UPDATE pgqueue_schedules SET next_run_at = %s", (newest - timedelta(hours=9),))
     async with workers(tasks, fast, 2):

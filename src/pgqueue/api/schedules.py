@@ -16,7 +16,8 @@ from .. import schedules
 from ..errors import ScheduleNotFound
 from ..jobs import JobState
 from ..queue import AsyncQueue
-from ..schedules import CatchUp, ScheduleRecord, Status
+from ..schedules import ScheduleRecord, Status
+from ..ticks import CatchUp
 from ..transitions import Flow
 from .http_errors import ERROR_RESPONSES
 from .models import TASK_PATTERN, ErrorBody

@@ -16,6 +16,7 @@ import pytest
 
 from pgqueue import Job, JobState, Settings, driver
 from pgqueue import schedules as s
+from pgqueue import ticks as tk
 from pgqueue.errors import InvalidSchedule
 from pgqueue.schedules import Schedule
 from pgqueue.worker import TaskRegistry
@@ -32,33 +33,33 @@ def utc(*args: int) -> datetime:
     return datetime(*args, tzinfo=UTC)  # type: ignore[misc]
 
 
-def ticks(timing: s.Cadence, start: datetime, count: int) -> list[datetime]:
+def ticks(timing: tk.Cadence, start: datetime, count: int) -> list[datetime]:
     return list(itertools.islice(timing.ticks_after(start), count))
 
 
-def berlin(expr: str) -> s.Cadence:
-    return s.cadence("t", expr, None, "Europe/Berlin")
+def berlin(expr: str) -> tk.Cadence:
+    return tk.cadence("t", expr, None, "Europe/Berlin")
 
 
 # -- when a timing ticks -----------------------------------------------------------------
 
 
 def test_an_interval_ticks_on_multiples_of_itself_since_1970() -> None:
-    hourly = s.cadence("t", None, 3600, "UTC")
+    hourly = tk.cadence("t", None, 3600, "UTC")
     assert ticks(hourly, utc(2030, 1, 1, 10, 20), 2) == [utc(2030, 1, 1, 11), utc(2030, 1, 1, 12)]
     # Strictly after: a moment on a tick gives the next one.
     assert ticks(hourly, utc(2030, 1, 1, 11), 1) == [utc(2030, 1, 1, 12)]
-    every7 = s.cadence("t", None, 7, "UTC")
+    every7 = tk.cadence("t", None, 7, "UTC")
     assert all(t.timestamp() % 7 == 0 for t in ticks(every7, utc(2030, 1, 1), 5))
 
 
 def test_cron_has_five_fields_or_six_with_seconds_first() -> None:
-    quarter = s.cadence("t", "*/15 * * * *", None, "UTC")
+    quarter = tk.cadence("t", "*/15 * * * *", None, "UTC")
     assert ticks(quarter, utc(2030, 1, 1, 10, 1), 2) == [
         utc(2030, 1, 1, 10, 15),
         utc(2030, 1, 1, 10, 30),
     ]
-    twenty = s.cadence("t", "*/20 * * * * *", None, "UTC")
+    twenty = tk.cadence("t", "*/20 * * * * *", None, "UTC")
     assert ticks(twenty, utc(2030, 1, 1, 10, 0, 5), 3) == [
         utc(2030, 1, 1, 10, 0, 20),
         utc(2030, 1, 1, 10, 0, 40),
@@ -124,7 +125,7 @@ def test_a_tick_is_never_before_the_moment_asked_even_in_the_repeated_hour() -> 
 
 # -- catch-up ----------------------------------------------------------------------------
 
-FIVE_MINUTES = s.cadence("t", "*/5 * * * *", None, "UTC")
+FIVE_MINUTES = tk.cadence("t", "*/5 * * * *", None, "UTC")
 DUE = utc(2030, 1, 1, 10, 0)  # the planned tick; a scheduler comes back at...
 LATER = utc(2030, 1, 1, 10, 47, 30)  # ... 10:47:30: ticks 10:00 to 10:45 are due
 
@@ -138,26 +139,28 @@ LATER = utc(2030, 1, 1, 10, 47, 30)  # ... 10:47:30: ticks 10:00 to 10:45 are du
         ("all", 100, [utc(2030, 1, 1, 10, m) for m in range(0, 50, 5)]),
     ],
 )
-def test_catch_up_after_downtime(catch_up: s.CatchUp, limit: int, enqueued: list[datetime]) -> None:
-    plan = s.plan(FIVE_MINUTES, DUE, LATER, catch_up, limit)
+def test_catch_up_after_downtime(
+    catch_up: tk.CatchUp, limit: int, enqueued: list[datetime]
+) -> None:
+    plan = tk.plan(FIVE_MINUTES, DUE, LATER, catch_up, limit)
     assert plan.ticks == enqueued
     assert plan.next_run_at == utc(2030, 1, 1, 10, 50)
     assert plan.missed_from == (None if enqueued and enqueued[0] == DUE else DUE)
 
 
-@pytest.mark.parametrize("catch_up", s.CATCH_UP_MODES)
-def test_a_tick_found_on_time_is_enqueued_in_every_mode(catch_up: s.CatchUp) -> None:
-    late = DUE + timedelta(seconds=s.ON_TIME_SECONDS - 1)
-    plan = s.plan(FIVE_MINUTES, DUE, late, catch_up, 100)
+@pytest.mark.parametrize("catch_up", tk.CATCH_UP_MODES)
+def test_a_tick_found_on_time_is_enqueued_in_every_mode(catch_up: tk.CatchUp) -> None:
+    late = DUE + timedelta(seconds=tk.ON_TIME_SECONDS - 1)
+    plan = tk.plan(FIVE_MINUTES, DUE, late, catch_up, 100)
     assert (plan.ticks, plan.missed_from) == ([DUE], None)
 
 
 def test_catch_up_walks_a_bounded_stretch_and_keeps_the_skipped_hour_tick() -> None:
     daily = berlin("30 2 * * *")
-    plan = s.plan(daily, utc(2026, 3, 1, 1, 30), utc(2026, 3, 30, 12), "all", 3)
+    plan = tk.plan(daily, utc(2026, 3, 1, 1, 30), utc(2026, 3, 30, 12), "all", 3)
     assert plan.ticks == [utc(2026, 3, 28, 1, 30), utc(2026, 3, 29, 1, 0), utc(2026, 3, 30, 0, 30)]
-    every_second = s.cadence("t", None, 1, "UTC")
-    year_later = s.plan(every_second, utc(2029, 1, 1), utc(2030, 1, 1), "all", 5)
+    every_second = tk.cadence("t", None, 1, "UTC")
+    year_later = tk.plan(every_second, utc(2029, 1, 1), utc(2030, 1, 1), "all", 5)
     assert year_later.ticks[-1] == utc(2030, 1, 1) and len(year_later.ticks) == 5
 
 
