@@ -100,28 +100,21 @@ class Schedule:
         means the firing worker's default_max_attempts setting."""
         if not isinstance(name, str) or not TASK_NAME.fullmatch(name):
             raise InvalidSchedule(str(name)[:80], "name", f"must match {TASK_NAME.pattern}")
-        try:
-            spec = JobSpec.from_fields(
-                {
-                    "task": name if task is None else task,
-                    "payload": {} if payload is None else payload,
-                    "queue": queue,
-                    "priority": priority,
-                    "max_attempts": max_attempts,
-                    "timeout_seconds": timeout,
-                }
-            )
+        job = {
+            "task": name if task is None else task,
+            "payload": {} if payload is None else payload,
+            "queue": queue,
+            "priority": priority,
+            "max_attempts": max_attempts,
+            "timeout": timeout,
+        }
+        try:  # the job's fields, by the rules of every job (jobs.JOB_FIELDS)
+            spec = JobSpec.from_fields(job)
         except InvalidJob as exc:
             raise InvalidSchedule(name, exc.field, exc.problem) from None
         expr, seconds, zone = _timing(name, cron, every, tz)
         cadence(name, expr, seconds, zone)
-        if catch_up not in CATCH_UP_MODES:
-            raise InvalidSchedule(name, "catch_up", f"must be one of {', '.join(CATCH_UP_MODES)}")
-        limit_ok = isinstance(catch_up_limit, int) and not isinstance(catch_up_limit, bool)
-        if not limit_ok or not 1 <= catch_up_limit <= MAX_CATCH_UP_LIMIT:
-            raise InvalidSchedule(
-                name, "catch_up_limit", f"must be an integer from 1 to {MAX_CATCH_UP_LIMIT}"
-            )
+        _check_catch_up(name, catch_up, catch_up_limit)
         return cls(
             name,
             spec.task,
@@ -140,6 +133,19 @@ class Schedule:
     @property
     def timing(self) -> Cadence:
         return cadence(self.name, self.cron, self.every_seconds, self.tz)
+
+
+def _check_catch_up(name: str, mode: Any, limit: Any) -> None:
+    if mode not in CATCH_UP_MODES:
+        raise InvalidSchedule(name, "catch_up", f"must be one of {', '.join(CATCH_UP_MODES)}")
+    if (
+        isinstance(limit, bool)
+        or not isinstance(limit, int)
+        or not 1 <= limit <= MAX_CATCH_UP_LIMIT
+    ):
+        raise InvalidSchedule(
+            name, "catch_up_limit", f"must be an integer from 1 to {MAX_CATCH_UP_LIMIT}"
+        )
 
 
 def _timing(name: str, cron: Any, every: Any, tz: Any) -> tuple[str | None, int | None, str]:

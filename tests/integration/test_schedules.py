@@ -316,3 +316,21 @@ def test_a_schedule_deleted_and_declared_again_never_enqueues_a_tick_twice(
     [again] = queue.run(s.fire_due(5))
     assert again.moved and again.jobs == [] and again.already == [first.jobs[0][0]]
     assert len(ticks(sql)) == 1
+
+
+async def test_a_timing_this_worker_cannot_read_is_unplanned_and_said_not_fatal(
+    fast: Settings, sql: psycopg.Connection[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A row written by a worker whose tz database knows a zone that this
+    one does not: this worker leaves it unplanned, says so, and works on."""
+    sql.execute(
+        "INSERT INTO pgqueue_schedules (name, task, cron, tz, next_run_at) "
+        "VALUES ('elsewhere', 'other', '0 3 * * *', 'Mars/Olympus', now() - interval '1 s')"
+    )
+    async with workers(registry(every=1), fast, 1) as [worker]:
+        await until(lambda: schedule_row(sql, "elsewhere")["next_run_at"] is None)
+        await until(lambda: count(sql) >= 2)
+        assert not worker.degraded
+    unplanned = [r for r in caplog.records if getattr(r, "action", "") == "schedule_unplanned"]
+    assert unplanned and "unknown time zone 'Mars/Olympus'" in unplanned[0].getMessage()
+    assert unplanned[0].levelno == logging.ERROR

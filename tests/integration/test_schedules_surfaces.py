@@ -118,6 +118,17 @@ async def test_unknown_and_bad_names_and_a_read_only_token(
         assert (await http.post("/schedules/beat/disable")).status_code == 200
 
 
+async def test_a_timing_this_server_cannot_plan_is_a_409_not_a_500(
+    declared: list[s.Schedule], http: httpx.AsyncClient, sql: psycopg.Connection[Any]
+) -> None:
+    sql.execute(
+        "UPDATE pgqueue_schedules SET tz = 'Mars/Olympus', enabled = false WHERE name = 'nightly'"
+    )
+    answer = await http.post("/schedules/nightly/enable")
+    assert answer.status_code == 409 and "unknown time zone" in answer.json()["message"]
+    assert (await http.get("/schedules")).status_code == 200
+
+
 async def test_delete_over_http(declared: list[s.Schedule], http: httpx.AsyncClient) -> None:
     gone = await http.delete("/schedules/beat")
     assert gone.status_code == 204 and gone.content == b""

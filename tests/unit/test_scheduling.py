@@ -192,6 +192,7 @@ def test_catch_up_walks_a_bounded_stretch_and_keeps_the_skipped_hour_tick() -> N
         ({"every": 60, "payload": [1]}, "payload", "JSON object"),
         ({"every": 60, "queue": ""}, "queue", "not a valid queue name"),
         ({"every": 60, "max_attempts": 0}, "max_attempts", "between 1 and"),
+        ({"every": 60, "timeout": 0}, "timeout", "more than 0"),
     ],
 )
 def test_a_bad_definition_is_a_clear_error(kwargs: dict[str, Any], field: str, words: str) -> None:

@@ -13,7 +13,7 @@ from fastapi import APIRouter, HTTPException, Path, Request, Response
 from pydantic import BaseModel, Field
 
 from .. import schedules
-from ..errors import ScheduleNotFound
+from ..errors import InvalidSchedule, ScheduleNotFound
 from ..jobs import JobState
 from ..queue import AsyncQueue
 from ..schedules import ScheduleRecord, Status
@@ -32,6 +32,7 @@ ScheduleName = Annotated[str, Path(pattern=TASK_PATTERN, description="A schedule
 _RESPONSES: dict[int | str, dict[str, Any]] = {
     **ERROR_RESPONSES,
     404: {"model": ErrorBody, "description": "No schedule has this name."},
+    409: {"model": ErrorBody, "description": "This server cannot plan the schedule's timing."},
 }
 
 
@@ -75,11 +76,14 @@ def _queue(request: Request) -> AsyncQueue:
 
 
 async def _run(request: Request, flow: Flow[T]) -> T:
-    """Run a flow; an unknown name is a 404."""
+    """Run a flow; an unknown name is a 404, and a timing this server cannot
+    plan (a zone its tz database lacks) a 409."""
     try:
         return await _queue(request).run(flow)
     except ScheduleNotFound as exc:
         raise HTTPException(404, str(exc)) from None
+    except InvalidSchedule as exc:
+        raise HTTPException(409, str(exc)) from None
 
 
 @router.get(
