@@ -51,7 +51,9 @@ def schedules_list(ctx: typer.Context, json_out: JsonFlag = False) -> None:
 def _table(records: list[ScheduleRecord], now: datetime) -> Table:
     table = Table(box=None, header_style="bold", pad_edge=False)
     for name in ("name", "status", "timing", "task", "queue", "next run", "last run", "last job"):
-        table.add_column(name, no_wrap=name not in ("name", "timing"))
+        # Long names and timings fold onto more lines rather than lose their end.
+        wraps = name in ("name", "timing")
+        table.add_column(name, no_wrap=not wraps, overflow="fold" if wraps else "ellipsis")
     for r in records:
         timing = r.spec if r.cron is None or r.tz == "UTC" else f"{r.spec} ({r.tz})"
         job = "-"
