@@ -3,7 +3,9 @@
 PgQueueError
 ├── InvalidJob            bad input to enqueue; nothing was written
 ├── InvalidSettings       a setting out of range or of the wrong type
+├── InvalidSchedule       a bad schedule definition (cron expression, zone, ...)
 ├── JobNotFound           no job has that id
+├── ScheduleNotFound      no schedule has that name
 ├── JobStateConflict      the transition does not apply to the job's state
 │   ├── JobAlreadyFinished   cancel of a succeeded, dead or cancelled job
 │   └── JobNotRetryable      retry of a job that is not dead or cancelled
@@ -18,12 +20,14 @@ from __future__ import annotations
 __all__ = [
     "DatabaseUnavailable",
     "InvalidJob",
+    "InvalidSchedule",
     "InvalidSettings",
     "JobAlreadyFinished",
     "JobNotFound",
     "JobNotRetryable",
     "JobStateConflict",
     "PgQueueError",
+    "ScheduleNotFound",
     "SchemaNotMigrated",
     "WaitTimeout",
     "WorkerFailed",
@@ -45,6 +49,25 @@ class InvalidJob(PgQueueError, ValueError):
 
 class InvalidSettings(PgQueueError, ValueError):
     """A setting is out of range or of the wrong type."""
+
+
+class InvalidSchedule(PgQueueError, ValueError):
+    """A schedule's definition is invalid. ``schedule`` names it and ``field``
+    the bad argument (cron, tz, every, catch_up, or a job field)."""
+
+    def __init__(self, schedule: str, field: str, problem: str) -> None:
+        self.schedule = schedule
+        self.field = field
+        self.problem = problem
+        super().__init__(f"schedule {schedule!r}: {field}: {problem}")
+
+
+class ScheduleNotFound(PgQueueError, LookupError):
+    """No schedule has this name."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"schedule {name!r} does not exist")
 
 
 class JobNotFound(PgQueueError, LookupError):

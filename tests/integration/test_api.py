@@ -328,6 +328,10 @@ async def test_healthz_docs_and_openapi(api: httpx.AsyncClient) -> None:
         "/workers",
         "/metrics",
         "/healthz",
+        "/schedules",
+        "/schedules/{name}",
+        "/schedules/{name}/enable",
+        "/schedules/{name}/disable",
     }
     assert (
         schema["components"]["schemas"]["BatchEnqueueRequest"]["properties"]["jobs"]["maxItems"]

@@ -8,6 +8,7 @@ the integration tier does that against a real server.
 
 Tests script faults with ``db.fail(name, exc, times)``, read every statement
 sent from ``db.statements``, and move the clock with ``db.advance(seconds)``.
+Schedules live in ``db.schedules`` (name -> row).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class MemoryDatabase:
     def __init__(self, *, migrated: bool = True) -> None:
         self.jobs: dict[int, Row] = {}
         self.workers: dict[str, Row] = {}  # the registry, by worker name
+        self.schedules: dict[str, Row] = {}
         self.migrated = migrated
         self.clock = datetime(2030, 1, 1, tzinfo=UTC)
         self.statements: list[Statement] = []
@@ -205,6 +207,92 @@ class MemoryDatabase:
 
     def worker_prune(self, retention_seconds: float) -> list[Row]:
         return [{"pruned": 0}]
+
+    # -- schedules (pgqueue/schedules.py) ----------------------------------------------
+
+    def db_now(self) -> list[Row]:
+        return [{"now": self.clock}]
+
+    def schedule_upsert(self, **columns: list[Any]) -> list[Row]:
+        written = []
+        for values in zip(*columns.values(), strict=True):
+            row = dict(zip(columns, values, strict=True))
+            old = self.schedules.get(row["name"])
+            if old is not None:
+                timing = ("cron", "every_seconds", "tz")
+                keep = old["retired_at"] is None and old["next_run_at"] is not None
+                if keep and all(old[k] == row[k] for k in timing):
+                    row["next_run_at"] = old["next_run_at"]
+                row = {**old, **row, "retired_at": None}
+            else:
+                row.update(enabled=True, retired_at=None, last_tick=None, last_job_id=None)
+            self.schedules[row["name"]] = row
+            written.append({"name": row["name"]})
+        return written
+
+    def schedule_retire(self, tasks: list[str], names: list[str]) -> list[Row]:
+        retired = []
+        for row in self.schedules.values():
+            if row["task"] in tasks and row["name"] not in names and row["retired_at"] is None:
+                row["retired_at"] = self.clock
+                retired.append({"name": row["name"], "task": row["task"]})
+        return retired
+
+    @staticmethod
+    def _is_live(row: Row) -> bool:
+        return row["enabled"] and row["retired_at"] is None and row["next_run_at"] is not None
+
+    def _live(self) -> list[Row]:
+        return [row for row in self.schedules.values() if self._is_live(row)]
+
+    def schedule_next_due(self) -> list[Row]:
+        planned = [row["next_run_at"] for row in self._live()]
+        seconds = (min(planned) - self.clock).total_seconds() if planned else None
+        return [{"seconds": seconds}]
+
+    def schedule_due(self, limit: int) -> list[Row]:
+        due = [
+            dict(row, now=self.clock) for row in self._live() if row["next_run_at"] <= self.clock
+        ]
+        return sorted(due, key=lambda r: (r["next_run_at"], r["name"]))[:limit]
+
+    def schedule_fire(
+        self,
+        name: str,
+        due: datetime,
+        keys: list[str],
+        default_max_attempts: int,
+        next_run_at: datetime | None,
+        last_tick: datetime | None,
+    ) -> list[Row]:
+        row = self.schedules.get(name)
+        if row is None or not self._is_live(row) or row["next_run_at"] != due:
+            return []
+        taken = {job["idempotency_key"] for job in self.jobs.values()}
+        new = [
+            {
+                "id": self.add(
+                    row["task"],
+                    queue=row["queue"],
+                    idempotency_key=key,
+                    max_attempts=row["max_attempts"] or default_max_attempts,
+                ),
+                "idempotency_key": key,
+            }
+            for key in keys
+            if key not in taken
+        ]
+        row.update(next_run_at=next_run_at, last_tick=last_tick or row["last_tick"])
+        if new:
+            row["last_job_id"] = new[-1]["id"]
+        return new or [{"name": name, "id": None, "idempotency_key": None}]
+
+    def schedule_unplan(self, name: str, due: datetime) -> list[Row]:
+        row = self.schedules.get(name)
+        if row is None or row["next_run_at"] != due:
+            return []
+        row["next_run_at"] = None
+        return [{"name": name}]
 
 
 class MemorySession:

@@ -6,6 +6,7 @@ Layout (one guess finds each part):
     migrations/*.sql    the schema, applied in order by migrate()
     jobs.py             Job, JobState, JobSpec, JOB_FIELDS (the one shape of a new job)
     transitions.py      the state machine: one I/O-free generator per transition
+    schedules.py        periodic jobs: Schedule and its flows; ticks.py: when each ticks
     driver.py           the one driver that runs them on a connection
     queue.py            Queue (blocking) and AsyncQueue (asyncio); waiting.py: wait()
     worker/             the worker: producer (claims), executor, completer (acks),
@@ -34,12 +35,14 @@ import logging
 from .errors import (
     DatabaseUnavailable,
     InvalidJob,
+    InvalidSchedule,
     InvalidSettings,
     JobAlreadyFinished,
     JobNotFound,
     JobNotRetryable,
     JobStateConflict,
     PgQueueError,
+    ScheduleNotFound,
     SchemaNotMigrated,
     WaitTimeout,
     WorkerFailed,
@@ -47,6 +50,7 @@ from .errors import (
 from .jobs import Job, JobSpec, JobState
 from .migrate import migrate
 from .queue import AsyncQueue, Queue
+from .schedules import Schedule
 from .settings import Settings
 from .transitions import Enqueued, Outcome
 
@@ -55,6 +59,7 @@ __all__ = [
     "DatabaseUnavailable",
     "Enqueued",
     "InvalidJob",
+    "InvalidSchedule",
     "InvalidSettings",
     "Job",
     "JobAlreadyFinished",
@@ -66,6 +71,8 @@ __all__ = [
     "Outcome",
     "PgQueueError",
     "Queue",
+    "Schedule",
+    "ScheduleNotFound",
     "SchemaNotMigrated",
     "Settings",
     "WaitTimeout",

@@ -26,7 +26,7 @@ from ..errors import DatabaseUnavailable, SchemaNotMigrated
 from ..jobs import JobState
 from ..queue import AsyncQueue
 from ..settings import Settings
-from . import metrics, workers
+from . import metrics, schedules, workers
 from .http_errors import (
     ERROR_RESPONSES,
     documented_errors,
@@ -327,6 +327,7 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
         return Health(status="ok")
 
     app.include_router(workers.router)
+    app.include_router(schedules.router)
     install_pages(app)
     return app
 

@@ -9,6 +9,7 @@ watching.py     queues, top
 workers.py      workers (the registry)
 server.py       db start, stop, status, url (the embedded server)
 maintenance.py  prune
+schedules.py    schedules (list), schedules enable, disable, delete
 output.py       consoles, tables, JSON
 
 Settings come from ``Settings.load`` (pgqueue.settings), per-queue numbers
@@ -23,5 +24,6 @@ from .app import app, main
 # Each topic module adds its commands to the root group when imported; the
 # help lists them in this order.
 from . import running, producing, jobs, watching, workers, server, maintenance  # noqa: F401  # isort: skip
+from . import schedules  # noqa: F401  # isort: skip
 
 __all__ = ["app", "main"]

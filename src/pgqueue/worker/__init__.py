@@ -6,6 +6,7 @@
     maintenance.py reaps and prunes; registry.py the jobs it holds
     blocking.py    Worker: the blocking face, with signal handling
     handlers.py    TaskRegistry, the ``task`` decorator, load_handlers("mod:ATTR")
+    scheduler.py   the part that fires schedules (periodic jobs)
     _threads.py    the daemon thread pool for sync handlers
 
 ``run_from_cli`` is what ``pgqueue worker`` calls; with several processes it
@@ -27,7 +28,7 @@ from ..processes import Child, ProcessSupervisor
 from ..queue import resolve_url
 from ..settings import Settings
 from .blocking import Worker
-from .handlers import Task, TaskRegistry, load_handlers, task, tasks
+from .handlers import Task, TaskRegistry, load_handlers, load_target, task, tasks
 from .runtime import AsyncWorker
 
 __all__ = [
@@ -54,7 +55,7 @@ def run_worker(
 ) -> int:
     """One worker in this process, until SIGTERM/SIGINT; the exit code."""
     return Worker(
-        load_handlers(handlers), settings=settings, queues=queues, concurrency=concurrency
+        load_target(handlers), settings=settings, queues=queues, concurrency=concurrency
     ).run()
 
 

@@ -9,6 +9,7 @@ One job's path, by calls::
                                Completer.write_loop, fenced by the attempt's token
     LeaseKeeper.heartbeat_loop      extends the leases of held jobs (leases.py)
     Maintenance.maintenance_loop    reaps expired leases, prunes old jobs (maintenance.py)
+    Scheduler.schedule_loop         enqueues the ticks of schedules (scheduler.py)
 
 Supervision: each part runs as a task of its own. A part waits out database
 faults itself (logs, backs off, goes on). Anything else it raises is logged
@@ -45,11 +46,12 @@ from .completer import Completer
 from .connection import Connection, FlowRunner, listen_for_hints
 from .executor import Executor
 from .faults import Backoff, EventLog
-from .handlers import Task, TaskRegistry, resolve_tasks
+from .handlers import Task, TaskRegistry, resolve_schedules, resolve_tasks
 from .leases import LeaseKeeper
 from .maintenance import Maintenance
 from .producer import Producer
 from .registry import Held, HeldJobs, Stage
+from .scheduler import Scheduler
 
 __all__ = ["AsyncWorker"]
 
@@ -73,7 +75,8 @@ def _version() -> str:
 class AsyncWorker:
     """Run handlers for claimed jobs until ``stop()``; see the module docstring.
 
-    ``handlers``: a mapping of task name to callable, or a TaskRegistry.
+    ``handlers``: a mapping of task name to callable, or a TaskRegistry
+    (whose schedules the worker writes to the database when it starts).
     ``queues``: claim only from these queues (default: every queue).
     ``listen``: False skips LISTEN (e.g. behind a transaction-pooling proxy,
     where notifications do not arrive); the poll interval then sets latency.
@@ -97,6 +100,7 @@ class AsyncWorker:
         self.settings = settings or Settings.load()
         self.url = url or self.settings.database_url
         self.tasks: dict[str, Task] = resolve_tasks(handlers)
+        self.schedules = resolve_schedules(handlers)
         self.queues = list(queues) if queues else None
         self.concurrency = concurrency or self.settings.concurrency
         if self.concurrency < 1:
@@ -211,6 +215,7 @@ class AsyncWorker:
         )
         self.lease_keeper = LeaseKeeper(upkeep, self.held, s, events, info, self._load)
         self.maintenance = Maintenance(upkeep, s, events)
+        self.scheduler = Scheduler(upkeep, s, events, declared=self.schedules, tasks=self.tasks)
 
     def _load(self) -> WorkerLoad:
         """What this worker holds now, for the workers registry."""
@@ -229,6 +234,7 @@ class AsyncWorker:
             "heartbeats": self.lease_keeper.heartbeat_loop(),
             "claims": self.producer.claim_loop(),
             "maintenance": self.maintenance.maintenance_loop(),
+            "schedules": self.scheduler.schedule_loop(),
         }
         if self.listen:
             parts["wake-ups"] = self.producer.listen_loop(lambda: self._hints(url))

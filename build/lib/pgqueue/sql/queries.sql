@@ -430,11 +430,157 @@ FROM pgqueue_counters GROUP BY queue ORDER BY queue;
 SELECT queue, bucket, sum(count)::bigint AS count, sum(sum_seconds) AS sum_seconds
 FROM pgqueue_start_latency GROUP BY queue, bucket ORDER BY queue, bucket;
 
+-- name: schedule_upsert
+-- Create or update the schedules a worker's code declares, from parallel
+-- arrays (sorted by name, so that workers starting together lock rows in the
+-- same order). A schedule whose timing (cron, every_seconds, tz) changed, that
+-- was retired, or that had no tick planned starts again from its first tick
+-- after now (`next_run_at`); any other keeps its place, so that a restart
+-- catches up what it missed. `enabled` belongs to the operators and is not
+-- written. Rows already as declared are not written at all. Returns the names
+-- of the rows written.
+INSERT INTO pgqueue_schedules AS s (name, task, payload, queue, priority, max_attempts,
+                                    timeout_seconds, cron, every_seconds, tz, catch_up,
+                                    catch_up_limit, next_run_at)
+SELECT * FROM unnest(%(name)s::text[], %(task)s::text[], %(payload)s::jsonb[], %(queue)s::text[],
+                     %(priority)s::integer[], %(max_attempts)s::integer[],
+                     %(timeout_seconds)s::double precision[], %(cron)s::text[],
+                     %(every_seconds)s::integer[], %(tz)s::text[], %(catch_up)s::text[],
+                     %(catch_up_limit)s::integer[], %(next_run_at)s::timestamptz[])
+ON CONFLICT (name) DO UPDATE
+SET task = excluded.task, payload = excluded.payload, queue = excluded.queue,
+    priority = excluded.priority, max_attempts = excluded.max_attempts,
+    timeout_seconds = excluded.timeout_seconds, cron = excluded.cron,
+    every_seconds = excluded.every_seconds, tz = excluded.tz, catch_up = excluded.catch_up,
+    catch_up_limit = excluded.catch_up_limit,
+    next_run_at = CASE WHEN s.retired_at IS NOT NULL OR s.next_run_at IS NULL
+                         OR (s.cron, s.every_seconds, s.tz)
+                            IS DISTINCT FROM (excluded.cron, excluded.every_seconds, excluded.tz)
+                       THEN excluded.next_run_at ELSE s.next_run_at END,
+    retired_at = NULL, updated_at = now()
+WHERE s.retired_at IS NOT NULL OR s.next_run_at IS NULL
+   OR (s.task, s.payload, s.queue, s.priority, s.max_attempts, s.timeout_seconds, s.cron,
+       s.every_seconds, s.tz, s.catch_up, s.catch_up_limit)
+      IS DISTINCT FROM (excluded.task, excluded.payload, excluded.queue, excluded.priority,
+                        excluded.max_attempts, excluded.timeout_seconds, excluded.cron,
+                        excluded.every_seconds, excluded.tz, excluded.catch_up,
+                        excluded.catch_up_limit)
+RETURNING s.name;
+
+-- name: schedule_retire
+-- Retire the schedules of `tasks` not named in `names`: a worker that handles
+-- those tasks started without declaring them, so they were removed from the
+-- code. A retired schedule stays visible and fires no more. Returns the
+-- schedules retired now.
+UPDATE pgqueue_schedules
+SET retired_at = now(), updated_at = now()
+WHERE task = ANY(%(tasks)s::text[]) AND NOT name = ANY(%(names)s::text[]) AND retired_at IS NULL
+RETURNING name, task;
+
+-- name: schedule_next_due
+-- The scheduler's one read per loop: seconds until the earliest live schedule
+-- is due (0 or less: due now; NULL: nothing planned). A few rows, no index.
+SELECT extract(epoch FROM min(next_run_at) - now())::double precision AS seconds
+FROM pgqueue_schedules
+WHERE enabled AND retired_at IS NULL;
+
+-- name: schedule_due
+-- The live schedules that are due, oldest first, with the database's clock
+-- that their ticks are planned from.
+SELECT s.*, now() AS now
+FROM pgqueue_schedules s
+WHERE enabled AND retired_at IS NULL AND next_run_at <= now()
+ORDER BY next_run_at, name
+LIMIT %(limit)s;
+
+-- name: schedule_fire
+-- Enqueue a schedule's planned ticks (one job per key in `keys`) and move it
+-- to `next_run_at`, in one statement. The guard: the row must still be live
+-- and at the tick the scheduler planned from (`due`). It is locked first, so
+-- that of many schedulers that planned the same ticks one moves it, and the
+-- others wait for its lock, see the row moved and match nothing. Each key
+-- names the schedule and its tick, and a key already taken inserts nothing,
+-- so that even a schedule deleted and declared again never enqueues a tick
+-- twice. Returns no row when another scheduler moved the schedule first;
+-- otherwise one row per new job (`id` NULL when there is none: every tick
+-- was skipped, or already enqueued).
+WITH due AS (
+    SELECT * FROM pgqueue_schedules
+    WHERE name = %(name)s AND next_run_at = %(due)s AND enabled AND retired_at IS NULL
+    FOR UPDATE
+), inserted AS (
+    INSERT INTO pgqueue_jobs (queue, task, payload, priority, max_attempts, timeout_seconds,
+                              idempotency_key)
+    SELECT due.queue, due.task, due.payload, due.priority,
+           coalesce(due.max_attempts, %(default_max_attempts)s), due.timeout_seconds, t.key
+    FROM due, unnest(%(keys)s::text[]) WITH ORDINALITY AS t(key, n)
+    ORDER BY t.n
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, queue, idempotency_key
+), moved AS (
+    UPDATE pgqueue_schedules s
+    SET next_run_at = %(next_run_at)s::timestamptz,
+        last_tick = coalesce(%(last_tick)s::timestamptz, s.last_tick),
+        last_run_at = CASE WHEN %(last_tick)s::timestamptz IS NULL THEN s.last_run_at
+                           ELSE now() END,
+        last_job_id = coalesce((SELECT max(id) FROM inserted), s.last_job_id)
+    FROM due WHERE s.name = due.name
+    RETURNING s.name
+), woken AS (
+    SELECT pg_notify('pgqueue_jobs', queue) FROM (SELECT DISTINCT queue FROM inserted) q
+)
+SELECT moved.name, i.id, i.idempotency_key
+FROM moved LEFT JOIN inserted i ON true, (SELECT count(*) FROM woken) w
+ORDER BY i.id;
+
+-- name: schedule_unplan
+-- Leave a schedule with no tick planned (its timing has no tick ahead, or
+-- cannot be read by this worker), if it is still at `due`. A worker that
+-- declares it plans it again when it starts.
+UPDATE pgqueue_schedules SET next_run_at = NULL
+WHERE name = %(name)s AND next_run_at = %(due)s
+RETURNING name;
+
+-- name: schedule_get
+-- One schedule, with the database's clock.
+SELECT s.*, now() AS now FROM pgqueue_schedules s WHERE name = %(name)s;
+
+-- name: schedule_set_enabled
+-- Switch a schedule on or off. Switched on from off, it starts again from
+-- `next_run_at`, its first tick after now: the ticks of the time it was off
+-- are not caught up. Returns the row with the state of its last job.
+WITH switched AS (
+    UPDATE pgqueue_schedules
+    SET enabled = %(enabled)s,
+        next_run_at = CASE WHEN %(enabled)s AND NOT enabled THEN %(next_run_at)s
+                           ELSE next_run_at END,
+        updated_at = now()
+    WHERE name = %(name)s
+    RETURNING *
+)
+SELECT s.*, j.state AS last_job_state
+FROM switched s LEFT JOIN pgqueue_jobs j ON j.id = s.last_job_id;
+
+-- name: schedule_delete
+-- Delete a schedule (a worker whose code declares it creates it again when
+-- it starts). Its jobs stay.
+DELETE FROM pgqueue_schedules WHERE name = %(name)s RETURNING name;
+
+-- name: schedule_list
+-- Every schedule by name, with the state of its last job (NULL once pruned).
+SELECT s.*, j.state AS last_job_state
+FROM pgqueue_schedules s LEFT JOIN pgqueue_jobs j ON j.id = s.last_job_id
+ORDER BY s.name;
+
 -- name: snapshot_begin
 -- Make the current transaction one read-only snapshot, so that several reads
 -- (the API's /metrics and /queues) see the same moment and the same now().
 -- Must be the first statement of the transaction.
 SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
+
+-- name: db_now
+-- The database's clock: the one clock schedules are planned from.
+SELECT now() AS now;
 
 -- name: db_ping
 -- The database answers.

@@ -12,6 +12,12 @@ which can also carry a per-task timeout::
     async def send_email(job: Job) -> dict[str, str]:
         ...
 
+A registry also declares schedules (periodic jobs; ``pgqueue.schedules``):
+``@registry.task(cron="30 2 * * *", tz="Europe/Berlin")`` enqueues the task
+at each tick, and ``registry.periodic(name, task=..., cron=... or every=...,
+payload=...)`` declares any number of them. A worker given the registry
+writes them to pgqueue_schedules when it starts (see ``sync`` there).
+
 ``load_handlers("package.module:ATTR")`` resolves the command line's
 ``--handlers`` argument to either form.
 """
@@ -26,8 +32,19 @@ from dataclasses import dataclass
 from typing import Any, overload
 
 from ..jobs import Job
+from ..schedules import Schedule
 
-__all__ = ["Handler", "Task", "TaskRegistry", "load_handlers", "resolve_tasks", "task", "tasks"]
+__all__ = [
+    "Handler",
+    "Task",
+    "TaskRegistry",
+    "load_handlers",
+    "load_target",
+    "resolve_schedules",
+    "resolve_tasks",
+    "task",
+    "tasks",
+]
 
 Handler = Callable[[Job], Any]
 
@@ -65,13 +82,20 @@ class TaskRegistry(Mapping[str, Handler]):
 
     def __init__(self) -> None:
         self._tasks: dict[str, Task] = {}
+        self._schedules: dict[str, Schedule] = {}
 
     @overload
     def task(self, fn: Handler, /) -> Handler: ...
 
     @overload
     def task(
-        self, fn: None = None, /, *, name: str | None = None, timeout: float | None = None
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        timeout: float | None = None,
+        **schedule: Any,
     ) -> Callable[[Handler], Handler]: ...
 
     def task(
@@ -81,8 +105,11 @@ class TaskRegistry(Mapping[str, Handler]):
         *,
         name: str | None = None,
         timeout: float | None = None,
+        **schedule: Any,
     ) -> Handler | Callable[[Handler], Handler]:
-        """Register ``fn`` under ``name`` (default: the function's name)."""
+        """Register ``fn`` under ``name`` (default: the function's name).
+        With ``cron=`` or ``every=`` (and any other argument of ``periodic``),
+        also declare a schedule of the same name that runs it."""
 
         def register(fn: Handler) -> Handler:
             key = name or getattr(fn, "__name__", None)
@@ -90,10 +117,25 @@ class TaskRegistry(Mapping[str, Handler]):
                 raise ValueError(f"give a name for {fn!r}: it has no __name__")
             if key in self._tasks:
                 raise ValueError(f"task {key!r} is registered twice")
-            self._tasks[key] = _task(key, fn, timeout)
+            task = _task(key, fn, timeout)
+            if schedule:
+                self.periodic(key, task=key, **schedule)
+            self._tasks[key] = task
             return fn
 
         return register(fn) if fn is not None else register
+
+    def periodic(self, name: str, **schedule: Any) -> Schedule:
+        """Declare a schedule: ``Schedule.create(name, **schedule)`` (task,
+        cron and tz or every, payload, queue, catch_up, ...). Raises
+        InvalidSchedule for a bad argument, ValueError for a name taken."""
+        if name in self._schedules:
+            raise ValueError(f"schedule {name!r} is declared twice")
+        created = self._schedules[name] = Schedule.create(name, **schedule)
+        return created
+
+    def schedules(self) -> list[Schedule]:
+        return list(self._schedules.values())
 
     def add(self, name: str, fn: Handler, *, timeout: float | None = None) -> None:
         self.task(name=name, timeout=timeout)(fn)
@@ -133,8 +175,20 @@ def resolve_tasks(handlers: Mapping[str, Any] | TaskRegistry) -> dict[str, Task]
     return out
 
 
+def resolve_schedules(handlers: Mapping[str, Any] | TaskRegistry) -> list[Schedule] | None:
+    """The schedules a registry declares; None for a plain mapping, which
+    declares none and so owns none (its worker leaves the table as it is)."""
+    return handlers.schedules() if isinstance(handlers, TaskRegistry) else None
+
+
 def load_handlers(spec: str) -> dict[str, Task]:
     """Import ``"package.module:ATTR"``: a mapping or a TaskRegistry."""
+    return resolve_tasks(load_target(spec))
+
+
+def load_target(spec: str) -> Mapping[str, Any] | TaskRegistry:
+    """What ``"package.module:ATTR"`` names: a mapping or a TaskRegistry
+    (a zero-argument factory is called)."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"handlers must look like 'package.module:ATTR', got {spec!r}")
@@ -147,4 +201,6 @@ def load_handlers(spec: str) -> dict[str, Task]:
         raise ValueError(f"module {module_name!r} has no attribute {attr!r}") from None
     if callable(target) and not isinstance(target, Mapping):
         target = target()  # a factory returning the mapping
-    return resolve_tasks(target)
+    if not isinstance(target, Mapping):
+        resolve_tasks(target)  # raises, naming what it got
+    return target  # type: ignore[no-any-return]
