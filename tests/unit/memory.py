@@ -61,6 +61,7 @@ class MemoryDatabase:
             "run_at": self.clock,
             "attempts": 0,
             "max_attempts": 5,
+            "snoozes": 0,
             "timeout_seconds": None,
             "lease_token": None,
             "lease_expires_at": None,
@@ -170,6 +171,36 @@ class MemoryDatabase:
                 row.update(state="dead", last_error=error, finished_at=self.clock)
             row["lease_expires_at"] = None
             out.append({"id": job_id, "state": row["state"]})
+        return out
+
+    def job_snooze(self, ids: list[int], tokens: list[int], seconds: list[float]) -> list[Row]:
+        out = []
+        for job_id, token, delay in zip(ids, tokens, seconds, strict=True):
+            row = self._held(job_id, token)
+            if row is None:
+                continue
+            row.update(
+                state="queued",
+                attempts=row["attempts"] - 1,
+                snoozes=row["snoozes"] + 1,
+                run_at=self.clock + timedelta(seconds=delay),
+                lease_expires_at=None,
+            )
+            out.append({"id": job_id, "state": "queued"})
+        return out
+
+    def job_cancel_held(
+        self, ids: list[int], tokens: list[int], reasons: list[str], **_: Any
+    ) -> list[Row]:
+        out = []
+        for job_id, token, reason in zip(ids, tokens, reasons, strict=True):
+            row = self._held(job_id, token)
+            if row is None:
+                continue
+            row.update(
+                state="cancelled", last_error=reason, finished_at=self.clock, lease_expires_at=None
+            )
+            out.append({"id": job_id, "state": "cancelled"})
         return out
 
     def job_reap(self, limit: int, **_: Any) -> list[Row]:

@@ -21,6 +21,8 @@ Metrics:
                                               dead or cancelled
     pgqueue_job_failures_total{queue}         counter: failed attempts (handler
                                               errors and expired leases)
+    pgqueue_job_snoozes_total{queue}          counter: snoozes handlers asked for
+                                              (not failures, not attempts)
     pgqueue_enqueue_to_start_seconds{queue}   histogram: from when the job became
                                               runnable to its claim
 
@@ -104,6 +106,11 @@ class _SnapshotCollector:
             "Failed attempts (handler errors and expired leases), retried or not.",
             labels=["queue"],
         )
+        snoozes = CounterMetricFamily(
+            "pgqueue_job_snoozes",
+            "Snoozes handlers asked for (Snooze): attempts given back, not failures.",
+            labels=["queue"],
+        )
         for queue in queues:
             live = stats.get(queue, {})
             for state in LIVE_STATES:
@@ -113,7 +120,8 @@ class _SnapshotCollector:
             for state in COMPLETED_STATES:
                 completed.add_metric([queue, state], float(totals.get(state, 0)))
             failures.add_metric([queue], float(totals.get("failed", 0)))
-        yield from (jobs, lag, completed, failures, self._histogram(queues))
+            snoozes.add_metric([queue], float(totals.get("snoozed", 0)))
+        yield from (jobs, lag, completed, failures, snoozes, self._histogram(queues))
 
     def _histogram(self, queues: Sequence[str]) -> HistogramMetricFamily:
         """Bucket k of the table (width_bucket over the bounds) holds waits in

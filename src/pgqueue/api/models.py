@@ -109,6 +109,7 @@ class JobOut(JobSummary):
     """A job as the API shows it."""
 
     payload: dict[str, Any]
+    snoozes: int = Field(description="Times its handler asked to run it later (Snooze).")
     last_error: str | None
     result: Any = Field(description="What the handler returned (any JSON), once succeeded.")
 
@@ -123,6 +124,7 @@ class JobOut(JobSummary):
             priority=job.priority,
             attempts=job.attempts,
             max_attempts=job.max_attempts,
+            snoozes=job.snoozes,
             run_at=job.run_at,
             timeout_seconds=job.timeout_seconds,
             idempotency_key=job.idempotency_key,
@@ -170,6 +172,7 @@ class QueueTotals(BaseModel):
     failed_attempts: int
     dead: int
     cancelled: int
+    snoozed: int = Field(description="Snoozes handlers asked for: neither failures nor attempts.")
 
 
 class QueueOut(BaseModel):
