@@ -26,7 +26,7 @@ from pgqueue import (
 )
 from pgqueue.sql import QUERIES, migration_files
 from pgqueue.worker import AsyncWorker, TaskRegistry
-from tests.support import api_client, running, until
+from tests.support import api_client, running, take_over, until
 
 COUNTED = ("succeeded", "failed", "dead", "cancelled", "snoozed")
 
@@ -213,10 +213,7 @@ def test_a_stale_token_can_neither_snooze_nor_cancel(
 ) -> None:
     queue.enqueue("t")
     [stale] = queue.claim(1, worker="old")
-    sql.execute("UPDATE pgqueue_jobs SET lease_expires_at = now() - interval '1 second'")
-    queue.reap()
-    sql.execute("UPDATE pgqueue_jobs SET run_at = now()")
-    [fresh] = queue.claim(1, worker="new")
+    fresh = take_over(queue, sql, stale.id, worker="new")
     assert queue.finish([Outcome.snooze(stale, 0), Outcome.cancel(stale, "late")]) == {}
     now = queue.get(fresh.id)
     assert (now.state, now.worker, now.lease_token, now.attempts, now.snoozes) == (
@@ -245,13 +242,7 @@ async def test_a_worker_whose_lease_was_taken_over_cannot_snooze_the_new_attempt
     s = settings.replace(heartbeat_seconds=29.0)  # no heartbeat during the test
     async with running(AsyncWorker({"slow": slow}, settings=s, concurrency=1)) as worker:
         await asyncio.to_thread(started.wait, 10)
-        sql.execute(
-            "UPDATE pgqueue_jobs SET lease_expires_at = now() - interval '1 s' WHERE id = %s",
-            (job.id,),
-        )
-        assert queue.reap() == {job.id: JobState.QUEUED}
-        sql.execute("UPDATE pgqueue_jobs SET run_at = now() WHERE id = %s", (job.id,))
-        [taken] = queue.claim(1, worker="other")
+        taken = take_over(queue, sql, job.id, worker="other")
         release.set()
         await until(lambda: worker.held_count == 0)
     now = queue.get(job.id)
