@@ -298,11 +298,10 @@ def finish(settings: Settings, outcomes: Sequence[Outcome]) -> Flow[dict[int, Jo
     """Record many outcomes, one statement per group of ``finish_groups``;
     return the new state of each job whose token still held. A missing id
     means the attempt had lost its lease."""
-    states: dict[int, JobState] = {}
+    rows: list[Row] = []
     for group in finish_groups(outcomes):
-        rows = yield _finish_statement(settings, group)
-        states.update((row["id"], JobState(row["state"])) for row in rows)
-    return states
+        rows += yield _finish_statement(settings, group)
+    return {row["id"]: JobState(row["state"]) for row in rows}
 
 
 def finish_groups(outcomes: Sequence[Outcome]) -> list[Sequence[Outcome]]:
