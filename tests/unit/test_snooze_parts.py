@@ -21,7 +21,7 @@ from pgqueue.worker.completer import Completer
 from pgqueue.worker.executor import Executor
 from pgqueue.worker.faults import EventLog
 from pgqueue.worker.handlers import resolve_tasks
-from pgqueue.worker.registry import HeldJobs
+from pgqueue.worker.registry import HeldJobs, Stage
 from tests.support import until
 from tests.unit.memory import MemoryConnection, MemoryDatabase
 
@@ -185,3 +185,34 @@ async def test_a_fault_between_the_statements_of_a_batch_retries_only_what_was_n
         "failed": 0,
         "lost": 0,
     }
+
+
+async def test_a_job_claimed_again_before_its_snooze_reply_is_read_stays_held() -> None:
+    """A 0 s snooze commits and wakes the producer, which may claim the job
+    again before the completer has read the snooze's reply: the new attempt
+    must stay held, and its own outcome be written."""
+    db = MemoryDatabase()
+    held = HeldJobs(10)
+    writer = Completer(MemoryConnection(db), held, SETTINGS, EVENTS)
+    first = claimed(db)
+    again: list[Job] = []
+    snooze = db.job_snooze
+
+    def snooze_then_claim(**params: Any) -> list[dict[str, Any]]:
+        rows = snooze(**params)
+        again.extend(driver.run(t.claim(SETTINGS, limit=1, worker="unit"), db))
+        held.hold(again[0])  # the producer wins the race
+        return rows
+
+    db.job_snooze = snooze_then_claim  # type: ignore[method-assign]
+    writer.submit(held.hold(first), t.Outcome.snooze(first, 0))
+    task = asyncio.create_task(writer.write_loop())
+    await until(lambda: writer.stats["snoozed"] == 1, 5)
+    entry = held.get(first.id)
+    assert entry is not None and entry.stage is Stage.RUNNING
+    assert entry.job.lease_token == again[0].lease_token != first.lease_token
+    writer.submit(entry, t.Outcome.success(again[0], "done"))
+    await until(lambda: len(held) == 0, 5)
+    task.cancel()
+    assert db.state(first.id) == "succeeded"
+    assert (writer.stats["succeeded"], writer.stats["lost"]) == (1, 0)

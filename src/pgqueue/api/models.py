@@ -95,6 +95,7 @@ class JobSummary(BaseModel):
     priority: int
     attempts: int
     max_attempts: int
+    snoozes: int = Field(description="Times its handler asked to run it later (Snooze).")
     run_at: datetime
     timeout_seconds: float | None
     idempotency_key: str | None
@@ -109,7 +110,6 @@ class JobOut(JobSummary):
     """A job as the API shows it."""
 
     payload: dict[str, Any]
-    snoozes: int = Field(description="Times its handler asked to run it later (Snooze).")
     last_error: str | None
     result: Any = Field(description="What the handler returned (any JSON), once succeeded.")
 

@@ -314,7 +314,7 @@ LIMIT %(limit)s;
 -- name: job_list_summary
 -- Like job_list, without the heavy columns (payload, result, last_error):
 -- what a listing that polls needs, without reading large values.
-SELECT id, queue, task, priority, state, run_at, attempts, max_attempts,
+SELECT id, queue, task, priority, state, run_at, attempts, max_attempts, snoozes,
        timeout_seconds, idempotency_key, worker, lease_expires_at,
        enqueued_at, started_at, finished_at
 FROM pgqueue_jobs

@@ -58,6 +58,11 @@ class Completer:
         self.batch_size = min(held.concurrency, ACK_BATCH_MAX)
         self.stats = dict.fromkeys(self.COUNTS, 0)
         self._outbox: list[Outcome] = []
+        # The attempt each outcome waiting or being written belongs to, by
+        # token: by the time its reply is read, a newer attempt of the same
+        # job may hold the job's id in ``held`` (a snooze of 0 s is claimed
+        # again at once).
+        self._holders: dict[int, Held] = {}
         self._first_at = 0.0  # when the oldest outcome in the outbox arrived
         self._ready = asyncio.Event()  # the outbox has outcomes
         self._full = asyncio.Event()  # ... enough to send at once (or we are flushing)
@@ -66,6 +71,7 @@ class Completer:
     def submit(self, held: Held, outcome: Outcome) -> None:
         """Queue an attempt's outcome for writing."""
         held.stage = Stage.DONE
+        self._holders[outcome.token] = held
         if not self._outbox:
             self._first_at = time.monotonic()
             self._ready.set()
@@ -114,12 +120,11 @@ class Completer:
 
     def _take(self, outcome: Outcome) -> bool:
         """Mark an outcome as being written; or drop it, when its lease was
-        lost while it waited."""
-        held = self.held.get(outcome.job_id)
-        if held is None:
-            return False
-        if held.lost:
-            self.held.release(outcome.job_id)
+        lost while it waited (a newer attempt holding the job says so too)."""
+        held = self._holders[outcome.token]
+        if held.lost or self.held.get(outcome.job_id) is not held:
+            del self._holders[outcome.token]
+            self.held.release(outcome.job_id, held)
             self._discarded(held)
             return False
         held.stage = Stage.WRITING
@@ -139,9 +144,7 @@ class Completer:
         """Back to the front of the outbox, still held: the lease keeper keeps
         their leases, and the token fences the retry."""
         for outcome in batch:
-            held = self.held.get(outcome.job_id)
-            if held is not None:
-                held.stage = Stage.DONE
+            self._holders[outcome.token].stage = Stage.DONE
         self._outbox[:0] = batch
         self._ready.set()
 
@@ -170,8 +173,8 @@ class Completer:
             raise
         except REFUSED as exc:
             problem = short(exc)
-        held = self.held.get(outcome.job_id)
-        if outcome.succeeded and held is not None:  # the result is what was refused
+        held = self._holders[outcome.token]
+        if outcome.succeeded:  # the result is what was refused
             fallback = Outcome.failure(
                 held.job, f"handler returned a result PostgreSQL cannot store: {problem}"
             )
@@ -193,9 +196,8 @@ class Completer:
     def _written(self, batch: Sequence[Outcome], states: dict[int, JobState]) -> None:
         debug = self.events.enabled(logging.DEBUG)
         for outcome in batch:
-            held = self.held.release(outcome.job_id)
-            if held is None:
-                continue
+            held = self._holders.pop(outcome.token)
+            self.held.release(outcome.job_id, held)
             job = held.job
             state = states.get(outcome.job_id)
             if state is None:

@@ -296,7 +296,7 @@ class AsyncWorker:
             if self.threads.hung != self._hung_reported:
                 self._report_hung()
         if outcome is None or held.lost:
-            self.held.release(job.id)
+            self.held.release(job.id, held)
             self._dropped += 1
             self.events(
                 logging.WARNING,
