@@ -11,9 +11,10 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
+import psycopg
 import uvicorn
 
-from pgqueue import Settings
+from pgqueue import Job, JobState, Queue, Settings
 from pgqueue.api import create_app
 from pgqueue.api.server import uvicorn_config
 from pgqueue.worker import AsyncWorker
@@ -36,6 +37,22 @@ async def until(predicate: Callable[[], Any], timeout: float = 10.0) -> None:  #
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         await asyncio.sleep(0.01)
+
+
+def take_over(
+    queue: Queue, sql: psycopg.Connection[Any], job_id: int, worker: str = "other"
+) -> Job:
+    """Expire a running job's lease, reap it and claim it again as ``worker``:
+    whoever held it before now holds a stale token."""
+    sql.execute(
+        "UPDATE pgqueue_jobs SET lease_expires_at = now() - interval '1 s', "
+        "run_at = now() WHERE id = %s",
+        (job_id,),
+    )
+    assert queue.reap() == {job_id: JobState.QUEUED}
+    sql.execute("UPDATE pgqueue_jobs SET run_at = now() WHERE id = %s", (job_id,))
+    [taken] = queue.claim(1, worker=worker)
+    return taken
 
 
 @contextlib.asynccontextmanager

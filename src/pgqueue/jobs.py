@@ -82,6 +82,7 @@ class Job:
     run_at: datetime
     attempts: int
     max_attempts: int
+    snoozes: int  # times its handlers asked to run later (Snooze); attempts do not count them
     timeout_seconds: float | None
     lease_token: int | None
     lease_expires_at: datetime | None

@@ -8,7 +8,9 @@ drift apart, and the worker runtime uses the same ones.
 
     enqueue ──> queued ──claim──> running ──finish(ok)──> succeeded
                   ^                │ └─finish(error) or reap, attempts left─> queued (backoff)
-                  │                └───finish(error) or reap, none left─────> dead
+                  │                ├───finish(error) or reap, none left─────> dead
+                  │                ├───finish(snooze): attempt given back───> queued (delay)
+                  │                └───finish(cancel): the handler's────────> cancelled
                   └──retry── dead, cancelled <──cancel── queued, running
 """
 
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .checks import printable
+from .control import snooze_seconds
 from .errors import InvalidJob, JobAlreadyFinished, JobNotFound, JobNotRetryable
 from .jobs import Job, JobSpec, JobState, dump_json
 from .settings import Settings
@@ -34,6 +37,7 @@ __all__ = [
     "enqueue",
     "enqueue_many",
     "finish",
+    "finish_groups",
     "get",
     "heartbeat",
     "list_jobs",
@@ -70,14 +74,18 @@ Flow = Generator[Statement, list[Any], T]
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """How one attempt ended, fenced by the token of its claim."""
+    """How one attempt ended, fenced by the token of its claim: a success, a
+    failure, or what its handler asked for (a snooze, a cancel). Make one
+    with the constructors below."""
 
     job_id: int
     token: int
     succeeded: bool
     result_json: str | None = None
-    error: str | None = None
+    error: str | None = None  # a failure's error, or a cancel's reason
     retryable: bool = True
+    snooze_seconds: float | None = None  # a snooze: queued again after this long
+    cancelled: bool = False  # the handler cancelled the job
 
     @classmethod
     def success(cls, job: Job, result: Any) -> Outcome:
@@ -90,10 +98,33 @@ class Outcome:
 
     @classmethod
     def failure(cls, job: Job, error: str, *, retryable: bool = True) -> Outcome:
-        # jsonb is not involved, but text columns refuse NUL and lone
-        # surrogates as well (an exception's text may quote either).
-        text = printable(error).replace("\x00", "\\0")
-        return cls(job.id, _token(job), False, error=text, retryable=retryable)
+        return cls(job.id, _token(job), False, error=_storable(error), retryable=retryable)
+
+    @classmethod
+    def snooze(cls, job: Job, seconds: float, *, max_snoozes: int | None = None) -> Outcome:
+        """Queued again after ``seconds``, the attempt given back. A job that
+        already snoozed ``max_snoozes`` times (None: no bound) is dead instead,
+        so that a job waiting for something that never comes ends visibly."""
+        seconds = snooze_seconds(seconds)
+        if max_snoozes is not None and job.snoozes >= max_snoozes:
+            return cls.failure(
+                job,
+                f"asked to snooze ({seconds:g} s) after {job.snoozes} snoozes, the most "
+                f"allowed (max_snoozes {max_snoozes}): giving up",
+                retryable=False,
+            )
+        return cls(job.id, _token(job), False, snooze_seconds=seconds)
+
+    @classmethod
+    def cancel(cls, job: Job, reason: str) -> Outcome:
+        """Cancelled at its handler's request: no retry, ``reason`` kept as last_error."""
+        return cls(job.id, _token(job), False, error=_storable(reason), cancelled=True)
+
+
+def _storable(text: str) -> str:
+    # jsonb is not involved, but text columns refuse NUL and lone surrogates
+    # as well (an exception's text may quote either).
+    return printable(text).replace("\x00", "\\0")
 
 
 def _token(job: Job) -> int:
@@ -264,25 +295,55 @@ def heartbeat(held: Sequence[tuple[int, int]], lease_seconds: float) -> Flow[set
 
 
 def finish(settings: Settings, outcomes: Sequence[Outcome]) -> Flow[dict[int, JobState]]:
-    """Record many outcomes; return the new state of each job whose token
-    still held. A missing id means the attempt had lost its lease."""
-    if not outcomes:
-        return {}
-    rows = yield Statement(
+    """Record many outcomes, one statement per group of ``finish_groups``;
+    return the new state of each job whose token still held. A missing id
+    means the attempt had lost its lease."""
+    rows: list[Row] = []
+    for group in finish_groups(outcomes):
+        rows += yield _finish_statement(settings, group)
+    return {row["id"]: JobState(row["state"]) for row in rows}
+
+
+def finish_groups(outcomes: Sequence[Outcome]) -> list[Sequence[Outcome]]:
+    """Outcomes by the statement that writes them: successes and failures
+    (job_finish) first, then snoozes (job_snooze), then cancels
+    (job_cancel_held). Usually one group, the outcomes as given: the
+    statements handlers ask for cost job_finish nothing."""
+    if not any(o.snooze_seconds is not None or o.cancelled for o in outcomes):
+        return [outcomes] if outcomes else []
+    snoozes = [o for o in outcomes if o.snooze_seconds is not None]
+    cancels = [o for o in outcomes if o.cancelled]
+    ended = [o for o in outcomes if o.snooze_seconds is None and not o.cancelled]
+    return [group for group in (ended, snoozes, cancels) if group]
+
+
+def _finish_statement(settings: Settings, group: Sequence[Outcome]) -> Statement:
+    """The statement that writes one group of ``finish_groups``."""
+    fenced = {"ids": [o.job_id for o in group], "tokens": [o.token for o in group]}
+    if group[0].snooze_seconds is not None:
+        return Statement("job_snooze", {**fenced, "seconds": [o.snooze_seconds for o in group]})
+    if group[0].cancelled:
+        return Statement(
+            "job_cancel_held",
+            {
+                **fenced,
+                "reasons": [o.error for o in group],
+                "notify_finished": settings.notify_finished,
+            },
+        )
+    return Statement(
         "job_finish",
         {
-            "ids": [o.job_id for o in outcomes],
-            "tokens": [o.token for o in outcomes],
-            "succeeded": [o.succeeded for o in outcomes],
-            "results": [o.result_json for o in outcomes],
-            "errors": [o.error for o in outcomes],
-            "retryable": [o.retryable for o in outcomes],
+            **fenced,
+            "succeeded": [o.succeeded for o in group],
+            "results": [o.result_json for o in group],
+            "errors": [o.error for o in group],
+            "retryable": [o.retryable for o in group],
             "backoff_base": settings.backoff_base_seconds,
             "backoff_cap": settings.backoff_cap_seconds,
             "notify_finished": settings.notify_finished,
         },
     )
-    return {row["id"]: JobState(row["state"]) for row in rows}
 
 
 def reap(settings: Settings, limit: int | None = None) -> Flow[dict[int, JobState]]:

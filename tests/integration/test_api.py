@@ -304,7 +304,13 @@ async def test_queues_counts_live_states_totals_and_lag(
     queues = {q["queue"]: q for q in (await api.get("/queues")).json()["queues"]}
     mail = queues["mail"]
     assert mail["jobs"] == {"queued": 1, "scheduled": 1, "running": 1}
-    assert mail["totals"] == {"succeeded": 1, "failed_attempts": 0, "dead": 0, "cancelled": 0}
+    assert mail["totals"] == {
+        "succeeded": 1,
+        "failed_attempts": 0,
+        "dead": 0,
+        "cancelled": 0,
+        "snoozed": 0,
+    }
     assert 89 < mail["oldest_runnable_seconds"] < 120
     assert queues["other"]["jobs"] == {"queued": 0, "scheduled": 0, "running": 0}
     assert queues["other"]["totals"]["cancelled"] == 1

@@ -70,6 +70,7 @@ async def test_metrics_families_and_values(
         "pgqueue_queue_lag_seconds": "gauge",
         "pgqueue_jobs_completed": "counter",
         "pgqueue_job_failures": "counter",
+        "pgqueue_job_snoozes": "counter",
         "pgqueue_enqueue_to_start_seconds": "histogram",
         "pgqueue_workers": "gauge",
         "pgqueue_worker_last_seen_seconds": "gauge",

@@ -61,4 +61,5 @@ async def test_the_api_and_the_cli_report_the_same_numbers(
             "failed_attempts": cli["failed"],
             "dead": cli["dead"],
             "cancelled": cli["cancelled"],
+            "snoozed": cli["snoozed"],
         }

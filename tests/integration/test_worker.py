@@ -16,7 +16,7 @@ import pytest
 
 from pgqueue import AsyncQueue, Job, JobState, Queue, Settings
 from pgqueue.worker import AsyncWorker, TaskRegistry
-from tests.support import running, until
+from tests.support import running, take_over, until
 
 
 def delay_of(sql: psycopg.Connection[Any], job_id: int) -> float:
@@ -143,14 +143,7 @@ async def test_acks_are_fenced_by_token(
     worker = AsyncWorker({"slow": slow}, settings=s, concurrency=1)
     async with running(worker):
         await asyncio.to_thread(started.wait, 10)
-        sql.execute(
-            "UPDATE pgqueue_jobs SET lease_expires_at = now() - interval '1 s', "
-            "run_at = now() WHERE id = %s",
-            (job.id,),
-        )
-        assert queue.reap() == {job.id: JobState.QUEUED}
-        sql.execute("UPDATE pgqueue_jobs SET run_at = now() WHERE id = %s", (job.id,))
-        [taken] = queue.claim(1, worker="other")
+        taken = take_over(queue, sql, job.id, worker="other")
         release.set()
         await until(lambda: worker.held_count == 0)
     now = queue.get(job.id)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -64,6 +64,7 @@ class MemoryDatabase:
             "run_at": self.clock,
             "attempts": 0,
             "max_attempts": 5,
+            "snoozes": 0,
             "timeout_seconds": None,
             "lease_token": None,
             "lease_expires_at": None,
@@ -174,6 +175,38 @@ class MemoryDatabase:
             row["lease_expires_at"] = None
             out.append({"id": job_id, "state": row["state"]})
         return out
+
+    def _fenced(
+        self, ids: list[int], tokens: list[int], values: list[Any]
+    ) -> Iterator[tuple[Row, Any]]:
+        """The rows these tokens still hold, each with its value."""
+        for job_id, token, value in zip(ids, tokens, values, strict=True):
+            row = self._held(job_id, token)
+            if row is not None:
+                yield row, value
+
+    def job_snooze(self, ids: list[int], tokens: list[int], seconds: list[float]) -> list[Row]:
+        snoozed = []
+        for row, delay in self._fenced(ids, tokens, seconds):
+            row.update(
+                state="queued",
+                attempts=row["attempts"] - 1,
+                snoozes=row["snoozes"] + 1,
+                run_at=self.clock + timedelta(seconds=delay),
+                lease_expires_at=None,
+            )
+            snoozed.append({"id": row["id"], "state": "queued"})
+        return snoozed
+
+    def job_cancel_held(
+        self, ids: list[int], tokens: list[int], reasons: list[str], **_: Any
+    ) -> list[Row]:
+        cancelled = []
+        for row, reason in self._fenced(ids, tokens, reasons):
+            row.update(state="cancelled", last_error=reason, finished_at=self.clock)
+            row["lease_expires_at"] = None
+            cancelled.append({"id": row["id"], "state": "cancelled"})
+        return cancelled
 
     def job_reap(self, limit: int, **_: Any) -> list[Row]:
         out = []

@@ -14,7 +14,7 @@ from zoneinfo import ZoneInfo
 import psycopg
 import pytest
 
-from pgqueue import Job, JobState, Settings, driver
+from pgqueue import Job, Settings, driver
 from pgqueue import schedules as s
 from pgqueue import ticks as tk
 from pgqueue.errors import InvalidSchedule
@@ -226,8 +226,8 @@ def test_a_tick_is_named_by_the_job_key() -> None:
     tick = utc(2030, 1, 1, 2, 30)
     key = s.key("a.b:c", tick)
     assert key == "pgqueue:schedule:a.b:c@2030-01-01T02:30:00Z"
-    job = Job(1, "q", "t", {}, 0, JobState.QUEUED, tick, 0, 1, None, None, None, None, None,
-              None, key, tick, None, None)  # fmt: skip
+    db = MemoryDatabase()
+    job = Job.from_row(db.jobs[db.add("t", idempotency_key=key, run_at=tick)])
     assert s.tick_of(job) == tick
     assert s.tick_of(dataclasses.replace(job, idempotency_key="welcome-42")) is None
     assert s.tick_of(dataclasses.replace(job, idempotency_key=None)) is None

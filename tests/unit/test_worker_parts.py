@@ -72,7 +72,9 @@ def test_a_lease_being_written_is_not_lost_by_a_heartbeat() -> None:
 
 
 def executor(handlers: dict[str, Any], threads: ThreadPool | None = None) -> Executor:
-    return Executor(resolve_tasks(handlers), threads or ThreadPool(2), EVENTS)
+    return Executor(
+        resolve_tasks(handlers), threads or ThreadPool(2), EVENTS, max_snoozes=SETTINGS.max_snoozes
+    )
 
 
 async def test_the_executor_turns_every_ending_into_an_outcome() -> None:

@@ -274,6 +274,7 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
                         failed_attempts=row.failed,
                         dead=row.dead,
                         cancelled=row.cancelled,
+                        snoozed=row.snoozed,
                     ),
                     oldest_runnable_seconds=row.oldest_runnable_seconds,
                 )

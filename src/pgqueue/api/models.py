@@ -95,6 +95,7 @@ class JobSummary(BaseModel):
     priority: int
     attempts: int
     max_attempts: int
+    snoozes: int = Field(description="Times its handler asked to run it later (Snooze).")
     run_at: datetime
     timeout_seconds: float | None
     idempotency_key: str | None
@@ -123,6 +124,7 @@ class JobOut(JobSummary):
             priority=job.priority,
             attempts=job.attempts,
             max_attempts=job.max_attempts,
+            snoozes=job.snoozes,
             run_at=job.run_at,
             timeout_seconds=job.timeout_seconds,
             idempotency_key=job.idempotency_key,
@@ -170,6 +172,7 @@ class QueueTotals(BaseModel):
     failed_attempts: int
     dead: int
     cancelled: int
+    snoozed: int = Field(description="Snoozes handlers asked for: neither failures nor attempts.")
 
 
 class QueueOut(BaseModel):

@@ -167,6 +167,58 @@ WITH outcome AS (
 )
 SELECT id, state FROM finished, (SELECT count(*) FROM woken) w;
 
+-- name: job_snooze
+-- Put held jobs back to queued because their handlers asked to run again
+-- later (Snooze), each fenced by its token like job_finish. The attempt is
+-- given back (the claim counted it), the job counts one more snooze, and the
+-- queue's counters count a snooze, not a failure. run_at is now() plus the
+-- delay asked for; jobs due at once are a hint to the workers of their queue.
+-- A separate statement, so that job_finish costs nothing more when nobody snoozes.
+WITH request AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(seconds)s::double precision[])
+         AS t(id, token, seconds)
+), snoozed AS (
+    UPDATE pgqueue_jobs j
+    SET state = 'queued', attempts = j.attempts - 1, snoozes = j.snoozes + 1,
+        run_at = now() + make_interval(secs => r.seconds), lease_expires_at = NULL
+    FROM request r
+    WHERE j.id = r.id AND j.lease_token = r.token AND j.state = 'running'
+    RETURNING j.id, j.queue, j.state, j.run_at
+), counted AS (
+    INSERT INTO pgqueue_counters AS c (queue, shard, snoozed)
+    SELECT queue, pg_backend_pid() %% 16, count(*)
+    FROM snoozed GROUP BY 1, 2 ORDER BY 1, 2
+    ON CONFLICT (queue, shard) DO UPDATE SET snoozed = c.snoozed + excluded.snoozed
+), woken AS (
+    SELECT pg_notify('pgqueue_jobs', queue)
+    FROM (SELECT DISTINCT queue FROM snoozed WHERE run_at <= now()) q
+)
+SELECT id, state FROM snoozed, (SELECT count(*) FROM woken) w;
+
+-- name: job_cancel_held
+-- End held jobs as cancelled because their handlers asked to (CancelJob),
+-- each fenced by its token: no retry, the reason in last_error. Counted as
+-- cancelled, as an operator's cancel is (not as a failed attempt), and
+-- waiters are woken as by job_finish.
+WITH request AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(reasons)s::text[])
+         AS t(id, token, reason)
+), cancelled AS (
+    UPDATE pgqueue_jobs j
+    SET state = 'cancelled', last_error = r.reason, finished_at = now(), lease_expires_at = NULL
+    FROM request r
+    WHERE j.id = r.id AND j.lease_token = r.token AND j.state = 'running'
+    RETURNING j.id, j.queue, j.state
+), counted AS (
+    INSERT INTO pgqueue_counters AS c (queue, shard, cancelled)
+    SELECT queue, pg_backend_pid() %% 16, count(*)
+    FROM cancelled GROUP BY 1, 2 ORDER BY 1, 2
+    ON CONFLICT (queue, shard) DO UPDATE SET cancelled = c.cancelled + excluded.cancelled
+), woken AS (
+    SELECT pgqueue_notify_ended(array_agg(id)) FROM cancelled WHERE %(notify_finished)s
+)
+SELECT id, state FROM cancelled, (SELECT count(*) FROM woken) w;
+
 -- name: job_reap
 -- Take back up to `limit` jobs whose lease expired (their worker died or
 -- stalled). An expired lease is a failed attempt: back to queued after the
@@ -219,10 +271,11 @@ WITH cancelled AS (
 SELECT cancelled.* FROM cancelled, (SELECT count(*) FROM woken) w;
 
 -- name: job_retry
--- Put a dead or cancelled job back to queued with a fresh attempt budget.
+-- Put a dead or cancelled job back to queued with a fresh budget of attempts
+-- and snoozes.
 WITH retried AS (
     UPDATE pgqueue_jobs
-    SET state = 'queued', attempts = 0, run_at = now(), finished_at = NULL,
+    SET state = 'queued', attempts = 0, snoozes = 0, run_at = now(), finished_at = NULL,
         started_at = NULL, result = NULL, lease_token = NULL, worker = NULL
     WHERE id = %(id)s AND state IN ('dead', 'cancelled')
     RETURNING *
@@ -235,7 +288,7 @@ SELECT retried.* FROM retried, (SELECT count(*) FROM woken) w;
 -- Put every dead job (of one queue, or of all) back to queued.
 WITH retried AS (
     UPDATE pgqueue_jobs
-    SET state = 'queued', attempts = 0, run_at = now(), finished_at = NULL,
+    SET state = 'queued', attempts = 0, snoozes = 0, run_at = now(), finished_at = NULL,
         started_at = NULL, result = NULL, lease_token = NULL, worker = NULL
     WHERE state = 'dead' AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
     RETURNING id, queue
@@ -261,7 +314,7 @@ LIMIT %(limit)s;
 -- name: job_list_summary
 -- Like job_list, without the heavy columns (payload, result, last_error):
 -- what a listing that polls needs, without reading large values.
-SELECT id, queue, task, priority, state, run_at, attempts, max_attempts,
+SELECT id, queue, task, priority, state, run_at, attempts, max_attempts, snoozes,
        timeout_seconds, idempotency_key, worker, lease_expires_at,
        enqueued_at, started_at, finished_at
 FROM pgqueue_jobs
@@ -422,7 +475,8 @@ ORDER BY queue;
 -- name: counters_totals
 -- Outcome totals per queue, summed over shards.
 SELECT queue, sum(succeeded)::bigint AS succeeded, sum(failed)::bigint AS failed,
-       sum(dead)::bigint AS dead, sum(cancelled)::bigint AS cancelled
+       sum(dead)::bigint AS dead, sum(cancelled)::bigint AS cancelled,
+       sum(snoozed)::bigint AS snoozed
 FROM pgqueue_counters GROUP BY queue ORDER BY queue;
 
 -- name: start_latency_histogram
