@@ -6,6 +6,7 @@ Layout (one guess finds each part):
     migrations/*.sql    the schema, applied in order by migrate()
     jobs.py             Job, JobState, JobSpec, JOB_FIELDS (the one shape of a new job)
     transitions.py      the state machine: one I/O-free generator per transition
+    bulk.py             bulk cancel, retry and delete by JobFilter, in batches
     driver.py           the one driver that runs them on a connection
     queue.py            Queue (blocking) and AsyncQueue (asyncio); waiting.py: wait()
     worker/             the worker: producer (claims), executor, completer (acks),
@@ -31,11 +32,13 @@ from __future__ import annotations
 
 import logging
 
+from .bulk import BulkAction, JobFilter
 from .errors import (
     DatabaseUnavailable,
     InvalidJob,
     InvalidSettings,
     JobAlreadyFinished,
+    JobKeyHeld,
     JobNotFound,
     JobNotRetryable,
     JobStateConflict,
@@ -52,12 +55,15 @@ from .transitions import Enqueued, Outcome
 
 __all__ = [
     "AsyncQueue",
+    "BulkAction",
     "DatabaseUnavailable",
     "Enqueued",
     "InvalidJob",
     "InvalidSettings",
     "Job",
     "JobAlreadyFinished",
+    "JobFilter",
+    "JobKeyHeld",
     "JobNotFound",
     "JobNotRetryable",
     "JobSpec",

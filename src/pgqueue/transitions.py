@@ -15,12 +15,21 @@ drift apart, and the worker runtime uses the same ones.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from .checks import printable
-from .errors import InvalidJob, JobAlreadyFinished, JobNotFound, JobNotRetryable
+from .errors import (
+    InvalidJob,
+    JobAlreadyFinished,
+    JobKeyHeld,
+    JobNotFound,
+    JobNotRetryable,
+    KeyTaken,
+)
 from .jobs import Job, JobSpec, JobState, dump_json
 from .settings import Settings
 from .sql import migration_versions
@@ -31,6 +40,7 @@ __all__ = [
     "Statement",
     "cancel",
     "claim",
+    "db_now",
     "enqueue",
     "enqueue_many",
     "finish",
@@ -41,7 +51,6 @@ __all__ = [
     "prune",
     "reap",
     "retry",
-    "retry_dead",
     "schema_pending",
 ]
 
@@ -50,6 +59,10 @@ T = TypeVar("T")
 # Chunk of a bulk enqueue sent as one statement: large enough to amortise the
 # round trip, small enough to keep the parameter arrays in a few MB.
 ENQUEUE_CHUNK = 5000
+# Rounds of insert-then-look-up before a key that keeps changing hands is an
+# error: each round that fails needs a holder that let the key go between
+# the two statements.
+KEY_ROUNDS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,16 +129,44 @@ def _spec_params(spec: JobSpec) -> dict[str, Any]:
         "max_attempts": spec.max_attempts,
         "timeout_seconds": spec.timeout_seconds,
         "idempotency_key": spec.idempotency_key,
+        "unique_scope": spec.unique_scope,
     }
 
 
+def db_now() -> Flow[datetime]:
+    """The database's clock."""
+    rows = yield Statement("db_now", {})
+    now: datetime = rows[0]["now"]
+    return now
+
+
+def _in_periods(specs: Sequence[JobSpec]) -> Flow[Sequence[JobSpec]]:
+    """The specs, each key with a period ending in the start of the period
+    it is in now by the database's clock (one statement, only when needed):
+    the key of the next period is another key."""
+    if not any(spec.unique_period_seconds for spec in specs):
+        return specs
+    now = (yield from db_now()).timestamp()
+    return [_in_period(spec, now) for spec in specs]
+
+
+def _in_period(spec: JobSpec, now: float) -> JobSpec:
+    period = spec.unique_period_seconds
+    if not period:
+        return spec
+    start = datetime.fromtimestamp(math.floor(now / period) * period, UTC)
+    return spec._replace(idempotency_key=f"{spec.idempotency_key}@{start.isoformat()}")
+
+
 def enqueue(spec: JobSpec) -> Flow[Job]:
-    """Insert a job, or return the one that already holds its idempotency key."""
+    """Insert a job, or return the one that holds its key now."""
+    [spec] = yield from _in_periods([spec])
     params = _spec_params(spec)
     # A conflicting insert may be in flight in another transaction: ON
-    # CONFLICT waits for it, and if it rolled back our insert goes ahead on
-    # the next try. Two rounds always settle it under READ COMMITTED.
-    for _ in range(3):
+    # CONFLICT waits for it, and if it rolled back our insert goes ahead. The
+    # holder may also let the key go (start, end) between the two
+    # statements: then the next round inserts.
+    for _ in range(KEY_ROUNDS):
         jobs: list[Job] = yield Statement("job_enqueue", params, jobs=True)
         if jobs:
             return jobs[0]
@@ -134,7 +175,7 @@ def enqueue(spec: JobSpec) -> Flow[Job]:
         )
         if jobs:
             return dataclasses.replace(jobs[0], duplicate=True)
-    raise RuntimeError(f"idempotency key {spec.idempotency_key!r} kept changing hands")
+    raise RuntimeError(f"key {spec.idempotency_key!r} kept changing hands")
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,30 +188,44 @@ class Enqueued:
 
 def enqueue_many(specs: Sequence[JobSpec], *, copy: bool = True) -> Flow[list[Enqueued]]:
     """Insert many jobs; results in input order. Plain jobs (runnable now, no
-    idempotency key) go in by COPY when ``copy``; others by INSERT, a few
-    thousand per statement, skipping taken keys."""
+    key) go in by COPY when ``copy``; others by INSERT, a few thousand per
+    statement, skipping held keys."""
     if copy and all(_plain(spec) for spec in specs):
         return (yield from _copy_many(specs))
+    specs = yield from _in_periods(specs)
     results: list[Enqueued] = []
     for start in range(0, len(specs), ENQUEUE_CHUNK):
-        chunk = specs[start : start + ENQUEUE_CHUNK]
-        columns: dict[str, list[Any]] = {name: [] for name in _spec_params(chunk[0])}
-        for spec in chunk:
+        results += yield from _insert_chunk(specs[start : start + ENQUEUE_CHUNK])
+    return results
+
+
+def _insert_chunk(chunk: Sequence[JobSpec]) -> Flow[list[Enqueued]]:
+    """One INSERT of a chunk; the jobs whose key was held get the holder's
+    id. A holder that let its key go meanwhile means another round."""
+    results = [Enqueued(-1, False)] * len(chunk)
+    todo = list(range(len(chunk)))
+    for _ in range(KEY_ROUNDS):
+        part = [chunk[i] for i in todo]
+        columns: dict[str, list[Any]] = {name: [] for name in _spec_params(part[0])}
+        for spec in part:
             for name, value in _spec_params(spec).items():
                 columns[name].append(value)
         rows = yield Statement("job_enqueue_many", columns)
-        results.extend(_match_inserted(chunk, rows))
-        missing = [r for r in results[start:] if r.id < 0]
-        if missing:
-            keys = [spec.idempotency_key for spec in chunk]
-            found = yield Statement(
-                "job_ids_by_idempotency_keys", {"idempotency_keys": [k for k in keys if k]}
-            )
-            by_key = {row["idempotency_key"]: row["id"] for row in found}
-            for offset, spec in enumerate(chunk):
-                if results[start + offset].id < 0:
-                    results[start + offset] = Enqueued(by_key[spec.idempotency_key], False)
-    return results
+        for i, result in zip(todo, _match_inserted(part, rows), strict=True):
+            results[i] = result
+        todo = [i for i in todo if results[i].id < 0]
+        if not todo:
+            return results
+        keys = sorted({str(chunk[i].idempotency_key) for i in todo})
+        found = yield Statement("job_ids_by_idempotency_keys", {"idempotency_keys": keys})
+        holders = {row["idempotency_key"]: row["id"] for row in found}
+        for i in todo:
+            if chunk[i].idempotency_key in holders:
+                results[i] = Enqueued(holders[chunk[i].idempotency_key], False)
+        todo = [i for i in todo if results[i].id < 0]
+        if not todo:
+            return results
+    raise RuntimeError(f"{len(todo)} key(s) kept changing hands")
 
 
 def _plain(spec: JobSpec) -> bool:
@@ -334,17 +389,25 @@ def cancel(job_id: int) -> Flow[Job]:
 
 
 def retry(job_id: int) -> Flow[Job]:
-    """Put a dead or cancelled job back to queued with a fresh attempt budget."""
-    jobs: list[Job] = yield Statement("job_retry", {"id": _job_id(job_id)}, jobs=True)
-    if jobs:
-        return jobs[0]
-    job = yield from get(job_id)
-    raise JobNotRetryable(job_id, job.state, "retry")
-
-
-def retry_dead(queue: str | None = None) -> Flow[int]:
-    rows = yield Statement("job_retry_dead", {"queue": queue})
-    return int(rows[0]["retried"])
+    """Put a dead or cancelled job back to queued with a fresh attempt
+    budget; JobKeyHeld when another job holds its key now."""
+    for _ in range(KEY_ROUNDS):
+        try:
+            jobs: list[Job] = yield Statement("job_retry", {"id": _job_id(job_id)}, jobs=True)
+        except KeyTaken:
+            jobs = []  # taken as we retried: look again
+        if jobs:
+            return jobs[0]
+        job = yield from get(job_id)
+        if job.state in (JobState.DEAD, JobState.CANCELLED) and job.idempotency_key:
+            holders: list[Job] = yield Statement(
+                "job_get_by_idempotency_key", {"idempotency_key": job.idempotency_key}, jobs=True
+            )
+            if holders:
+                raise JobKeyHeld(job_id, job.state, job.idempotency_key, holders[0].id)
+            continue  # the holder let the key go meanwhile
+        raise JobNotRetryable(job_id, job.state, "retry")
+    raise RuntimeError(f"the key of job {job_id} kept changing hands")
 
 
 def list_jobs(

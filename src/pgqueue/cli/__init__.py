@@ -5,6 +5,7 @@ options.py      --json, durations, times, lists
 running.py      migrate, api, worker, up
 producing.py    enqueue, enqueue-file
 jobs.py         jobs list, show, cancel, retry
+bulk.py         jobs bulk cancel, retry, delete (by filter, after a count)
 watching.py     queues, top
 server.py       db start, stop, status, url (the embedded server)
 maintenance.py  prune
@@ -21,6 +22,6 @@ from .app import app, main
 
 # Each topic module adds its commands to the root group when imported; the
 # help lists them in this order.
-from . import running, producing, jobs, watching, server, maintenance  # noqa: F401  # isort: skip
+from . import running, producing, jobs, bulk, watching, server, maintenance  # noqa: F401  # isort: skip
 
 __all__ = ["app", "main"]
