@@ -98,7 +98,7 @@ def run(flow: Flow[T], session: Session) -> T:
         while True:
             try:
                 rows = session.execute(statement)
-            except psycopg.errors.UniqueViolation as exc:
+            except (psycopg.errors.UniqueViolation, KeyTaken) as exc:
                 statement = flow.throw(_key_taken(exc))
             else:
                 statement = flow.send(rows)
@@ -113,7 +113,7 @@ async def run_async(flow: Flow[T], session: AsyncSession) -> T:
         while True:
             try:
                 rows = await session.execute(statement)
-            except psycopg.errors.UniqueViolation as exc:
+            except (psycopg.errors.UniqueViolation, KeyTaken) as exc:
                 statement = flow.throw(_key_taken(exc))
             else:
                 statement = flow.send(rows)
@@ -121,8 +121,11 @@ async def run_async(flow: Flow[T], session: AsyncSession) -> T:
         return done.value  # type: ignore[no-any-return]
 
 
-def _key_taken(exc: psycopg.errors.UniqueViolation) -> KeyTaken:
-    """The violation as KeyTaken when it is of a job's key; else raise it."""
+def _key_taken(exc: psycopg.errors.UniqueViolation | KeyTaken) -> KeyTaken:
+    """The violation as KeyTaken when it is of a job's key; else raise it.
+    (A session may also raise KeyTaken itself: the unit tier's do.)"""
+    if isinstance(exc, KeyTaken):
+        return exc
     if exc.diag.constraint_name != KEY_INDEX:
         raise exc
     taken = KeyTaken(str(exc).strip().splitlines()[0])
