@@ -73,7 +73,9 @@ def _command(action: BulkAction) -> Callable[..., None]:
         finished_before: Annotated[
             str | None,
             typer.Option(
-                "--finished-before", metavar="TIME|AGE", help=f"Finished before. {_CUTOFF}"
+                "--finished-before",
+                metavar="TIME|AGE",
+                help=f"Finished before (not for cancel). {_CUTOFF}",
             ),
         ] = None,
         error_contains: Annotated[
