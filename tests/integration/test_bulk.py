@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from pgqueue import BulkAction, InvalidJob, JobFilter, JobState, Queue
+from pgqueue.sql import QUERIES
 from pgqueue.transitions import Outcome
 
 FLOOD = 20_000
@@ -265,3 +266,28 @@ async def test_the_async_queue_has_the_same_actions(aqueue: Any) -> None:
     assert await aqueue.bulk_retry(task="t") == 3
     await aqueue.bulk_cancel()
     assert await aqueue.bulk_delete(state="cancelled") == 3
+
+
+def test_each_batch_reads_the_partial_index_of_its_states(sql: psycopg.Connection[Any]) -> None:
+    params: dict[str, Any] = {
+        **dict.fromkeys(("task", "enqueued_before", "finished_before", "error_contains")),
+        "started_at": datetime.now().astimezone(),
+        "dry_run": False,
+        "limit": 1000,
+        "queue": "flood",
+    }
+
+    def plan(action: BulkAction, states: list[str]) -> str:
+        sql.execute("SET enable_seqscan = off")  # tiny tables: which index can the planner use
+        rows = sql.execute(
+            "EXPLAIN " + QUERIES["job_bulk"], {**params, "action": action, "states": states}
+        ).fetchall()
+        sql.execute("RESET enable_seqscan")
+        return "\n".join(r[0] for r in rows)
+
+    cancel = plan(BulkAction.CANCEL, ["queued", "running"])
+    assert "pgqueue_jobs_claim_queue" in cancel and "pgqueue_jobs_reap" in cancel
+    assert "pgqueue_jobs_finished" not in cancel
+    delete = plan(BulkAction.DELETE, ["succeeded", "dead", "cancelled"])
+    assert "Index Scan using pgqueue_jobs_finished" in delete
+    assert "pgqueue_jobs_claim" not in delete

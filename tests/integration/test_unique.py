@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 from pgqueue import InvalidJob, Job, JobKeyHeld, JobState, Queue
+from pgqueue.sql import QUERIES
 from pgqueue.transitions import Outcome
 from tests.support import api_client
 
@@ -405,3 +406,44 @@ async def test_http_answers_200_with_the_holder_and_shows_the_scope(
     assert batch.status_code == 201
     assert [item["outcome"] for item in batch.json()["jobs"]] == ["existing", "created"]
     assert {job["unique_scope"] for job in listed.json()["jobs"]} == {"queued"}
+
+
+# -- what it costs ------------------------------------------------------------------------
+
+
+def plan(sql: psycopg.Connection[Any], name: str, params: dict[str, Any]) -> str:
+    sql.execute("SET enable_seqscan = off")  # tiny tables: ask which index the planner can use
+    rows = sql.execute("EXPLAIN " + QUERIES[name], params).fetchall()
+    sql.execute("RESET enable_seqscan")
+    return "\n".join(r[0] for r in rows)
+
+
+def test_jobs_without_a_key_are_never_in_the_key_index(
+    queue: Queue, sql: psycopg.Connection[Any]
+) -> None:
+    queue.enqueue_many([{"task": "t"} for _ in range(2000)])
+    queue.enqueue_many([{"task": "t", "delay_seconds": 1} for _ in range(2000)])  # INSERT path
+    jobs = queue.claim(500, worker="w")
+    queue.finish([Outcome.success(job, None) for job in jobs])
+    size = sql.execute("SELECT pg_relation_size('pgqueue_jobs_key')").fetchone()
+    assert size == (8192,)  # the metapage alone: not one entry was written
+
+
+def test_the_key_is_found_and_guarded_by_its_index(
+    queue: Queue, sql: psycopg.Connection[Any]
+) -> None:
+    enqueue = {
+        **dict.fromkeys(("run_at", "timeout_seconds")),
+        "queue": "q",
+        "task": "t",
+        "payload": "{}",
+        "priority": 0,
+        "delay": 0,
+        "max_attempts": 5,
+        "idempotency_key": "k",
+        "unique_scope": "active",
+    }
+    assert "Conflict Arbiter Indexes: pgqueue_jobs_key" in plan(sql, "job_enqueue", enqueue)
+    lookup = plan(sql, "job_get_by_idempotency_key", {"idempotency_key": "k"})
+    assert "Index Scan using pgqueue_jobs_key" in lookup
+    assert "Index Scan using pgqueue_jobs_key" in plan(sql, "job_retry", {"id": 1})
