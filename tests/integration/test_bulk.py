@@ -12,8 +12,8 @@ import psycopg
 import pytest
 
 from pgqueue import BulkAction, InvalidJob, JobFilter, JobState, Queue
-from pgqueue.sql import QUERIES
 from pgqueue.transitions import Outcome
+from tests.support import query_plan
 
 FLOOD = 20_000
 
@@ -278,12 +278,7 @@ def test_each_batch_reads_the_partial_index_of_its_states(sql: psycopg.Connectio
     }
 
     def plan(action: BulkAction, states: list[str]) -> str:
-        sql.execute("SET enable_seqscan = off")  # tiny tables: which index can the planner use
-        rows = sql.execute(
-            "EXPLAIN " + QUERIES["job_bulk"], {**params, "action": action, "states": states}
-        ).fetchall()
-        sql.execute("RESET enable_seqscan")
-        return "\n".join(r[0] for r in rows)
+        return query_plan(sql, "job_bulk", {**params, "action": action, "states": states})
 
     cancel = plan(BulkAction.CANCEL, ["queued", "running"])
     assert "pgqueue_jobs_claim_queue" in cancel and "pgqueue_jobs_reap" in cancel

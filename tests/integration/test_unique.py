@@ -16,9 +16,8 @@ import psycopg
 import pytest
 
 from pgqueue import InvalidJob, Job, JobKeyHeld, JobState, Queue
-from pgqueue.sql import QUERIES
 from pgqueue.transitions import Outcome
-from tests.support import api_client
+from tests.support import api_client, query_plan
 
 PRODUCERS = 50
 # A period whose buckets (10 years, counted from 1970) have no edge near now.
@@ -411,13 +410,6 @@ async def test_http_answers_200_with_the_holder_and_shows_the_scope(
 # -- what it costs ------------------------------------------------------------------------
 
 
-def plan(sql: psycopg.Connection[Any], name: str, params: dict[str, Any]) -> str:
-    sql.execute("SET enable_seqscan = off")  # tiny tables: ask which index the planner can use
-    rows = sql.execute("EXPLAIN " + QUERIES[name], params).fetchall()
-    sql.execute("RESET enable_seqscan")
-    return "\n".join(r[0] for r in rows)
-
-
 def test_jobs_without_a_key_are_never_in_the_key_index(
     queue: Queue, sql: psycopg.Connection[Any]
 ) -> None:
@@ -443,7 +435,7 @@ def test_the_key_is_found_and_guarded_by_its_index(
         "idempotency_key": "k",
         "unique_scope": "active",
     }
-    assert "Conflict Arbiter Indexes: pgqueue_jobs_key" in plan(sql, "job_enqueue", enqueue)
-    lookup = plan(sql, "job_get_by_idempotency_key", {"idempotency_key": "k"})
+    assert "Conflict Arbiter Indexes: pgqueue_jobs_key" in query_plan(sql, "job_enqueue", enqueue)
+    lookup = query_plan(sql, "job_get_by_idempotency_key", {"idempotency_key": "k"})
     assert "Index Scan using pgqueue_jobs_key" in lookup
-    assert "Index Scan using pgqueue_jobs_key" in plan(sql, "job_retry", {"id": 1})
+    assert "Index Scan using pgqueue_jobs_key" in query_plan(sql, "job_retry", {"id": 1})
