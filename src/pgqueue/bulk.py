@@ -1,9 +1,9 @@
 """Bulk actions: cancel, retry or delete every job a filter matches.
 
 Free of I/O, like transitions.py: ``bulk`` is a flow that the queue runs.
-Each batch is one statement (``job_bulk``) of at most ``BULK_BATCH`` jobs in
-its own transaction, so that no lock is held for long; the flow repeats it
-until a batch changes nothing.
+Each batch is one statement (``job_bulk_cancel``, ``job_bulk_finished``) of
+at most ``BULK_BATCH`` jobs in its own transaction, so that no lock is held
+for long; the flow repeats it until the jobs that match are done.
 
     cancel   queued and running jobs (a running job's lease is revoked)
     retry    dead and cancelled jobs, back to queued with a fresh attempt
@@ -121,12 +121,15 @@ def bulk(
         raise ValueError(f"batch must be between 1 and 10000, got {batch}")
     states = _states(action, where)
     started_at = yield from db_now()
+    name = "job_bulk_cancel" if action is BulkAction.CANCEL else "job_bulk_finished"
     params = {
         "action": str(action),
         "states": states,
         "started_at": started_at,
         "dry_run": dry_run,
         "limit": None if dry_run else batch,
+        "after_at": None,
+        "after_id": None,
         "queue": where.queue,
         "task": where.task,
         "enqueued_before": _moment(where.enqueued_before, started_at),
@@ -136,15 +139,28 @@ def bulk(
     total = 0
     while True:
         try:
-            rows = yield Statement("job_bulk", params)
+            rows = yield Statement(name, params)
         except KeyTaken:
             continue  # a key was taken as this batch retried its job: the next skips it
-        affected = int(rows[0]["affected"])
+        row = rows[0]
         if dry_run:
-            return affected
-        if not affected:
+            return int(row["matched"])
+        total += int(row["affected"])
+        if not _more(action, row, batch):
             return total
-        total += affected
+        # Finished jobs go in order: the next batch starts after this one.
+        params = {**params, "after_at": row.get("last_at"), "after_id": row.get("last_id")}
+
+
+def _more(action: BulkAction, batch_row: dict[str, Any], batch: int) -> bool:
+    """Whether another batch may find more. A cancel goes on while batches
+    cancel something: jobs that a worker held were skipped and are looked at
+    again, and one a lock holds for good cannot keep it going. Retry and
+    delete walk the finished jobs once, in order: they end at the first batch
+    that did not fill up."""
+    if action is BulkAction.CANCEL:
+        return int(batch_row["affected"]) > 0
+    return int(batch_row["matched"]) >= batch
 
 
 def retry_dead(queue: str | None = None) -> Flow[int]:

@@ -271,6 +271,7 @@ async def test_the_async_queue_has_the_same_actions(aqueue: Any) -> None:
 def test_each_batch_reads_the_partial_index_of_its_states(sql: psycopg.Connection[Any]) -> None:
     params: dict[str, Any] = {
         **dict.fromkeys(("task", "enqueued_before", "finished_before", "error_contains")),
+        **dict.fromkeys(("after_at", "after_id")),
         "started_at": datetime.now().astimezone(),
         "dry_run": False,
         "limit": 1000,
@@ -278,7 +279,8 @@ def test_each_batch_reads_the_partial_index_of_its_states(sql: psycopg.Connectio
     }
 
     def plan(action: BulkAction, states: list[str]) -> str:
-        return query_plan(sql, "job_bulk", {**params, "action": action, "states": states})
+        name = "job_bulk_cancel" if action is BulkAction.CANCEL else "job_bulk_finished"
+        return query_plan(sql, name, {**params, "action": action, "states": states})
 
     cancel = plan(BulkAction.CANCEL, ["queued", "running"])
     assert "pgqueue_jobs_claim_queue" in cancel and "pgqueue_jobs_reap" in cancel

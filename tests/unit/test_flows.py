@@ -175,19 +175,18 @@ def test_a_scope_or_a_period_without_a_key_keys_by_task_and_payload() -> None:
     assert JobSpec.build("t", idempotency_key="k").unique_scope == "always"
 
 
-def bulk_session(affected: list[int]) -> Scripted:
-    answers = iter(affected)
-    return Scripted(
-        db_now=lambda p: [{"now": NOW}], job_bulk=lambda p: [{"affected": next(answers)}]
-    )
+def bulk_session(name: str, batches: list[dict[str, Any]]) -> Scripted:
+    answers = iter(batches)
+    return Scripted(**{"db_now": lambda p: [{"now": NOW}], name: lambda p: [next(answers)]})
 
 
-def test_a_bulk_action_repeats_bounded_batches_until_one_changes_nothing() -> None:
-    session = bulk_session([1000, 1000, 37, 0])
+def test_a_bulk_cancel_repeats_bounded_batches_until_one_cancels_nothing() -> None:
+    batches = [{"matched": 1000, "affected": n} for n in (1000, 990, 37, 0)]
+    session = bulk_session("job_bulk_cancel", batches)
     where = JobFilter(queue="a", enqueued_before=timedelta(hours=1))
-    assert driver.run(bulk(BulkAction.CANCEL, where), session) == 2037
+    assert driver.run(bulk(BulkAction.CANCEL, where), session) == 2027
     sent = session.sent
-    assert [s.name for s in sent] == ["db_now"] + ["job_bulk"] * 4
+    assert [s.name for s in sent] == ["db_now"] + ["job_bulk_cancel"] * 4
     assert {s.params["limit"] for s in sent[1:]} == {1000}
     # One moment for every batch: the start, and the age counted back from it.
     assert {s.params["started_at"] for s in sent[1:]} == {NOW}
@@ -195,11 +194,25 @@ def test_a_bulk_action_repeats_bounded_batches_until_one_changes_nothing() -> No
     assert sent[1].params["states"] == ["queued", "running"]
 
 
+def test_retry_and_delete_walk_the_finished_jobs_once_in_order() -> None:
+    last = [(NOW - timedelta(hours=h), 10 * h) for h in (3, 2)]
+    batches = [
+        {"matched": 1000, "affected": 1000, "last_at": last[0][0], "last_id": last[0][1]},
+        # Every job of a full batch may be left (its key is held): go on.
+        {"matched": 1000, "affected": 0, "last_at": last[1][0], "last_id": last[1][1]},
+        {"matched": 7, "affected": 7, "last_at": NOW, "last_id": 99},
+    ]
+    session = bulk_session("job_bulk_finished", batches)
+    assert driver.run(bulk(BulkAction.RETRY, JobFilter()), session) == 1007
+    cursors = [(s.params["after_at"], s.params["after_id"]) for s in session.sent[1:]]
+    assert cursors == [(None, None), *last]
+    assert session.sent[1].params["states"] == ["dead", "cancelled"]
+
+
 def test_a_dry_run_is_one_count_without_a_limit() -> None:
-    session = bulk_session([134_000])
-    assert driver.run(bulk(BulkAction.DELETE, JobFilter(state="dead"), dry_run=True), session) == (
-        134_000
-    )
+    session = bulk_session("job_bulk_finished", [{"matched": 134_000, "affected": 0}])
+    where = JobFilter(state="dead")
+    assert driver.run(bulk(BulkAction.DELETE, where, dry_run=True), session) == 134_000
     [_, count] = session.sent
     assert (count.params["dry_run"], count.params["limit"], count.params["states"]) == (
         True,
@@ -209,14 +222,14 @@ def test_a_dry_run_is_one_count_without_a_limit() -> None:
 
 
 def test_a_batch_that_met_a_taken_key_is_sent_again() -> None:
-    answers: list[Any] = [KeyTaken("taken"), [{"affected": 5}], [{"affected": 0}]]
+    answers: list[Any] = [KeyTaken("taken"), {"matched": 5, "affected": 5}]
 
-    def job_bulk(params: dict[str, Any]) -> list[Any]:
+    def job_bulk_finished(params: dict[str, Any]) -> list[Any]:
         answer = answers.pop(0)
         if isinstance(answer, Exception):
             raise answer
-        return answer  # type: ignore[no-any-return]
+        return [answer]
 
-    session = Scripted(db_now=lambda p: [{"now": NOW}], job_bulk=job_bulk)
+    session = Scripted(db_now=lambda p: [{"now": NOW}], job_bulk_finished=job_bulk_finished)
     assert driver.run(bulk(BulkAction.RETRY, JobFilter()), session) == 5
-    assert [s.name for s in session.sent] == ["db_now"] + ["job_bulk"] * 3
+    assert [s.name for s in session.sent] == ["db_now"] + ["job_bulk_finished"] * 2

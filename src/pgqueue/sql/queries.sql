@@ -247,61 +247,92 @@ WITH retried AS (
 )
 SELECT retried.* FROM retried, (SELECT count(*) FROM woken) w;
 
--- name: job_bulk
--- One batch of a bulk action on the jobs a filter matches; with `dry_run`,
--- how many jobs the filter matches, and nothing else. `action`:
---   cancel  queued and running jobs; a running job's lease is revoked, so its
---           worker's ack matches nothing (as job_cancel)
---   retry   dead and cancelled jobs, back to queued (as job_retry); a job
---           whose key another job holds now is left as it is
---   delete  finished jobs (counters keep their outcomes, as job_prune)
--- `states` are the states the action applies to (narrowed by the filter's
--- state). The flow repeats the statement until a batch changes nothing;
--- `started_at`, the database's now() when the action began, bounds what it
--- may touch, so that a producer still enqueuing during a bulk cancel, or a
--- retried job that dies again, cannot keep it going for ever.
+-- name: job_bulk_cancel
+-- One batch of a bulk cancel: up to `limit` queued or running jobs (of
+-- `states`) that match the filter; with `dry_run`, how many match (no
+-- limit), and nothing else. As job_cancel: a running job's lease is
+-- revoked, so its worker's ack matches nothing. The flow repeats it until a
+-- batch cancels nothing. Only jobs enqueued by `started_at` (the database's
+-- now() when the action began) match, so that a producer still flooding the
+-- queue cannot keep it going.
 WITH candidate AS (
     -- One branch per partial index (the planner cannot match "state IN
-    -- (...)" to one); a branch whose states the action does not touch is a
-    -- one-time false filter, so it reads nothing.
-    SELECT id, queue, task, state, enqueued_at, finished_at, last_error FROM pgqueue_jobs
+    -- (...)" to one); a branch whose state is not in `states` is a one-time
+    -- false filter, so it reads nothing.
+    SELECT id, queue, task, enqueued_at, last_error FROM pgqueue_jobs
     WHERE state = 'queued' AND 'queued' = ANY(%(states)s::text[])
-      AND enqueued_at <= %(started_at)s::timestamptz
     UNION ALL
-    SELECT id, queue, task, state, enqueued_at, finished_at, last_error FROM pgqueue_jobs
+    SELECT id, queue, task, enqueued_at, last_error FROM pgqueue_jobs
     WHERE state = 'running' AND 'running' = ANY(%(states)s::text[])
-      AND enqueued_at <= %(started_at)s::timestamptz
-    UNION ALL
-    SELECT id, queue, task, state, enqueued_at, finished_at, last_error FROM pgqueue_jobs
-    WHERE state IN ('succeeded', 'dead', 'cancelled')
-      AND %(states)s::text[] && ARRAY['succeeded', 'dead', 'cancelled']
-      AND state = ANY(%(states)s::text[]) AND finished_at <= %(started_at)s::timestamptz
 ), matching AS (
     -- The filter, written once: the planner pushes it into each branch.
     SELECT id FROM candidate
-    WHERE (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+    WHERE enqueued_at <= %(started_at)s::timestamptz
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
       AND (%(task)s::text IS NULL OR task = %(task)s::text)
       AND (%(enqueued_before)s::timestamptz IS NULL
            OR enqueued_at < %(enqueued_before)s::timestamptz)
-      AND (%(finished_before)s::timestamptz IS NULL
-           OR finished_at < %(finished_before)s::timestamptz)
       AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
     LIMIT %(limit)s
 ), picked AS (
     -- Rows a worker or another statement holds are skipped, not waited for:
     -- a batch neither waits for nor deadlocks with a claim or an ack. A
     -- later batch finds them again.
-    SELECT j.id, j.idempotency_key FROM pgqueue_jobs j JOIN matching m ON m.id = j.id
+    SELECT j.id FROM pgqueue_jobs j JOIN matching m ON m.id = j.id
     WHERE NOT %(dry_run)s
     FOR UPDATE OF j SKIP LOCKED
 ), cancelled AS (
-    -- Each action checks the state again: a row that changed after the
-    -- batch's snapshot is judged as it is now.
+    -- The state again: a row claimed after the batch's snapshot is judged
+    -- as it is now.
     UPDATE pgqueue_jobs j
     SET state = 'cancelled', finished_at = now(), lease_expires_at = NULL
     FROM picked p
-    WHERE %(action)s::text = 'cancel' AND j.id = p.id AND j.state = ANY(%(states)s::text[])
+    WHERE j.id = p.id AND j.state = ANY(%(states)s::text[])
     RETURNING j.id, j.queue
+), counted AS (
+    INSERT INTO pgqueue_counters AS c (queue, shard, cancelled)
+    SELECT queue, pg_backend_pid() %% 16, count(*) FROM cancelled GROUP BY 1, 2 ORDER BY 1, 2
+    ON CONFLICT (queue, shard) DO UPDATE SET cancelled = c.cancelled + excluded.cancelled
+), ended AS (
+    SELECT pgqueue_notify_ended(array_agg(id)) FROM cancelled
+)
+SELECT (SELECT count(*) FROM matching) AS matched, (SELECT count(*) FROM cancelled) AS affected
+FROM (SELECT count(*) FROM ended) e;
+
+-- name: job_bulk_finished
+-- One batch of a bulk retry or delete (`action`) of finished jobs (of
+-- `states`) that match the filter; with `dry_run`, how many match (no
+-- limit), and nothing else.
+--   retry   back to queued with a fresh attempt budget (as job_retry); a job
+--           whose key another job holds now is left as it is
+--   delete  the rows go; the counters keep their outcomes (as job_prune)
+-- Jobs go in finished order after the keyset cursor (`after_at`,
+-- `after_id`: the last job of the previous batch), so that a batch never
+-- reads again the finished history that did not match. Only jobs finished
+-- by `started_at` match, so that a retried job that dies again is not
+-- retried again.
+WITH matching AS (
+    SELECT id, finished_at FROM pgqueue_jobs
+    WHERE state IN ('succeeded', 'dead', 'cancelled') AND state = ANY(%(states)s::text[])
+      AND finished_at <= %(started_at)s::timestamptz
+      AND finished_at >= coalesce(%(after_at)s::timestamptz, '-infinity')
+      AND (finished_at > %(after_at)s::timestamptz OR id > %(after_id)s::bigint
+           OR %(after_at)s::timestamptz IS NULL)
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND (%(task)s::text IS NULL OR task = %(task)s::text)
+      AND (%(enqueued_before)s::timestamptz IS NULL
+           OR enqueued_at < %(enqueued_before)s::timestamptz)
+      AND (%(finished_before)s::timestamptz IS NULL
+           OR finished_at < %(finished_before)s::timestamptz)
+      AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
+    ORDER BY finished_at, id
+    LIMIT %(limit)s
+), picked AS (
+    -- Skipped, not waited for, when another statement holds them (a pruner,
+    -- another action).
+    SELECT j.id, j.idempotency_key FROM pgqueue_jobs j JOIN matching m ON m.id = j.id
+    WHERE NOT %(dry_run)s
+    FOR UPDATE OF j SKIP LOCKED
 ), retried AS (
     UPDATE pgqueue_jobs j
     SET state = 'queued', attempts = 0, run_at = now(), finished_at = NULL,
@@ -324,20 +355,15 @@ WITH candidate AS (
     DELETE FROM pgqueue_jobs j USING picked p
     WHERE %(action)s::text = 'delete' AND j.id = p.id AND j.state = ANY(%(states)s::text[])
     RETURNING j.id
-), counted AS (
-    INSERT INTO pgqueue_counters AS c (queue, shard, cancelled)
-    SELECT queue, pg_backend_pid() %% 16, count(*) FROM cancelled GROUP BY 1, 2 ORDER BY 1, 2
-    ON CONFLICT (queue, shard) DO UPDATE SET cancelled = c.cancelled + excluded.cancelled
-), ended AS (
-    SELECT pgqueue_notify_ended(array_agg(id)) FROM cancelled
 ), ready AS (
     SELECT pg_notify('pgqueue_jobs', queue) FROM (SELECT DISTINCT queue FROM retried) q
 )
-SELECT CASE WHEN %(dry_run)s THEN (SELECT count(*) FROM matching)
-            ELSE (SELECT count(*) FROM cancelled) + (SELECT count(*) FROM retried)
-                 + (SELECT count(*) FROM deleted)
-       END AS affected
-FROM (SELECT count(*) FROM ended) e, (SELECT count(*) FROM ready) r;
+SELECT (SELECT count(*) FROM matching) AS matched,
+       (SELECT count(*) FROM retried) + (SELECT count(*) FROM deleted) AS affected,
+       last.finished_at AS last_at, last.id AS last_id
+FROM (SELECT count(*) FROM ready) r
+LEFT JOIN (SELECT finished_at, id FROM matching ORDER BY finished_at DESC, id DESC LIMIT 1) last
+    ON true;
 
 -- name: job_get
 -- One job by id.
