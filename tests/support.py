@@ -17,6 +17,7 @@ import uvicorn
 from pgqueue import Job, JobState, Queue, Settings
 from pgqueue.api import create_app
 from pgqueue.api.server import uvicorn_config
+from pgqueue.sql import QUERIES
 from pgqueue.worker import AsyncWorker
 
 
@@ -97,3 +98,14 @@ class LiveServer:
         self.server.should_exit = True
         self.thread.join(10)
         self.sock.close()
+
+
+def query_plan(sql: psycopg.Connection[Any], name: str, params: dict[str, Any]) -> str:
+    """EXPLAIN of a named query, with sequential scans off: on a test's tiny
+    tables, this asks which index the planner can use, not which it prefers."""
+    sql.execute("SET enable_seqscan = off")
+    try:
+        rows = sql.execute("EXPLAIN " + QUERIES[name], params).fetchall()
+    finally:
+        sql.execute("RESET enable_seqscan")
+    return "\n".join(row[0] for row in rows)

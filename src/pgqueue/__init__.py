@@ -8,6 +8,7 @@ Layout (one guess finds each part):
     control.py          Snooze, CancelJob: what a handler may ask for instead of a result
     transitions.py      the state machine: one I/O-free generator per transition
     schedules.py        periodic jobs: Schedule and its flows; ticks.py: when each ticks
+    bulk.py             bulk cancel, retry and delete by JobFilter, in batches
     driver.py           the one driver that runs them on a connection
     queue.py            Queue (blocking) and AsyncQueue (asyncio); waiting.py: wait()
     worker/             the worker: producer (claims), executor, completer (acks),
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import logging
 
+from .bulk import BulkAction, JobFilter
 from .control import CancelJob, Snooze
 from .errors import (
     DatabaseUnavailable,
@@ -42,6 +44,7 @@ from .errors import (
     InvalidSchedule,
     InvalidSettings,
     JobAlreadyFinished,
+    JobKeyHeld,
     JobNotFound,
     JobNotRetryable,
     JobStateConflict,
@@ -60,6 +63,7 @@ from .transitions import Enqueued, Outcome
 
 __all__ = [
     "AsyncQueue",
+    "BulkAction",
     "CancelJob",
     "DatabaseUnavailable",
     "Enqueued",
@@ -68,6 +72,8 @@ __all__ = [
     "InvalidSettings",
     "Job",
     "JobAlreadyFinished",
+    "JobFilter",
+    "JobKeyHeld",
     "JobNotFound",
     "JobNotRetryable",
     "JobSpec",

@@ -1,14 +1,17 @@
 """The exceptions pgqueue raises.
 
 PgQueueError
-├── InvalidJob            bad input to enqueue; nothing was written
+├── InvalidJob            bad input to enqueue (or a bulk filter); nothing was written
 ├── InvalidSettings       a setting out of range or of the wrong type
 ├── InvalidSchedule       a bad schedule definition (cron expression, zone, ...)
 ├── JobNotFound           no job has that id
 ├── ScheduleNotFound      no schedule has that name
 ├── JobStateConflict      the transition does not apply to the job's state
 │   ├── JobAlreadyFinished   cancel of a succeeded, dead or cancelled job
-│   └── JobNotRetryable      retry of a job that is not dead or cancelled
+│   ├── JobNotRetryable      retry of a job that is not dead or cancelled
+│   └── JobKeyHeld           retry of a job whose key another job holds now
+├── KeyTaken              (internal) a statement met a key taken at the same
+│                         moment; the flows that can meet it try again
 ├── WaitTimeout           wait() gave up before the job finished
 ├── DatabaseUnavailable   the database did not answer in time
 ├── SchemaNotMigrated     the database lacks pgqueue's tables, or has an older schema
@@ -23,9 +26,11 @@ __all__ = [
     "InvalidSchedule",
     "InvalidSettings",
     "JobAlreadyFinished",
+    "JobKeyHeld",
     "JobNotFound",
     "JobNotRetryable",
     "JobStateConflict",
+    "KeyTaken",
     "PgQueueError",
     "ScheduleNotFound",
     "SchemaNotMigrated",
@@ -39,7 +44,8 @@ class PgQueueError(Exception):
 
 
 class InvalidJob(PgQueueError, ValueError):
-    """An enqueue argument is invalid. ``field`` names it; nothing was written."""
+    """An enqueue argument (or a bulk action's filter) is invalid. ``field``
+    names it; nothing was written."""
 
     def __init__(self, field: str, problem: str) -> None:
         self.field = field
@@ -79,12 +85,16 @@ class JobNotFound(PgQueueError, LookupError):
 
 
 class JobStateConflict(PgQueueError):
-    """The requested transition does not apply to the job's current state."""
+    """The requested transition does not apply to the job's current state.
+    ``field`` and ``problem`` say what stands in the way (the state, by default)."""
 
-    def __init__(self, job_id: int, state: str, action: str) -> None:
+    field = "state"
+
+    def __init__(self, job_id: int, state: str, action: str, reason: str | None = None) -> None:
         self.job_id = job_id
         self.state = state
-        super().__init__(f"cannot {action} job {job_id}: it is {state}")
+        self.problem = f"is {state}"
+        super().__init__(f"cannot {action} job {job_id}: {reason or f'it is {state}'}")
 
 
 class JobAlreadyFinished(JobStateConflict):
@@ -93,6 +103,25 @@ class JobAlreadyFinished(JobStateConflict):
 
 class JobNotRetryable(JobStateConflict):
     """Retry of a job that is not dead or cancelled."""
+
+
+class JobKeyHeld(JobStateConflict):
+    """Retry of a dead or cancelled job whose key (``idempotency_key``)
+    another job, ``holder``, holds now: retrying it would make two."""
+
+    field = "idempotency_key"
+
+    def __init__(self, job_id: int, state: str, key: str, holder: int) -> None:
+        super().__init__(job_id, state, "retry", f"its key {key!r} is held by job {holder}")
+        self.key = key
+        self.holder = holder
+        self.problem = f"is held by job {holder}"
+
+
+class KeyTaken(PgQueueError):
+    """A statement would have made a job hold a key that another job took at
+    the same moment, after the statement's own check. The driver raises it
+    into the flow, which tries again; it does not reach callers."""
 
 
 class WaitTimeout(PgQueueError, TimeoutError):

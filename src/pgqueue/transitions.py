@@ -16,24 +16,34 @@ drift apart, and the worker runtime uses the same ones.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Generator, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .checks import printable
 from .control import snooze_seconds
-from .errors import InvalidJob, JobAlreadyFinished, JobNotFound, JobNotRetryable
-from .jobs import Job, JobSpec, JobState, dump_json
+from .enqueue import KEY_ROUNDS, Enqueued, enqueue, enqueue_many
+from .errors import (
+    InvalidJob,
+    JobAlreadyFinished,
+    JobKeyHeld,
+    JobNotFound,
+    JobNotRetryable,
+    KeyTaken,
+)
+from .flows import Flow, Row, Statement, db_now
+from .jobs import Job, JobState, dump_json
 from .settings import Settings
 from .sql import migration_versions
 
 __all__ = [
+    "Enqueued",
     "Flow",
     "Outcome",
     "Statement",
     "cancel",
     "claim",
+    "db_now",
     "enqueue",
     "enqueue_many",
     "finish",
@@ -45,31 +55,10 @@ __all__ = [
     "prune",
     "reap",
     "retry",
-    "retry_dead",
     "schema_pending",
 ]
 
-Row = dict[str, Any]
 T = TypeVar("T")
-# Chunk of a bulk enqueue sent as one statement: large enough to amortise the
-# round trip, small enough to keep the parameter arrays in a few MB.
-ENQUEUE_CHUNK = 5000
-
-
-@dataclass(frozen=True, slots=True)
-class Statement:
-    """One statement to run: a query name and its parameters, or for a COPY
-    statement, the rows to send. With ``jobs``, the flow is sent its rows as
-    ``Job`` objects instead of dicts (the statement returns whole job rows)."""
-
-    name: str
-    params: dict[str, Any]
-    copy_rows: list[tuple[Any, ...]] | None = None
-    jobs: bool = False
-
-
-# A flow is sent a list of dict rows, or of Jobs for a ``jobs`` statement.
-Flow = Generator[Statement, list[Any], T]
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,123 +120,6 @@ def _token(job: Job) -> int:
     if job.lease_token is None:
         raise ValueError(f"job {job.id} was not claimed: it has no lease token")
     return job.lease_token
-
-
-# -- enqueue ----------------------------------------------------------------
-
-
-def _spec_params(spec: JobSpec) -> dict[str, Any]:
-    return {
-        "queue": spec.queue,
-        "task": spec.task,
-        "payload": spec.payload_json,
-        "priority": spec.priority,
-        "run_at": spec.run_at,
-        "delay": spec.delay_seconds,
-        "max_attempts": spec.max_attempts,
-        "timeout_seconds": spec.timeout_seconds,
-        "idempotency_key": spec.idempotency_key,
-    }
-
-
-def enqueue(spec: JobSpec) -> Flow[Job]:
-    """Insert a job, or return the one that already holds its idempotency key."""
-    params = _spec_params(spec)
-    # A conflicting insert may be in flight in another transaction: ON
-    # CONFLICT waits for it, and if it rolled back our insert goes ahead on
-    # the next try. Two rounds always settle it under READ COMMITTED.
-    for _ in range(3):
-        jobs: list[Job] = yield Statement("job_enqueue", params, jobs=True)
-        if jobs:
-            return jobs[0]
-        jobs = yield Statement(
-            "job_get_by_idempotency_key", {"idempotency_key": spec.idempotency_key}, jobs=True
-        )
-        if jobs:
-            return dataclasses.replace(jobs[0], duplicate=True)
-    raise RuntimeError(f"idempotency key {spec.idempotency_key!r} kept changing hands")
-
-
-@dataclass(frozen=True, slots=True)
-class Enqueued:
-    """Per job of a bulk enqueue: its id and whether this call created it."""
-
-    id: int
-    created: bool
-
-
-def enqueue_many(specs: Sequence[JobSpec], *, copy: bool = True) -> Flow[list[Enqueued]]:
-    """Insert many jobs; results in input order. Plain jobs (runnable now, no
-    idempotency key) go in by COPY when ``copy``; others by INSERT, a few
-    thousand per statement, skipping taken keys."""
-    if copy and all(_plain(spec) for spec in specs):
-        return (yield from _copy_many(specs))
-    results: list[Enqueued] = []
-    for start in range(0, len(specs), ENQUEUE_CHUNK):
-        chunk = specs[start : start + ENQUEUE_CHUNK]
-        columns: dict[str, list[Any]] = {name: [] for name in _spec_params(chunk[0])}
-        for spec in chunk:
-            for name, value in _spec_params(spec).items():
-                columns[name].append(value)
-        rows = yield Statement("job_enqueue_many", columns)
-        results.extend(_match_inserted(chunk, rows))
-        missing = [r for r in results[start:] if r.id < 0]
-        if missing:
-            keys = [spec.idempotency_key for spec in chunk]
-            found = yield Statement(
-                "job_ids_by_idempotency_keys", {"idempotency_keys": [k for k in keys if k]}
-            )
-            by_key = {row["idempotency_key"]: row["id"] for row in found}
-            for offset, spec in enumerate(chunk):
-                if results[start + offset].id < 0:
-                    results[start + offset] = Enqueued(by_key[spec.idempotency_key], False)
-    return results
-
-
-def _plain(spec: JobSpec) -> bool:
-    return spec.idempotency_key is None and spec.run_at is None and not spec.delay_seconds
-
-
-def _copy_many(specs: Sequence[JobSpec]) -> Flow[list[Enqueued]]:
-    rows = yield Statement("job_reserve_ids", {"count": len(specs)})
-    ids: list[int] = rows[0]["ids"]
-    yield Statement(
-        "job_copy",
-        {},
-        copy_rows=[
-            (job_id, s.queue, s.task, s.payload_json, s.priority, s.max_attempts, s.timeout_seconds)
-            for job_id, s in zip(ids, specs, strict=True)
-        ],
-    )
-    yield Statement("job_notify_queues", {"queues": sorted({s.queue for s in specs})})
-    return [Enqueued(job_id, True) for job_id in ids]
-
-
-def _match_inserted(chunk: Sequence[JobSpec], rows: list[Row]) -> list[Enqueued]:
-    """Pair inserted rows with the specs they came from. Rows come back in
-    insertion order (ids increase with it); a spec whose key was taken gets a
-    placeholder id -1, resolved by key afterwards."""
-    inserted = iter(rows)
-    keyed = {row["idempotency_key"]: row["id"] for row in rows if row["idempotency_key"]}
-    taken: set[str] = set()
-    matched = []
-    for spec in chunk:
-        key = spec.idempotency_key
-        if key is None:
-            matched.append(Enqueued(_next_unkeyed(inserted), True))
-        elif key in keyed and key not in taken:
-            taken.add(key)
-            matched.append(Enqueued(keyed[key], True))
-        else:
-            matched.append(Enqueued(-1, False))
-    return matched
-
-
-def _next_unkeyed(rows: Iterable[Row]) -> int:
-    for row in rows:
-        if row["idempotency_key"] is None:
-            return int(row["id"])
-    raise RuntimeError("bulk insert returned fewer rows than it was given")
 
 
 # -- the worker's transitions -------------------------------------------------
@@ -395,17 +267,25 @@ def cancel(job_id: int) -> Flow[Job]:
 
 
 def retry(job_id: int) -> Flow[Job]:
-    """Put a dead or cancelled job back to queued with a fresh attempt budget."""
-    jobs: list[Job] = yield Statement("job_retry", {"id": _job_id(job_id)}, jobs=True)
-    if jobs:
-        return jobs[0]
-    job = yield from get(job_id)
-    raise JobNotRetryable(job_id, job.state, "retry")
-
-
-def retry_dead(queue: str | None = None) -> Flow[int]:
-    rows = yield Statement("job_retry_dead", {"queue": queue})
-    return int(rows[0]["retried"])
+    """Put a dead or cancelled job back to queued with a fresh attempt
+    budget; JobKeyHeld when another job holds its key now."""
+    for _ in range(KEY_ROUNDS):
+        try:
+            jobs: list[Job] = yield Statement("job_retry", {"id": _job_id(job_id)}, jobs=True)
+        except KeyTaken:
+            jobs = []  # taken as we retried: look again
+        if jobs:
+            return jobs[0]
+        job = yield from get(job_id)
+        if job.state in (JobState.DEAD, JobState.CANCELLED) and job.idempotency_key:
+            holders: list[Job] = yield Statement(
+                "job_get_by_idempotency_key", {"idempotency_key": job.idempotency_key}, jobs=True
+            )
+            if holders:
+                raise JobKeyHeld(job_id, job.state, job.idempotency_key, holders[0].id)
+            continue  # the holder let the key go meanwhile
+        raise JobNotRetryable(job_id, job.state, "retry")
+    raise RuntimeError(f"the key of job {job_id} kept changing hands")
 
 
 def list_jobs(

@@ -327,6 +327,7 @@ async def test_healthz_docs_and_openapi(api: httpx.AsyncClient) -> None:
     assert set(schema["paths"]) == {
         "/jobs",
         "/jobs/batch",
+        "/jobs/bulk/{action}",
         "/jobs/{job_id}",
         "/jobs/{job_id}/cancel",
         "/jobs/{job_id}/retry",

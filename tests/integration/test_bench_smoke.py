@@ -187,6 +187,29 @@ def test_scheduled_smoke(out_dir: Path) -> None:
         assert results["drain_jobs_per_second"][database]["median"] > 0
 
 
+def test_bulk_smoke(bench_url: str, out_dir: Path) -> None:
+    from bench.perf import bulk
+
+    out = out_dir / "bulk.json"
+    bulk.main(
+        [
+            "--flood",
+            "300",
+            "--other",
+            "100",
+            "--history",
+            "100",
+            "--repeats",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
+    results = _read(out, "bulk", "bench.perf.bulk").results
+    assert set(results["seconds"]) == {"dry_run", "cancel", "retry", "cancel_by_task", "delete"}
+    assert all(r["median"] > 0 for r in results["jobs_per_second"].values())
+
+
 def test_fillfactor_smoke(bench_url: str, out_dir: Path) -> None:
     from bench.perf import fillfactor
 

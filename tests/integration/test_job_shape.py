@@ -31,6 +31,8 @@ CANONICAL = [
     "max_attempts",
     "timeout_seconds",
     "idempotency_key",
+    "unique_scope",
+    "unique_period_seconds",
 ]
 
 

@@ -72,6 +72,7 @@ class MemoryDatabase:
             "last_error": None,
             "result": None,
             "idempotency_key": None,
+            "unique_scope": None,
             "enqueued_at": self.clock,
             "started_at": None,
             "finished_at": None,

@@ -4,12 +4,15 @@ is driven over a scripted session that answers by statement name."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from pgqueue import JobAlreadyFinished, JobNotRetryable, JobSpec, JobState, Settings, driver
 from pgqueue import transitions as t
+from pgqueue.bulk import BulkAction, JobFilter, bulk
+from pgqueue.errors import KeyTaken
 from pgqueue.sql import migration_versions
 from pgqueue.transitions import Statement
 from tests.unit.memory import MemoryDatabase, MemorySession
@@ -128,3 +131,105 @@ async def test_the_async_driver_runs_the_same_flows() -> None:
     held = [(jobs[0].id, jobs[0].lease_token)]
     still = await driver.run_async(t.heartbeat(held, 30), MemorySession(db))  # type: ignore[arg-type]
     assert still == {jobs[0].id}
+
+
+# -- unique keys and bulk actions ---------------------------------------------------------
+
+NOW = datetime(2030, 1, 1, 10, 59, 59, tzinfo=UTC)
+
+
+def test_a_key_without_a_period_costs_no_extra_statement() -> None:
+    db = MemoryDatabase()
+    session = Scripted(
+        job_enqueue=lambda p: db.execute(Statement("job_get", {"id": db.add()}, jobs=True))
+    )
+    driver.run(t.enqueue(JobSpec.build("t", idempotency_key="k", unique_scope="active")), session)
+    driver.run(t.enqueue(JobSpec.build("t")), session)
+    assert [s.name for s in session.sent] == ["job_enqueue", "job_enqueue"]
+    assert session.sent[0].params["unique_scope"] == "active"
+    assert session.sent[1].params["unique_scope"] is None
+
+
+def test_a_period_puts_the_start_of_the_database_clocks_period_in_the_key() -> None:
+    db = MemoryDatabase()
+    session = Scripted(
+        db_now=lambda p: [{"now": NOW}],
+        job_enqueue=lambda p: db.execute(Statement("job_get", {"id": db.add()}, jobs=True)),
+    )
+    spec = JobSpec.build("t", idempotency_key="digest", unique_period_seconds=3600)
+    driver.run(t.enqueue(spec), session)
+    assert [s.name for s in session.sent] == ["db_now", "job_enqueue"]
+    assert session.sent[1].params["idempotency_key"] == "digest@2030-01-01T10:00:00+00:00"
+    assert session.sent[1].params["unique_scope"] == "always"
+
+
+def test_a_scope_or_a_period_without_a_key_keys_by_task_and_payload() -> None:
+    one = JobSpec.build("t", {"a": 1, "b": [1, 2]}, unique_scope="queued")
+    same = JobSpec.build("t", {"b": [1, 2], "a": 1}, unique_period_seconds=60)
+    assert one.idempotency_key == same.idempotency_key
+    assert one.idempotency_key is not None and one.idempotency_key.startswith("t:")
+    assert JobSpec.build("u", {"a": 1, "b": [1, 2]}, unique_scope="queued").idempotency_key != (
+        one.idempotency_key
+    )
+    assert JobSpec.build("t", {"a": 1}).idempotency_key is None
+    assert JobSpec.build("t", idempotency_key="k").unique_scope == "always"
+
+
+def bulk_session(name: str, batches: list[dict[str, Any]]) -> Scripted:
+    answers = iter(batches)
+    return Scripted(**{"db_now": lambda p: [{"now": NOW}], name: lambda p: [next(answers)]})
+
+
+def test_a_bulk_cancel_repeats_bounded_batches_until_one_cancels_nothing() -> None:
+    batches = [{"matched": 1000, "affected": n} for n in (1000, 990, 37, 0)]
+    session = bulk_session("job_bulk_cancel", batches)
+    where = JobFilter(queue="a", enqueued_before=timedelta(hours=1))
+    assert driver.run(bulk(BulkAction.CANCEL, where), session) == 2027
+    sent = session.sent
+    assert [s.name for s in sent] == ["db_now"] + ["job_bulk_cancel"] * 4
+    assert {s.params["limit"] for s in sent[1:]} == {1000}
+    # One moment for every batch: the start, and the age counted back from it.
+    assert {s.params["started_at"] for s in sent[1:]} == {NOW}
+    assert {s.params["enqueued_before"] for s in sent[1:]} == {NOW - timedelta(hours=1)}
+    assert sent[1].params["states"] == ["queued", "running"]
+
+
+def test_retry_and_delete_walk_the_finished_jobs_once_in_order() -> None:
+    last = [(NOW - timedelta(hours=h), 10 * h) for h in (3, 2)]
+    batches = [
+        {"matched": 1000, "affected": 1000, "last_at": last[0][0], "last_id": last[0][1]},
+        # Every job of a full batch may be left (its key is held): go on.
+        {"matched": 1000, "affected": 0, "last_at": last[1][0], "last_id": last[1][1]},
+        {"matched": 7, "affected": 7, "last_at": NOW, "last_id": 99},
+    ]
+    session = bulk_session("job_bulk_finished", batches)
+    assert driver.run(bulk(BulkAction.RETRY, JobFilter()), session) == 1007
+    cursors = [(s.params["after_at"], s.params["after_id"]) for s in session.sent[1:]]
+    assert cursors == [(None, None), *last]
+    assert session.sent[1].params["states"] == ["dead", "cancelled"]
+
+
+def test_a_dry_run_is_one_count_without_a_limit() -> None:
+    session = bulk_session("job_bulk_finished", [{"matched": 134_000, "affected": 0}])
+    where = JobFilter(state="dead")
+    assert driver.run(bulk(BulkAction.DELETE, where, dry_run=True), session) == 134_000
+    [_, count] = session.sent
+    assert (count.params["dry_run"], count.params["limit"], count.params["states"]) == (
+        True,
+        None,
+        ["dead"],
+    )
+
+
+def test_a_batch_that_met_a_taken_key_is_sent_again() -> None:
+    answers: list[Any] = [KeyTaken("taken"), {"matched": 5, "affected": 5}]
+
+    def job_bulk_finished(params: dict[str, Any]) -> list[Any]:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return [answer]
+
+    session = Scripted(db_now=lambda p: [{"now": NOW}], job_bulk_finished=job_bulk_finished)
+    assert driver.run(bulk(BulkAction.RETRY, JobFilter()), session) == 5
+    assert [s.name for s in session.sent] == ["db_now"] + ["job_bulk_finished"] * 2

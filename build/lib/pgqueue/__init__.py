@@ -5,8 +5,10 @@ Layout (one guess finds each part):
     sql/queries.sql     every statement, named; sql/__init__.py loads them
     migrations/*.sql    the schema, applied in order by migrate()
     jobs.py             Job, JobState, JobSpec, JOB_FIELDS (the one shape of a new job)
+    control.py          Snooze, CancelJob: what a handler may ask for instead of a result
     transitions.py      the state machine: one I/O-free generator per transition
     schedules.py        periodic jobs: Schedule and its flows; ticks.py: when each ticks
+    bulk.py             bulk cancel, retry and delete by JobFilter, in batches
     driver.py           the one driver that runs them on a connection
     queue.py            Queue (blocking) and AsyncQueue (asyncio); waiting.py: wait()
     worker/             the worker: producer (claims), executor, completer (acks),
@@ -25,6 +27,8 @@ A job's life (see docs/architecture.md):
     queued --claim--> running --ack--> succeeded
     running --fail or lease expired, attempts left--> queued (after backoff)
     running --fail or lease expired, no attempts left--> dead
+    running --the handler raised Snooze--> queued (after its delay; the attempt given back)
+    running --the handler raised CancelJob--> cancelled
     queued, running --cancel--> cancelled;  dead, cancelled --retry--> queued
 """
 
@@ -32,12 +36,15 @@ from __future__ import annotations
 
 import logging
 
+from .bulk import BulkAction, JobFilter
+from .control import CancelJob, Snooze
 from .errors import (
     DatabaseUnavailable,
     InvalidJob,
     InvalidSchedule,
     InvalidSettings,
     JobAlreadyFinished,
+    JobKeyHeld,
     JobNotFound,
     JobNotRetryable,
     JobStateConflict,
@@ -56,6 +63,8 @@ from .transitions import Enqueued, Outcome
 
 __all__ = [
     "AsyncQueue",
+    "BulkAction",
+    "CancelJob",
     "DatabaseUnavailable",
     "Enqueued",
     "InvalidJob",
@@ -63,6 +72,8 @@ __all__ = [
     "InvalidSettings",
     "Job",
     "JobAlreadyFinished",
+    "JobFilter",
+    "JobKeyHeld",
     "JobNotFound",
     "JobNotRetryable",
     "JobSpec",
@@ -75,6 +86,7 @@ __all__ = [
     "ScheduleNotFound",
     "SchemaNotMigrated",
     "Settings",
+    "Snooze",
     "WaitTimeout",
     "WorkerFailed",
     "migrate",

@@ -15,16 +15,18 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from .errors import InvalidJob
 
 __all__ = [
+    "Cutoff",
     "Integer",
     "Key",
     "Moment",
     "Name",
+    "OneOf",
     "Payload",
     "Rule",
     "Seconds",
@@ -190,6 +192,44 @@ class Key:
             "minLength": 1,
             "maxLength": self.max_length,
             "pattern": r"^[^\x00]+$",
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class OneOf:
+    """One of a few strings."""
+
+    values: tuple[str, ...]
+
+    def check(self, name: str, value: Any) -> str:
+        if not isinstance(value, str) or value not in self.values:
+            shown = printable(repr(value)[:40])
+            raise InvalidJob(name, f"must be one of {', '.join(self.values)}, got {shown}")
+        return value
+
+    def json_schema(self) -> dict[str, Any]:
+        return {"type": "string", "enum": list(self.values)}
+
+
+@dataclass(frozen=True, slots=True)
+class Cutoff:
+    """A moment (as ``Moment``), or an age: a number of seconds (or a
+    timedelta) before now, kept as a timedelta so that the database's clock
+    turns it into a moment."""
+
+    max_seconds: float
+
+    def check(self, name: str, value: Any) -> datetime | timedelta:
+        if isinstance(value, int | float | timedelta) and not isinstance(value, bool):
+            return timedelta(seconds=Seconds(0.0, self.max_seconds).check(name, value))
+        return Moment(self.max_seconds).check(name, value)
+
+    def json_schema(self) -> dict[str, Any]:
+        return {
+            "anyOf": [
+                Moment(self.max_seconds).json_schema(),
+                {**Seconds(0.0, self.max_seconds).json_schema(), "description": "seconds ago"},
+            ]
         }
 
 

@@ -8,6 +8,10 @@ a *session* says how one statement runs on one kind of connection:
     AsyncCursorSession   a psycopg AsyncCursor: AsyncQueue, the worker
     AsyncpgSession       a caller's asyncpg connection (transactional enqueue)
 
+A statement that meets a key another job took at the same moment (a unique
+violation of pgqueue_jobs_key) is raised into the flow as ``KeyTaken``, so
+that the flow can look again and decide; any other error ends the flow.
+
 The unit tests add a scripted in-memory session of their own. Rows come back
 as dicts, or as ``Job`` objects for a statement marked ``jobs=True``: the
 session builds them from plain tuples, which matters for a claim of hundreds
@@ -29,6 +33,7 @@ from psycopg.abc import AdaptContext
 from psycopg.adapt import Dumper
 from psycopg.rows import tuple_row
 
+from .errors import KeyTaken
 from .jobs import Job
 from .sql import QUERIES
 from .transitions import Flow, Statement
@@ -81,13 +86,22 @@ class AsyncSession(Protocol):
     async def execute(self, statement: Statement) -> list[Any]: ...
 
 
+# The unique index of job keys (migrations/0004_unique_jobs.sql).
+KEY_INDEX = "pgqueue_jobs_key"
+
+
 def run(flow: Flow[T], session: Session) -> T:
     """Run each statement the flow yields, sending back its rows; return the
     flow's result."""
     try:
         statement = next(flow)
         while True:
-            statement = flow.send(session.execute(statement))
+            try:
+                rows = session.execute(statement)
+            except (psycopg.errors.UniqueViolation, KeyTaken) as exc:
+                statement = flow.throw(_key_taken(exc))
+            else:
+                statement = flow.send(rows)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
 
@@ -97,9 +111,26 @@ async def run_async(flow: Flow[T], session: AsyncSession) -> T:
     try:
         statement = next(flow)
         while True:
-            statement = flow.send(await session.execute(statement))
+            try:
+                rows = await session.execute(statement)
+            except (psycopg.errors.UniqueViolation, KeyTaken) as exc:
+                statement = flow.throw(_key_taken(exc))
+            else:
+                statement = flow.send(rows)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
+
+
+def _key_taken(exc: psycopg.errors.UniqueViolation | KeyTaken) -> KeyTaken:
+    """The violation as KeyTaken when it is of a job's key; else raise it.
+    (A session may also raise KeyTaken itself: the unit tier's do.)"""
+    if isinstance(exc, KeyTaken):
+        return exc
+    if exc.diag.constraint_name != KEY_INDEX:
+        raise exc
+    taken = KeyTaken(str(exc).strip().splitlines()[0])
+    taken.__cause__ = exc
+    return taken
 
 
 def _shaped(statement: Statement, names: Sequence[str], rows: list[tuple[Any, ...]]) -> list[Any]:

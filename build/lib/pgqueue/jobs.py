@@ -1,9 +1,9 @@
 """What a job is, and the one shape every new job has on every surface.
 
-A new job has nine fields, named after the columns of the jobs table:
+A new job has eleven fields, named after the columns of the jobs table:
 
     task, payload, queue, priority, delay_seconds, run_at, max_attempts,
-    timeout_seconds, idempotency_key
+    timeout_seconds, idempotency_key, unique_scope, unique_period_seconds
 
 ``delay`` and ``timeout`` are aliases of ``delay_seconds`` and
 ``timeout_seconds``; a job that gives a name and its alias is refused.
@@ -13,19 +13,37 @@ A new job has nine fields, named after the columns of the jobs table:
 all call it, and the HTTP request model and its OpenAPI schema are built from
 the same table (``api/models.py``). Errors name the field as the caller
 spelled it.
+
+Unique jobs: ``idempotency_key`` is the job's one key, and ``unique_scope``
+says while which states the job holds it (``UNIQUE_SCOPES``; the index that
+enforces it is in migrations/0004_unique_jobs.sql). A scope or a period
+without a key makes the key from the task and the payload.
 """
 
 from __future__ import annotations
 
 import difflib
 import enum
+import hashlib
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from .checks import Integer, Key, Moment, Name, Payload, Rule, Seconds, dump_json, printable
+from .checks import (
+    Integer,
+    Key,
+    Moment,
+    Name,
+    OneOf,
+    Payload,
+    Rule,
+    Seconds,
+    dump_json,
+    printable,
+)
 from .errors import InvalidJob
 
 __all__ = [
@@ -38,6 +56,7 @@ __all__ = [
     "MAX_TIMEOUT_SECONDS",
     "QUEUE_NAME",
     "TASK_NAME",
+    "UNIQUE_SCOPES",
     "Job",
     "JobField",
     "JobSpec",
@@ -54,6 +73,11 @@ MAX_TIMEOUT_SECONDS = 7 * 24 * 3600.0
 MAX_KEY_LENGTH = 255
 TASK_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:\-]{0,199}")
 QUEUE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,62}")
+# While which states a job holds its key (the index predicate pgqueue_key_held):
+# until its first attempt starts; while queued or running (until it ends:
+# succeeded, dead or cancelled); in every state, until the row is deleted.
+UNIQUE_SCOPES = ("queued", "active", "always")
+DEFAULT_UNIQUE_SCOPE = "always"
 
 
 class JobState(enum.StrEnum):
@@ -70,8 +94,8 @@ class JobState(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Job:
-    """A row of the jobs table. ``duplicate`` is set by enqueue when the
-    idempotency key already belonged to this job (nothing new was written)."""
+    """A row of the jobs table. ``duplicate`` is set by enqueue when this
+    job held the key asked for (nothing new was written)."""
 
     id: int
     queue: str
@@ -82,6 +106,7 @@ class Job:
     run_at: datetime
     attempts: int
     max_attempts: int
+    snoozes: int  # times its handlers asked to run later (Snooze); attempts do not count them
     timeout_seconds: float | None
     lease_token: int | None
     lease_expires_at: datetime | None
@@ -89,6 +114,7 @@ class Job:
     last_error: str | None
     result: Any
     idempotency_key: str | None
+    unique_scope: str | None
     enqueued_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
@@ -188,7 +214,23 @@ JOB_FIELDS: tuple[JobField, ...] = (
     JobField(
         "idempotency_key",
         Key(MAX_KEY_LENGTH),
-        "A second enqueue with this key returns the first job and writes nothing.",
+        "The job's key: an enqueue with a key another job holds returns that job and "
+        "writes nothing (how long a job holds its key: unique_scope).",
+    ),
+    JobField(
+        "unique_scope",
+        OneOf(UNIQUE_SCOPES),
+        "While which states the job holds its key: queued (until its first attempt "
+        "starts), active (while queued or running), always (until the job is deleted). "
+        "Default with a key: always. Without idempotency_key, the key is made of the "
+        "task and the payload.",
+    ),
+    JobField(
+        "unique_period_seconds",
+        Seconds(1.0, MAX_DELAY_SECONDS),
+        "At most one job per key in each period of this many seconds (periods are "
+        "counted from 1970-01-01 UTC by the database's clock). Without idempotency_key, "
+        "the key is made of the task and the payload.",
     ),
 )
 FIELD_ALIASES = {f.alias: f.name for f in JOB_FIELDS if f.alias}
@@ -222,6 +264,8 @@ class JobSpec(NamedTuple):
     max_attempts: int
     timeout_seconds: float | None
     idempotency_key: str | None
+    unique_scope: str | None
+    unique_period_seconds: float | None
 
     @classmethod
     def from_fields(
@@ -249,6 +293,7 @@ class JobSpec(NamedTuple):
         delay = names.get("delay_seconds")
         if values["run_at"] is not None and delay is not None and given[delay] is not None:
             raise InvalidJob("run_at", f"give {delay} or run_at, not both")
+        key, scope, period = _uniqueness(values)
         return cls(
             values["task"],
             values["payload"],
@@ -258,13 +303,36 @@ class JobSpec(NamedTuple):
             values["delay_seconds"],
             values["max_attempts"] or default_max_attempts,
             values["timeout_seconds"],
-            values["idempotency_key"],
+            key,
+            scope,
+            period,
         )
 
     @classmethod
     def build(cls, task: Any, payload: Any = None, **fields: Any) -> JobSpec:
         """``from_fields`` with the task, payload and fields as arguments."""
         return cls.from_fields({"task": task, "payload": payload, **fields})
+
+
+def _uniqueness(values: Mapping[str, Any]) -> tuple[str | None, str | None, float | None]:
+    """The key, its scope and its period. A key without a scope is held
+    always (an idempotency key); a scope or a period without a key is
+    uniqueness by task and payload."""
+    key, scope, period = (
+        values["idempotency_key"],
+        values["unique_scope"],
+        values["unique_period_seconds"],
+    )
+    if key is None and (scope or period):
+        key = f"{values['task']}:{payload_digest(values['payload'])}"
+    return key, (scope or DEFAULT_UNIQUE_SCOPE) if key else None, period
+
+
+def payload_digest(payload_json: str) -> str:
+    """SHA-256 of a payload with its keys sorted, so that two payloads that
+    are the same JSON object make the same key whatever their key order."""
+    canonical = json.dumps(json.loads(payload_json), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def build_specs(

@@ -21,6 +21,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from . import driver
 from . import transitions as t
+from .bulk import BulkAction, JobFilter, bulk, retry_dead
 from .driver import SCHEMA_ERRORS, is_asyncpg_connection
 from .embedded import EmbeddedPostgres
 from .errors import DatabaseUnavailable, SchemaNotMigrated, WaitTimeout
@@ -79,6 +80,14 @@ class _Common:
         if not 1 <= limit <= 10_000:
             raise ValueError(f"limit must be between 1 and 10000, got {limit}")
         return t.claim(self.settings, limit=limit, worker=worker, queues=queues)
+
+    @staticmethod
+    def _bulk(
+        action: BulkAction | str, where: JobFilter | None, dry_run: bool, filters: dict[str, Any]
+    ) -> Flow[int]:
+        if where is not None and filters:
+            raise TypeError("give a JobFilter or its fields as keywords, not both")
+        return bulk(BulkAction(action), where or JobFilter.from_fields(filters), dry_run=dry_run)
 
     def _pool_kwargs(self) -> dict[str, Any]:
         s = self.settings
@@ -204,7 +213,40 @@ class Queue(_Common):
         return self.run(t.retry(job_id))
 
     def retry_dead(self, queue: str | None = None) -> int:
-        return self.run(t.retry_dead(queue))
+        return self.run(retry_dead(queue))
+
+    def bulk(
+        self,
+        action: BulkAction | str,
+        where: JobFilter | None = None,
+        /,
+        *,
+        dry_run: bool = False,
+        **filters: Any,
+    ) -> int:
+        """Apply a bulk action (cancel, retry, delete) to every job ``where``
+        matches (a JobFilter, or its fields as keywords), 1,000 jobs per
+        statement; return how many it changed. ``dry_run``: how many it
+        would change now, changing nothing."""
+        return self.run(self._bulk(action, where, dry_run, filters))
+
+    def bulk_cancel(
+        self, where: JobFilter | None = None, /, *, dry_run: bool = False, **filters: Any
+    ) -> int:
+        """Cancel the queued and running jobs that match (running jobs lose their lease)."""
+        return self.bulk(BulkAction.CANCEL, where, dry_run=dry_run, **filters)
+
+    def bulk_retry(
+        self, where: JobFilter | None = None, /, *, dry_run: bool = False, **filters: Any
+    ) -> int:
+        """Put the dead and cancelled jobs that match back to queued."""
+        return self.bulk(BulkAction.RETRY, where, dry_run=dry_run, **filters)
+
+    def bulk_delete(
+        self, where: JobFilter | None = None, /, *, dry_run: bool = False, **filters: Any
+    ) -> int:
+        """Delete the finished jobs that match (outcome counters keep them)."""
+        return self.bulk(BulkAction.DELETE, where, dry_run=dry_run, **filters)
 
     def list_jobs(self, **filters: Any) -> list[Job]:
         return self.run(t.list_jobs(**filters))
@@ -345,7 +387,34 @@ class AsyncQueue(_Common):
         return await self.run(t.retry(job_id))
 
     async def retry_dead(self, queue: str | None = None) -> int:
-        return await self.run(t.retry_dead(queue))
+        return await self.run(retry_dead(queue))
+
+    async def bulk(
+        self,
+        action: BulkAction | str,
+        where: JobFilter | None = None,
+        /,
+        *,
+        dry_run: bool = False,
+        **filters: Any,
+    ) -> int:
+        """As Queue.bulk."""
+        return await self.run(self._bulk(action, where, dry_run, filters))
+
+    async def bulk_cancel(
+        self, where: JobFilter | None = None, /, *, dry_run: bool = False, **filters: Any
+    ) -> int:
+        return await self.bulk(BulkAction.CANCEL, where, dry_run=dry_run, **filters)
+
+    async def bulk_retry(
+        self, where: JobFilter | None = None, /, *, dry_run: bool = False, **filters: Any
+    ) -> int:
+        return await self.bulk(BulkAction.RETRY, where, dry_run=dry_run, **filters)
+
+    async def bulk_delete(
+        self, where: JobFilter | None = None, /, *, dry_run: bool = False, **filters: Any
+    ) -> int:
+        return await self.bulk(BulkAction.DELETE, where, dry_run=dry_run, **filters)
 
     async def list_jobs(self, **filters: Any) -> list[Job]:
         return await self.run(t.list_jobs(**filters))

@@ -43,6 +43,8 @@ class Settings:
     backoff_base_seconds: float = 1.0
     backoff_cap_seconds: float = 3600.0
     default_max_attempts: int = 5
+    # Snoozes one job may take before it is dead (a task may set its own).
+    max_snoozes: int = 100
     # Maintenance.
     reap_interval_seconds: float = 5.0
     reap_batch: int = 1000
@@ -120,6 +122,8 @@ class Settings:
         ):
             if getattr(self, name) < 1:
                 raise InvalidSettings(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.max_snoozes < 0:
+            raise InvalidSettings(f"max_snoozes must be >= 0, got {self.max_snoozes!r}")
         if self.pool_min_size < 0 or self.pool_min_size > self.pool_max_size:
             raise InvalidSettings("pool_min_size must be between 0 and pool_max_size")
         if self.heartbeat_seconds >= self.lease_seconds:

@@ -38,11 +38,13 @@ class QueueStats:
     scheduled: int = 0  # waiting for their run_at
     running: int = 0
     oldest_runnable_seconds: float = 0.0
-    # Totals since the queue began; ``failed`` counts failed attempts.
+    # Totals since the queue began; ``failed`` counts failed attempts,
+    # ``snoozed`` the snoozes handlers asked for (neither failures nor attempts).
     succeeded: int = 0
     failed: int = 0
     dead: int = 0
     cancelled: int = 0
+    snoozed: int = 0
     # Ended within the last THROUGHPUT_WINDOW_SECONDS (cancels are not work done).
     succeeded_last_minute: int = 0
     dead_last_minute: int = 0
@@ -73,7 +75,10 @@ def per_queue() -> Flow[dict[str, QueueStats]]:
         )
     for row in totals:
         fields.setdefault(row["queue"], {}).update(
-            {name: int(row[name]) for name in ("succeeded", "failed", "dead", "cancelled")}
+            {
+                name: int(row[name])
+                for name in ("succeeded", "failed", "dead", "cancelled", "snoozed")
+            }
         )
     for row in recent:
         fields.setdefault(row["queue"], {}).update(

@@ -150,7 +150,7 @@ async def _not_found(request: Request, exc: Exception) -> JSONResponse:
 async def _conflict(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, JobStateConflict)
     return error_response(
-        409, "conflict", str(exc), field="state", problems=[("state", f"is {exc.state}")]
+        409, "conflict", str(exc), field=exc.field, problems=[(exc.field, exc.problem)]
     )
 
 

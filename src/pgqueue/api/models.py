@@ -31,6 +31,7 @@ __all__ = [
     "QueueList",
     "QueueOut",
     "batch_request_model",
+    "field_schema",
 ]
 
 MAX_JOB_ID = 2**63 - 1
@@ -48,7 +49,9 @@ class _Job(_Strict):
         return self.model_dump(exclude_unset=True)
 
 
-def _schema(job_field: JobField, *, alias: bool = False) -> Any:
+def field_schema(job_field: JobField, *, alias: bool = False) -> Any:
+    """A pydantic Field for a JobField: its rule's JSON Schema (a value is
+    judged by the rule, not by pydantic), its description and its default."""
     schema = job_field.rule.json_schema()
     if job_field.nullable:
         schema = {"anyOf": [schema, {"type": "null"}]}
@@ -64,8 +67,8 @@ def _schema(job_field: JobField, *, alias: bool = False) -> Any:
 
 def _job_model() -> type[_Job]:
     # Any: the values are judged by JobSpec.from_fields, not by pydantic.
-    fields: dict[str, Any] = {f.name: (Any, _schema(f)) for f in JOB_FIELDS}
-    fields |= {f.alias: (Any, _schema(f, alias=True)) for f in JOB_FIELDS if f.alias}
+    fields: dict[str, Any] = {f.name: (Any, field_schema(f)) for f in JOB_FIELDS}
+    fields |= {f.alias: (Any, field_schema(f, alias=True)) for f in JOB_FIELDS if f.alias}
     return create_model("EnqueueRequest", __base__=_Job, __doc__="One job to add.", **fields)
 
 
@@ -99,6 +102,9 @@ class JobSummary(BaseModel):
     run_at: datetime
     timeout_seconds: float | None
     idempotency_key: str | None
+    unique_scope: str | None = Field(
+        description="While which states the job holds its key (null: it has none)."
+    )
     worker: str | None
     lease_expires_at: datetime | None
     enqueued_at: datetime
@@ -128,6 +134,7 @@ class JobOut(JobSummary):
             run_at=job.run_at,
             timeout_seconds=job.timeout_seconds,
             idempotency_key=job.idempotency_key,
+            unique_scope=job.unique_scope,
             worker=job.worker,
             lease_expires_at=job.lease_expires_at,
             last_error=job.last_error,

@@ -145,7 +145,7 @@ app = typer.Typer(
     rich_markup_mode="rich",
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-jobs_app = typer.Typer(help="Inspect and act on single jobs.", no_args_is_help=True)
+jobs_app = typer.Typer(help="Inspect and act on jobs.", no_args_is_help=True)
 db_app = typer.Typer(help="The embedded PostgreSQL server (in --data-dir).", no_args_is_help=True)
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(db_app, name="db")

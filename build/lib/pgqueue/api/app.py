@@ -26,7 +26,7 @@ from ..errors import DatabaseUnavailable, SchemaNotMigrated
 from ..jobs import JobState
 from ..queue import AsyncQueue
 from ..settings import Settings
-from . import metrics, schedules, workers
+from . import bulk, metrics, schedules, workers
 from .http_errors import (
     ERROR_RESPONSES,
     documented_errors,
@@ -68,11 +68,12 @@ JobId = Annotated[int, Path(ge=1, le=MAX_JOB_ID, description="A job id.")]
 
 
 class _JobIdSegment(StringConvertor):
-    """Any path segment but "batch": /jobs/batch is its own resource, so that
-    GET /jobs/batch is a 405, not a job id that is not a number. Other
-    segments reach the route, where a non-integer is a 422 naming job_id."""
+    """Any path segment but "batch" and "bulk": /jobs/batch and /jobs/bulk/…
+    are resources of their own, so that GET /jobs/batch is a 405, not a job
+    id that is not a number. Other segments reach the route, where a
+    non-integer is a 422 naming job_id."""
 
-    regex = r"(?!batch(?:/|$))[^/]+"
+    regex = r"(?!(?:batch|bulk)(?:/|$))[^/]+"
 
 
 register_url_convertor("pgqueue_job_id", _JobIdSegment())
@@ -274,6 +275,7 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
                         failed_attempts=row.failed,
                         dead=row.dead,
                         cancelled=row.cancelled,
+                        snoozed=row.snoozed,
                     ),
                     oldest_runnable_seconds=row.oldest_runnable_seconds,
                 )
@@ -328,6 +330,7 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
 
     app.include_router(workers.router)
     app.include_router(schedules.router)
+    app.include_router(bulk.router)
     install_pages(app)
     return app
 

@@ -22,6 +22,8 @@ Metrics:
                                               dead or cancelled
     pgqueue_job_failures_total{queue}         counter: failed attempts (handler
                                               errors and expired leases)
+    pgqueue_job_snoozes_total{queue}          counter: snoozes handlers asked for
+                                              (not failures, not attempts)
     pgqueue_enqueue_to_start_seconds{queue}   histogram: from when the job became
                                               runnable to its claim
     pgqueue_workers{queue}                    gauge: live worker processes that claim
@@ -116,6 +118,11 @@ class _SnapshotCollector:
             "Failed attempts (handler errors and expired leases), retried or not.",
             labels=["queue"],
         )
+        snoozes = CounterMetricFamily(
+            "pgqueue_job_snoozes",
+            "Snoozes handlers asked for (Snooze): attempts given back, not failures.",
+            labels=["queue"],
+        )
         for queue in queues:
             live = stats.get(queue, {})
             for state in LIVE_STATES:
@@ -125,7 +132,8 @@ class _SnapshotCollector:
             for state in COMPLETED_STATES:
                 completed.add_metric([queue, state], float(totals.get(state, 0)))
             failures.add_metric([queue], float(totals.get("failed", 0)))
-        yield from (jobs, lag, completed, failures, self._histogram(queues))
+            snoozes.add_metric([queue], float(totals.get("snoozed", 0)))
+        yield from (jobs, lag, completed, failures, snoozes, self._histogram(queues))
         yield from self._workers(queues)
 
     def _workers(self, queues: Sequence[str]) -> Iterator[Metric]:

@@ -46,7 +46,22 @@ def enqueue_cmd(
         str | None, typer.Option("--run-at", help="Run at this ISO 8601 time (with a zone).")
     ] = None,
     idempotency_key: Annotated[
-        str | None, typer.Option("--idempotency-key", help="Enqueue at most once per key.")
+        str | None,
+        typer.Option("--idempotency-key", help="The job's key: no second job while it holds it."),
+    ] = None,
+    unique_scope: Annotated[
+        str | None,
+        typer.Option(
+            "--unique-scope",
+            help="While the job holds its key: queued, active (queued or running), always "
+            "(default). Without --idempotency-key: key of task and payload.",
+        ),
+    ] = None,
+    unique_period: Annotated[
+        str | None,
+        typer.Option(
+            "--unique-period", help="At most one job per key in each such period: 1h, 1d."
+        ),
     ] = None,
     max_attempts: Annotated[
         int | None,
@@ -69,8 +84,11 @@ def enqueue_cmd(
         "queue": queue,
         "priority": priority,
         "idempotency_key": idempotency_key,
+        "unique_scope": unique_scope,
         "max_attempts": max_attempts,
     }
+    if unique_period is not None:
+        fields["unique_period_seconds"] = option(parse_duration, unique_period, "--unique-period")
     if delay is not None:
         fields["delay"] = option(parse_duration, delay, "--delay")
     if run_at is not None:
@@ -245,7 +263,8 @@ def enqueue_file_cmd(
             metavar="JOBS.JSONL",
             help="One JSON job per line ('-' reads stdin): "
             '{"task": ..., "payload": {...}, "queue", "priority", "delay", "run_at", '
-            '"max_attempts", "timeout", "idempotency_key"}.',
+            '"max_attempts", "timeout", "idempotency_key", "unique_scope", '
+            '"unique_period_seconds"}.',
         ),
     ],
     chunk_size: Annotated[

@@ -5,17 +5,20 @@
 -- clock: every time in the table comes from the database.
 
 -- name: job_enqueue
--- Insert one job; with an idempotency key already present, insert nothing.
+-- Insert one job; when another job holds its key (pgqueue_jobs_key: the
+-- predicate is the index's), insert nothing.
 -- A run_at in the past means now: run_at is when the job became runnable,
 -- which the lag gauge and the start-latency histogram measure from.
 -- Returns the new row (created = true) or nothing on a key conflict.
 WITH inserted AS (
     INSERT INTO pgqueue_jobs (queue, task, payload, priority, run_at, max_attempts,
-                              timeout_seconds, idempotency_key)
+                              timeout_seconds, idempotency_key, unique_scope)
     VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s,
             greatest(coalesce(%(run_at)s, now() + make_interval(secs => %(delay)s)), now()),
-            %(max_attempts)s, %(timeout_seconds)s, %(idempotency_key)s)
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+            %(max_attempts)s, %(timeout_seconds)s, %(idempotency_key)s, %(unique_scope)s)
+    ON CONFLICT (idempotency_key)
+        WHERE idempotency_key IS NOT NULL AND pgqueue_key_held(unique_scope, state, started_at)
+        DO NOTHING
     RETURNING *
 ), woken AS (
     -- NOTIFY is a hint that work is ready; delayed jobs need none.
@@ -24,25 +27,31 @@ WITH inserted AS (
 SELECT inserted.* FROM inserted, (SELECT count(*) FROM woken) w;
 
 -- name: job_get_by_idempotency_key
--- The job holding an idempotency key.
-SELECT * FROM pgqueue_jobs WHERE idempotency_key = %(idempotency_key)s;
+-- The job holding a key now (jobs that held it before may share it).
+SELECT * FROM pgqueue_jobs
+WHERE idempotency_key = %(idempotency_key)s
+  AND pgqueue_key_held(unique_scope, state, started_at);
 
 -- name: job_enqueue_many
--- Insert many jobs in one statement from parallel arrays. Rows whose
--- idempotency key exists are skipped. One notification per queue, not per job.
+-- Insert many jobs in one statement from parallel arrays. Rows whose key is
+-- held (by another job, or by an earlier row of the same array) are skipped.
+-- One notification per queue, not per job.
 WITH inserted AS (
     INSERT INTO pgqueue_jobs (queue, task, payload, priority, run_at, max_attempts,
-                              timeout_seconds, idempotency_key)
+                              timeout_seconds, idempotency_key, unique_scope)
     SELECT queue, task, payload, priority,
            greatest(coalesce(run_at, now() + make_interval(secs => delay)), now()),
-           max_attempts, timeout_seconds, idempotency_key
+           max_attempts, timeout_seconds, idempotency_key, unique_scope
     FROM unnest(%(queue)s::text[], %(task)s::text[], %(payload)s::jsonb[],
                 %(priority)s::integer[], %(run_at)s::timestamptz[],
                 %(delay)s::double precision[], %(max_attempts)s::integer[],
-                %(timeout_seconds)s::double precision[], %(idempotency_key)s::text[])
+                %(timeout_seconds)s::double precision[], %(idempotency_key)s::text[],
+                %(unique_scope)s::text[])
          AS t(queue, task, payload, priority, run_at, delay, max_attempts,
-              timeout_seconds, idempotency_key)
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+              timeout_seconds, idempotency_key, unique_scope)
+    ON CONFLICT (idempotency_key)
+        WHERE idempotency_key IS NOT NULL AND pgqueue_key_held(unique_scope, state, started_at)
+        DO NOTHING
     RETURNING id, idempotency_key, queue, run_at
 ), woken AS (
     SELECT pg_notify('pgqueue_jobs', queue)
@@ -51,9 +60,10 @@ WITH inserted AS (
 SELECT id, idempotency_key FROM inserted, (SELECT count(*) FROM woken) w ORDER BY id;
 
 -- name: job_ids_by_idempotency_keys
--- The ids of the jobs holding these idempotency keys.
+-- The ids of the jobs holding these keys now.
 SELECT id, idempotency_key FROM pgqueue_jobs
-WHERE idempotency_key = ANY(%(idempotency_keys)s::text[]);
+WHERE idempotency_key = ANY(%(idempotency_keys)s::text[])
+  AND pgqueue_key_held(unique_scope, state, started_at);
 
 -- name: job_reserve_ids
 -- Take `count` ids from the jobs' identity sequence, for a COPY that must
@@ -167,6 +177,58 @@ WITH outcome AS (
 )
 SELECT id, state FROM finished, (SELECT count(*) FROM woken) w;
 
+-- name: job_snooze
+-- Put held jobs back to queued because their handlers asked to run again
+-- later (Snooze), each fenced by its token like job_finish. The attempt is
+-- given back (the claim counted it), the job counts one more snooze, and the
+-- queue's counters count a snooze, not a failure. run_at is now() plus the
+-- delay asked for; jobs due at once are a hint to the workers of their queue.
+-- A separate statement, so that job_finish costs nothing more when nobody snoozes.
+WITH request AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(seconds)s::double precision[])
+         AS t(id, token, seconds)
+), snoozed AS (
+    UPDATE pgqueue_jobs j
+    SET state = 'queued', attempts = j.attempts - 1, snoozes = j.snoozes + 1,
+        run_at = now() + make_interval(secs => r.seconds), lease_expires_at = NULL
+    FROM request r
+    WHERE j.id = r.id AND j.lease_token = r.token AND j.state = 'running'
+    RETURNING j.id, j.queue, j.state, j.run_at
+), counted AS (
+    INSERT INTO pgqueue_counters AS c (queue, shard, snoozed)
+    SELECT queue, pg_backend_pid() %% 16, count(*)
+    FROM snoozed GROUP BY 1, 2 ORDER BY 1, 2
+    ON CONFLICT (queue, shard) DO UPDATE SET snoozed = c.snoozed + excluded.snoozed
+), woken AS (
+    SELECT pg_notify('pgqueue_jobs', queue)
+    FROM (SELECT DISTINCT queue FROM snoozed WHERE run_at <= now()) q
+)
+SELECT id, state FROM snoozed, (SELECT count(*) FROM woken) w;
+
+-- name: job_cancel_held
+-- End held jobs as cancelled because their handlers asked to (CancelJob),
+-- each fenced by its token: no retry, the reason in last_error. Counted as
+-- cancelled, as an operator's cancel is (not as a failed attempt), and
+-- waiters are woken as by job_finish.
+WITH request AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(reasons)s::text[])
+         AS t(id, token, reason)
+), cancelled AS (
+    UPDATE pgqueue_jobs j
+    SET state = 'cancelled', last_error = r.reason, finished_at = now(), lease_expires_at = NULL
+    FROM request r
+    WHERE j.id = r.id AND j.lease_token = r.token AND j.state = 'running'
+    RETURNING j.id, j.queue, j.state
+), counted AS (
+    INSERT INTO pgqueue_counters AS c (queue, shard, cancelled)
+    SELECT queue, pg_backend_pid() %% 16, count(*)
+    FROM cancelled GROUP BY 1, 2 ORDER BY 1, 2
+    ON CONFLICT (queue, shard) DO UPDATE SET cancelled = c.cancelled + excluded.cancelled
+), woken AS (
+    SELECT pgqueue_notify_ended(array_agg(id)) FROM cancelled WHERE %(notify_finished)s
+)
+SELECT id, state FROM cancelled, (SELECT count(*) FROM woken) w;
+
 -- name: job_reap
 -- Take back up to `limit` jobs whose lease expired (their worker died or
 -- stalled). An expired lease is a failed attempt: back to queued after the
@@ -219,30 +281,142 @@ WITH cancelled AS (
 SELECT cancelled.* FROM cancelled, (SELECT count(*) FROM woken) w;
 
 -- name: job_retry
--- Put a dead or cancelled job back to queued with a fresh attempt budget.
+-- Put a dead or cancelled job back to queued with a fresh budget of attempts
+-- and snoozes.
+-- Nothing when that would make it hold a key another job holds now (the
+-- flow then says which job).
 WITH retried AS (
-    UPDATE pgqueue_jobs
-    SET state = 'queued', attempts = 0, run_at = now(), finished_at = NULL,
+    UPDATE pgqueue_jobs j
+    SET state = 'queued', attempts = 0, snoozes = 0, run_at = now(), finished_at = NULL,
         started_at = NULL, result = NULL, lease_token = NULL, worker = NULL
-    WHERE id = %(id)s AND state IN ('dead', 'cancelled')
-    RETURNING *
+    WHERE j.id = %(id)s AND j.state IN ('dead', 'cancelled')
+      AND NOT EXISTS (
+          SELECT 1 FROM pgqueue_jobs o
+          WHERE o.idempotency_key = j.idempotency_key AND o.id <> j.id
+            AND pgqueue_key_held(o.unique_scope, o.state, o.started_at))
+    RETURNING j.*
 ), woken AS (
     SELECT pg_notify('pgqueue_jobs', queue) FROM retried
 )
 SELECT retried.* FROM retried, (SELECT count(*) FROM woken) w;
 
--- name: job_retry_dead
--- Put every dead job (of one queue, or of all) back to queued.
-WITH retried AS (
-    UPDATE pgqueue_jobs
-    SET state = 'queued', attempts = 0, run_at = now(), finished_at = NULL,
+-- name: job_bulk_cancel
+-- One batch of a bulk cancel: up to `limit` queued or running jobs (of
+-- `states`) that match the filter; with `dry_run`, how many match (no
+-- limit), and nothing else. As job_cancel: a running job's lease is
+-- revoked, so its worker's ack matches nothing. The flow repeats it until a
+-- batch cancels nothing. Only jobs enqueued by `started_at` (the database's
+-- now() when the action began) match, so that a producer still flooding the
+-- queue cannot keep it going.
+WITH candidate AS (
+    -- One branch per partial index (the planner cannot match "state IN
+    -- (...)" to one); a branch whose state is not in `states` is a one-time
+    -- false filter, so it reads nothing.
+    SELECT id, queue, task, enqueued_at, last_error FROM pgqueue_jobs
+    WHERE state = 'queued' AND 'queued' = ANY(%(states)s::text[])
+    UNION ALL
+    SELECT id, queue, task, enqueued_at, last_error FROM pgqueue_jobs
+    WHERE state = 'running' AND 'running' = ANY(%(states)s::text[])
+), matching AS (
+    -- The filter, written once: the planner pushes it into each branch.
+    SELECT id FROM candidate
+    WHERE enqueued_at <= %(started_at)s::timestamptz
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND (%(task)s::text IS NULL OR task = %(task)s::text)
+      AND (%(enqueued_before)s::timestamptz IS NULL
+           OR enqueued_at < %(enqueued_before)s::timestamptz)
+      AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
+    LIMIT %(limit)s
+), picked AS (
+    -- Rows a worker or another statement holds are skipped, not waited for:
+    -- a batch neither waits for nor deadlocks with a claim or an ack. A
+    -- later batch finds them again.
+    SELECT j.id FROM pgqueue_jobs j JOIN matching m ON m.id = j.id
+    WHERE NOT %(dry_run)s
+    FOR UPDATE OF j SKIP LOCKED
+), cancelled AS (
+    -- The state again: a row claimed after the batch's snapshot is judged
+    -- as it is now.
+    UPDATE pgqueue_jobs j
+    SET state = 'cancelled', finished_at = now(), lease_expires_at = NULL
+    FROM picked p
+    WHERE j.id = p.id AND j.state = ANY(%(states)s::text[])
+    RETURNING j.id, j.queue
+), counted AS (
+    INSERT INTO pgqueue_counters AS c (queue, shard, cancelled)
+    SELECT queue, pg_backend_pid() %% 16, count(*) FROM cancelled GROUP BY 1, 2 ORDER BY 1, 2
+    ON CONFLICT (queue, shard) DO UPDATE SET cancelled = c.cancelled + excluded.cancelled
+), ended AS (
+    SELECT pgqueue_notify_ended(array_agg(id)) FROM cancelled
+)
+SELECT (SELECT count(*) FROM matching) AS matched, (SELECT count(*) FROM cancelled) AS affected
+FROM (SELECT count(*) FROM ended) e;
+
+-- name: job_bulk_finished
+-- One batch of a bulk retry or delete (`action`) of finished jobs (of
+-- `states`) that match the filter; with `dry_run`, how many match (no
+-- limit), and nothing else.
+--   retry   back to queued with a fresh attempt budget (as job_retry); a job
+--           whose key another job holds now is left as it is
+--   delete  the rows go; the counters keep their outcomes (as job_prune)
+-- Jobs go in finished order after the keyset cursor (`after_at`,
+-- `after_id`: the last job of the previous batch), so that a batch never
+-- reads again the finished history that did not match. Only jobs finished
+-- by `started_at` match, so that a retried job that dies again is not
+-- retried again.
+WITH matching AS (
+    SELECT id, finished_at FROM pgqueue_jobs
+    WHERE state IN ('succeeded', 'dead', 'cancelled') AND state = ANY(%(states)s::text[])
+      AND finished_at <= %(started_at)s::timestamptz
+      AND finished_at >= coalesce(%(after_at)s::timestamptz, '-infinity')
+      AND (finished_at > %(after_at)s::timestamptz OR id > %(after_id)s::bigint
+           OR %(after_at)s::timestamptz IS NULL)
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND (%(task)s::text IS NULL OR task = %(task)s::text)
+      AND (%(enqueued_before)s::timestamptz IS NULL
+           OR enqueued_at < %(enqueued_before)s::timestamptz)
+      AND (%(finished_before)s::timestamptz IS NULL
+           OR finished_at < %(finished_before)s::timestamptz)
+      AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
+    ORDER BY finished_at, id
+    LIMIT %(limit)s
+), picked AS (
+    -- Skipped, not waited for, when another statement holds them (a pruner,
+    -- another action).
+    SELECT j.id, j.idempotency_key FROM pgqueue_jobs j JOIN matching m ON m.id = j.id
+    WHERE NOT %(dry_run)s
+    FOR UPDATE OF j SKIP LOCKED
+), retried AS (
+    UPDATE pgqueue_jobs j
+    SET state = 'queued', attempts = 0, snoozes = 0, run_at = now(), finished_at = NULL,
         started_at = NULL, result = NULL, lease_token = NULL, worker = NULL
-    WHERE state = 'dead' AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-    RETURNING id, queue
-), woken AS (
+    FROM (
+        -- One job per key, so that two retried jobs never both take one.
+        SELECT DISTINCT ON (p.idempotency_key, CASE WHEN p.idempotency_key IS NULL THEN p.id END)
+               p.id
+        FROM picked p
+        WHERE %(action)s::text = 'retry'
+          AND NOT EXISTS (
+              SELECT 1 FROM pgqueue_jobs o
+              WHERE o.idempotency_key = p.idempotency_key AND o.id <> p.id
+                AND pgqueue_key_held(o.unique_scope, o.state, o.started_at))
+        ORDER BY p.idempotency_key, CASE WHEN p.idempotency_key IS NULL THEN p.id END, p.id
+    ) r
+    WHERE j.id = r.id AND j.state = ANY(%(states)s::text[])
+    RETURNING j.id, j.queue
+), deleted AS (
+    DELETE FROM pgqueue_jobs j USING picked p
+    WHERE %(action)s::text = 'delete' AND j.id = p.id AND j.state = ANY(%(states)s::text[])
+    RETURNING j.id
+), ready AS (
     SELECT pg_notify('pgqueue_jobs', queue) FROM (SELECT DISTINCT queue FROM retried) q
 )
-SELECT count(*) AS retried FROM retried, (SELECT count(*) FROM woken) w;
+SELECT (SELECT count(*) FROM matching) AS matched,
+       (SELECT count(*) FROM retried) + (SELECT count(*) FROM deleted) AS affected,
+       last.finished_at AS last_at, last.id AS last_id
+FROM (SELECT count(*) FROM ready) r
+LEFT JOIN (SELECT finished_at, id FROM matching ORDER BY finished_at DESC, id DESC LIMIT 1) last
+    ON true;
 
 -- name: job_get
 -- One job by id.
@@ -261,8 +435,8 @@ LIMIT %(limit)s;
 -- name: job_list_summary
 -- Like job_list, without the heavy columns (payload, result, last_error):
 -- what a listing that polls needs, without reading large values.
-SELECT id, queue, task, priority, state, run_at, attempts, max_attempts,
-       timeout_seconds, idempotency_key, worker, lease_expires_at,
+SELECT id, queue, task, priority, state, run_at, attempts, max_attempts, snoozes,
+       timeout_seconds, idempotency_key, unique_scope, worker, lease_expires_at,
        enqueued_at, started_at, finished_at
 FROM pgqueue_jobs
 WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
@@ -422,7 +596,8 @@ ORDER BY queue;
 -- name: counters_totals
 -- Outcome totals per queue, summed over shards.
 SELECT queue, sum(succeeded)::bigint AS succeeded, sum(failed)::bigint AS failed,
-       sum(dead)::bigint AS dead, sum(cancelled)::bigint AS cancelled
+       sum(dead)::bigint AS dead, sum(cancelled)::bigint AS cancelled,
+       sum(snoozed)::bigint AS snoozed
 FROM pgqueue_counters GROUP BY queue ORDER BY queue;
 
 -- name: start_latency_histogram
@@ -515,7 +690,10 @@ WITH due AS (
            coalesce(due.max_attempts, %(default_max_attempts)s), due.timeout_seconds, t.key
     FROM due, unnest(%(keys)s::text[]) WITH ORDINALITY AS t(key, n)
     ORDER BY t.n
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    -- A tick's key has no scope: held for as long as its job exists.
+    ON CONFLICT (idempotency_key)
+        WHERE idempotency_key IS NOT NULL AND pgqueue_key_held(unique_scope, state, started_at)
+        DO NOTHING
     RETURNING id, queue, idempotency_key
 ), moved AS (
     UPDATE pgqueue_schedules s
@@ -578,13 +756,15 @@ ORDER BY s.name;
 -- Must be the first statement of the transaction.
 SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
 
--- name: db_now
--- The database's clock: the one clock schedules are planned from.
-SELECT now() AS now;
-
 -- name: db_ping
 -- The database answers.
 SELECT 1 AS ok;
+
+-- name: db_now
+-- The database's clock, for a flow that must fix a moment once and use it
+-- in several statements (a unique key's period, a bulk action's start) or
+-- plan from it (schedules).
+SELECT now() AS now;
 
 -- name: server_set_password
 -- The embedded server's superuser password, given as a SCRAM verifier made

@@ -2,8 +2,11 @@
 
 Outcomes wait in an outbox and go out in batches: one ``job_finish``
 statement for up to ``ACK_BATCH_MAX`` of them, sent when a batch is full or
-``ACK_DELAY_SECONDS`` after its first outcome. Each row is fenced by its
-attempt's token, so a worker whose lease was taken over matches nothing.
+``ACK_DELAY_SECONDS`` after its first outcome. Snoozes and cancels that
+handlers asked for go in the same batch, each kind in a statement of its own
+(``transitions.finish_groups``), written group after group. Each row is
+fenced by its attempt's token, so a worker whose lease was taken over
+matches nothing.
 
 Faults: an outcome that could not be written (the database is unreachable)
 goes back to the front of the outbox and is retried after a backoff; the job
@@ -18,13 +21,14 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 
 import psycopg
 
 from ..driver import RETRYABLE_ERRORS
-from ..jobs import JobState
+from ..jobs import Job, JobState
 from ..settings import Settings
-from ..transitions import Outcome, finish
+from ..transitions import Outcome, finish, finish_groups
 from .connection import FlowRunner
 from .faults import WAIT_OUT, Backoff, EventLog, short
 from .registry import Held, HeldJobs, Stage
@@ -40,6 +44,10 @@ REFUSED = (psycopg.Error, UnicodeError)
 
 
 class Completer:
+    # What ``stats`` counts: outcomes written by kind, outcomes dropped
+    # because the lease was lost, statements sent.
+    COUNTS = ("succeeded", "failed", "snoozed", "cancelled", "lost", "finishes")
+
     def __init__(
         self, conn: FlowRunner, held: HeldJobs, settings: Settings, events: EventLog
     ) -> None:
@@ -48,8 +56,13 @@ class Completer:
         self.settings = settings
         self.events = events
         self.batch_size = min(held.concurrency, ACK_BATCH_MAX)
-        self.stats = {"succeeded": 0, "failed": 0, "lost": 0, "finishes": 0}
+        self.stats = dict.fromkeys(self.COUNTS, 0)
         self._outbox: list[Outcome] = []
+        # The attempt each outcome waiting or being written belongs to, by
+        # token: by the time its reply is read, a newer attempt of the same
+        # job may hold the job's id in ``held`` (a snooze of 0 s is claimed
+        # again at once).
+        self._holders: dict[int, Held] = {}
         self._first_at = 0.0  # when the oldest outcome in the outbox arrived
         self._ready = asyncio.Event()  # the outbox has outcomes
         self._full = asyncio.Event()  # ... enough to send at once (or we are flushing)
@@ -58,6 +71,7 @@ class Completer:
     def submit(self, held: Held, outcome: Outcome) -> None:
         """Queue an attempt's outcome for writing."""
         held.stage = Stage.DONE
+        self._holders[outcome.token] = held
         if not self._outbox:
             self._first_at = time.monotonic()
             self._ready.set()
@@ -75,17 +89,18 @@ class Completer:
         """Write batches of outcomes as they come, for ever."""
         backoff = Backoff(self.events, "writing outcomes")
         while True:
-            batch = await self._next_batch()
-            if not batch:
-                continue
-            try:
-                states = await self._write(batch)
-            except WAIT_OUT as exc:
-                self._retry_later(batch)
-                await backoff.failed(exc)
-                continue
-            backoff.succeeded()
-            self._written(batch, states)
+            groups = finish_groups(await self._next_batch())
+            # Group by group, so that a fault retries only the groups not yet
+            # written (a group already written would match nothing again).
+            for index, group in enumerate(groups):
+                try:
+                    states = await self._write(group)
+                except WAIT_OUT as exc:
+                    self._retry_later([o for rest in groups[index:] for o in rest])
+                    await backoff.failed(exc)
+                    break
+                backoff.succeeded()
+                self._written(group, states)
 
     async def _next_batch(self) -> list[Outcome]:
         await self._ready.wait()
@@ -105,12 +120,11 @@ class Completer:
 
     def _take(self, outcome: Outcome) -> bool:
         """Mark an outcome as being written; or drop it, when its lease was
-        lost while it waited."""
-        held = self.held.get(outcome.job_id)
-        if held is None:
-            return False
-        if held.lost:
-            self.held.release(outcome.job_id)
+        lost while it waited (a newer attempt holding the job says so too)."""
+        held = self._holders[outcome.token]
+        if held.lost or self.held.get(outcome.job_id) is not held:
+            del self._holders[outcome.token]
+            self.held.release(outcome.job_id, held)
             self._discarded(held)
             return False
         held.stage = Stage.WRITING
@@ -126,17 +140,15 @@ class Completer:
             job=held.job,
         )
 
-    def _retry_later(self, batch: list[Outcome]) -> None:
+    def _retry_later(self, batch: Sequence[Outcome]) -> None:
         """Back to the front of the outbox, still held: the lease keeper keeps
         their leases, and the token fences the retry."""
         for outcome in batch:
-            held = self.held.get(outcome.job_id)
-            if held is not None:
-                held.stage = Stage.DONE
+            self._holders[outcome.token].stage = Stage.DONE
         self._outbox[:0] = batch
         self._ready.set()
 
-    async def _write(self, batch: list[Outcome]) -> dict[int, JobState]:
+    async def _write(self, batch: Sequence[Outcome]) -> dict[int, JobState]:
         try:
             self.stats["finishes"] += 1
             return await self.conn.run(finish(self.settings, batch))
@@ -161,8 +173,8 @@ class Completer:
             raise
         except REFUSED as exc:
             problem = short(exc)
-        held = self.held.get(outcome.job_id)
-        if outcome.succeeded and held is not None:  # the result is what was refused
+        held = self._holders[outcome.token]
+        if outcome.succeeded:  # the result is what was refused
             fallback = Outcome.failure(
                 held.job, f"handler returned a result PostgreSQL cannot store: {problem}"
             )
@@ -181,12 +193,11 @@ class Completer:
         )
         return {}
 
-    def _written(self, batch: list[Outcome], states: dict[int, JobState]) -> None:
+    def _written(self, batch: Sequence[Outcome], states: dict[int, JobState]) -> None:
         debug = self.events.enabled(logging.DEBUG)
         for outcome in batch:
-            held = self.held.release(outcome.job_id)
-            if held is None:
-                continue
+            held = self._holders.pop(outcome.token)
+            self.held.release(outcome.job_id, held)
             job = held.job
             state = states.get(outcome.job_id)
             if state is None:
@@ -195,16 +206,40 @@ class Completer:
                 self.stats["succeeded"] += 1
                 if debug:
                     self.events(logging.DEBUG, "ack", "job %d succeeded", job.id, job=job)
-            else:
-                self.stats["failed"] += 1
-                action = "retry" if state is JobState.QUEUED else "dead"
+            elif outcome.snooze_seconds is not None:
+                self.stats["snoozed"] += 1
+                if debug:
+                    self.events(
+                        logging.DEBUG,
+                        "snooze",
+                        "job %d snoozed for %g s",
+                        job.id,
+                        outcome.snooze_seconds,
+                        job=job,
+                    )
+            elif outcome.cancelled:
+                self.stats["cancelled"] += 1
                 self.events(
-                    logging.WARNING if action == "dead" else logging.INFO,
-                    action,
-                    "job %d attempt %d failed (%s): %s",
+                    logging.INFO,
+                    "cancel",
+                    "job %d cancelled by its handler: %s",
                     job.id,
-                    job.attempts,
-                    action,
                     (outcome.error or "")[:500],
                     job=job,
                 )
+            else:
+                self._failed(job, outcome, state)
+
+    def _failed(self, job: Job, outcome: Outcome, state: JobState) -> None:
+        self.stats["failed"] += 1
+        action = "retry" if state is JobState.QUEUED else "dead"
+        self.events(
+            logging.WARNING if action == "dead" else logging.INFO,
+            action,
+            "job %d attempt %d failed (%s): %s",
+            job.id,
+            job.attempts,
+            action,
+            (outcome.error or "")[:500],
+            job=job,
+        )

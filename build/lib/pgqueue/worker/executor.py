@@ -3,7 +3,9 @@
 The executor writes nothing and knows no other job. ``async def`` handlers
 run on the worker's loop; plain functions on its thread pool. A handler that
 raises, times out, or returns what PostgreSQL cannot store is a failed
-attempt; a task name without a handler too.
+attempt; a task name without a handler too. A handler that raises ``Snooze``
+or ``CancelJob`` (pgqueue.control) gets what it asked for: a snooze (bounded
+by the task's max_snoozes, else the setting's) or a cancel.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import asyncio
 import logging
 from typing import Any
 
+from ..control import CancelJob, Snooze
 from ..jobs import Job
 from ..transitions import Outcome
 from ._threads import ThreadPool
@@ -22,10 +25,13 @@ __all__ = ["Executor"]
 
 
 class Executor:
-    def __init__(self, tasks: dict[str, Task], threads: ThreadPool, events: EventLog) -> None:
+    def __init__(
+        self, tasks: dict[str, Task], threads: ThreadPool, events: EventLog, *, max_snoozes: int
+    ) -> None:
         self.tasks = tasks
         self.threads = threads
         self.events = events
+        self.max_snoozes = max_snoozes  # for tasks that do not set their own
 
     async def execute(self, job: Job) -> Outcome:
         """Run the job's handler and say how the attempt ended. Cancelling
@@ -50,6 +56,11 @@ class Executor:
             if timeout is not None and deadline.expired():
                 return self._timed_out(job, spec, timeout)
             return Outcome.failure(job, describe(exc))
+        except Snooze as request:
+            bound = self.max_snoozes if spec.max_snoozes is None else spec.max_snoozes
+            return Outcome.snooze(job, request.seconds, max_snoozes=bound)
+        except CancelJob as request:
+            return Outcome.cancel(job, request.reason)
         except Exception as exc:
             return Outcome.failure(job, describe(exc))
         return Outcome.success(job, result)

@@ -1,14 +1,15 @@
 """Handlers: what a worker runs for each task name.
 
 A handler is any callable taking the claimed ``Job`` and returning a
-JSON-able result; ``async def`` handlers run on the worker's event loop,
-plain functions in its bounded thread pool. Give the worker either a plain
-mapping ``{"task": fn}`` or a ``TaskRegistry`` filled with its decorator,
-which can also carry a per-task timeout::
+JSON-able result (or raising ``Snooze``/``CancelJob``, see pgqueue.control);
+``async def`` handlers run on the worker's event loop, plain functions in its
+bounded thread pool. Give the worker either a plain mapping ``{"task": fn}``
+or a ``TaskRegistry`` filled with its decorator, which can also carry a
+per-task timeout and bound on snoozes::
 
     registry = TaskRegistry()
 
-    @registry.task(timeout=30)
+    @registry.task(timeout=30, max_snoozes=10)
     async def send_email(job: Job) -> dict[str, str]:
         ...
 
@@ -52,12 +53,14 @@ Handler = Callable[[Job], Any]
 @dataclass(frozen=True, slots=True)
 class Task:
     """One registered handler: its callable, whether it is a coroutine
-    function, and its default timeout (a job's own timeout wins)."""
+    function, its default timeout (a job's own timeout wins), and how many
+    times one job may snooze (None: the setting ``max_snoozes``)."""
 
     name: str
     fn: Handler
     is_async: bool
     timeout_seconds: float | None = None
+    max_snoozes: int | None = None
 
 
 def _is_async(fn: Any) -> bool:
@@ -69,12 +72,18 @@ def _is_async(fn: Any) -> bool:
     return call is not None and inspect.iscoroutinefunction(call)
 
 
-def _task(name: str, fn: Any, timeout: float | None = None) -> Task:
+def _task(name: str, fn: Any, timeout: float | None = None, max_snoozes: int | None = None) -> Task:
     if not callable(fn):
         raise TypeError(f"handler for task {name!r} is not callable: {fn!r}")
     if timeout is not None and not timeout > 0:
         raise ValueError(f"timeout of task {name!r} must be > 0, got {timeout!r}")
-    return Task(name, fn, _is_async(fn), timeout)
+    if max_snoozes is not None and (
+        isinstance(max_snoozes, bool) or not isinstance(max_snoozes, int) or max_snoozes < 0
+    ):
+        raise ValueError(
+            f"max_snoozes of task {name!r} must be an integer >= 0, got {max_snoozes!r}"
+        )
+    return Task(name, fn, _is_async(fn), timeout, max_snoozes)
 
 
 class TaskRegistry(Mapping[str, Handler]):
@@ -95,6 +104,7 @@ class TaskRegistry(Mapping[str, Handler]):
         *,
         name: str | None = None,
         timeout: float | None = None,
+        max_snoozes: int | None = None,
         **schedule: Any,
     ) -> Callable[[Handler], Handler]: ...
 
@@ -105,11 +115,14 @@ class TaskRegistry(Mapping[str, Handler]):
         *,
         name: str | None = None,
         timeout: float | None = None,
+        max_snoozes: int | None = None,
         **schedule: Any,
     ) -> Handler | Callable[[Handler], Handler]:
         """Register ``fn`` under ``name`` (default: the function's name).
-        With ``cron=`` or ``every=`` (and any other argument of ``periodic``),
-        also declare a schedule of the same name that runs it."""
+        ``max_snoozes``: how many times one job may snooze (default: the
+        setting ``max_snoozes``). With ``cron=`` or ``every=`` (and any other
+        argument of ``periodic``), also declare a schedule of the same name
+        that runs it."""
 
         def register(fn: Handler) -> Handler:
             key = name or getattr(fn, "__name__", None)
@@ -117,7 +130,7 @@ class TaskRegistry(Mapping[str, Handler]):
                 raise ValueError(f"give a name for {fn!r}: it has no __name__")
             if key in self._tasks:
                 raise ValueError(f"task {key!r} is registered twice")
-            task = _task(key, fn, timeout)
+            task = _task(key, fn, timeout, max_snoozes)
             if schedule:
                 self.periodic(key, task=key, **schedule)
             self._tasks[key] = task
@@ -137,8 +150,15 @@ class TaskRegistry(Mapping[str, Handler]):
     def schedules(self) -> list[Schedule]:
         return list(self._schedules.values())
 
-    def add(self, name: str, fn: Handler, *, timeout: float | None = None) -> None:
-        self.task(name=name, timeout=timeout)(fn)
+    def add(
+        self,
+        name: str,
+        fn: Handler,
+        *,
+        timeout: float | None = None,
+        max_snoozes: int | None = None,
+    ) -> None:
+        self.task(name=name, timeout=timeout, max_snoozes=max_snoozes)(fn)
 
     def tasks(self) -> dict[str, Task]:
         return dict(self._tasks)

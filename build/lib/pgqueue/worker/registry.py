@@ -71,6 +71,10 @@ class HeldJobs:
         return max(0, min(self.concurrency - busy, 2 * self.concurrency - len(self._held)))
 
     def hold(self, job: Job) -> Held:
+        """Hold a claimed job. An older attempt of the same job may still be
+        here (its snooze just committed, or its lease was lost and the job
+        came back to this worker): the new attempt takes the id, and the
+        parts still busy with the old one keep their own ``Held``."""
         held = self._held[job.id] = Held(job)
         self.running += 1
         return held
@@ -79,12 +83,16 @@ class HeldJobs:
         self.running -= 1
         self.slot_freed.set()
 
-    def release(self, job_id: int) -> Held | None:
-        """The job is no longer ours: its outcome was written, or dropped."""
-        held = self._held.pop(job_id, None)
-        if held is not None:
-            self.released.set()
-            self.slot_freed.set()  # the allowance of unwritten outcomes grew
+    def release(self, job_id: int, entry: Held | None = None) -> Held | None:
+        """The job is no longer ours: its outcome was written, or dropped.
+        With ``entry``: only if that attempt still holds the id (a newer
+        attempt of the job may hold it by now, see ``hold``)."""
+        held = self._held.get(job_id)
+        if held is None or (entry is not None and held is not entry):
+            return None
+        del self._held[job_id]
+        self.released.set()
+        self.slot_freed.set()  # the allowance of unwritten outcomes grew
         return held
 
     def leases(self) -> list[tuple[int, int]]:

@@ -112,7 +112,9 @@ class AsyncWorker:
         self.events = EventLog(self.name)
         self.threads = ThreadPool(self.concurrency, on_hung_return=self._hung_returned)
         self.held = HeldJobs(self.concurrency, hung_threads=lambda: self.threads.hung)
-        self.executor = Executor(self.tasks, self.threads, self.events)
+        self.executor = Executor(
+            self.tasks, self.threads, self.events, max_snoozes=self.settings.max_snoozes
+        )
         self._dropped = 0  # results discarded because the lease was lost
         self._hung_reported = 0
         self._parts: dict[str, asyncio.Task[None]] = {}
@@ -192,9 +194,9 @@ class AsyncWorker:
 
     @property
     def stats(self) -> dict[str, int]:
-        """Counts since start: claimed, claims, succeeded, failed, lost,
-        finishes (statements), hung_handlers (now)."""
-        counts = {"claimed": 0, "claims": 0, "succeeded": 0, "failed": 0, "lost": 0, "finishes": 0}
+        """Counts since start: claimed, claims, succeeded, failed, snoozed,
+        cancelled (by handlers), lost, finishes (statements), hung_handlers (now)."""
+        counts = dict.fromkeys(("claimed", "claims", *Completer.COUNTS), 0)
         if self._started:
             counts.update(self.producer.stats)
             counts.update(self.completer.stats)
@@ -322,7 +324,7 @@ class AsyncWorker:
             if self.threads.hung != self._hung_reported:
                 self._report_hung()
         if outcome is None or held.lost:
-            self.held.release(job.id)
+            self.held.release(job.id, held)
             self._dropped += 1
             self.events(
                 logging.WARNING,

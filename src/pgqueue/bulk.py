@@ -1,0 +1,189 @@
+"""Bulk actions: cancel, retry or delete every job a filter matches.
+
+Free of I/O, like transitions.py: ``bulk`` is a flow that the queue runs.
+Each batch is one statement (``job_bulk_cancel``, ``job_bulk_finished``) of
+at most ``BULK_BATCH`` jobs in its own transaction, so that no lock is held
+for long; the flow repeats it until the jobs that match are done.
+
+    cancel   queued and running jobs (a running job's lease is revoked)
+    retry    dead and cancelled jobs, back to queued with a fresh attempt
+             budget (a job whose key another job holds now is left as it is)
+    delete   finished jobs: succeeded, dead, cancelled
+
+``JobFilter`` is what they act on; its fields (``FILTER_FIELDS``) are checked
+by the same rules as a job's, for the library, the HTTP API and the command
+line alike.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from .checks import Cutoff, Key, Name, OneOf
+from .errors import InvalidJob, KeyTaken
+from .jobs import MAX_DELAY_SECONDS, QUEUE_NAME, TASK_NAME, JobField, JobState
+from .transitions import Flow, Statement, db_now
+
+__all__ = ["BULK_BATCH", "FILTER_FIELDS", "BulkAction", "JobFilter", "bulk", "retry_dead"]
+
+# Jobs per statement: large enough that a 134,000-job flood takes ~134
+# statements, small enough that each holds its row locks for milliseconds.
+BULK_BATCH = 1000
+MAX_ERROR_TEXT = 1000
+
+
+class BulkAction(enum.StrEnum):
+    CANCEL = "cancel"
+    RETRY = "retry"
+    DELETE = "delete"
+
+    @property
+    def states(self) -> tuple[JobState, ...]:
+        """The states of the jobs this action applies to."""
+        return _ACTION_STATES[self]
+
+
+_ACTION_STATES = {
+    BulkAction.CANCEL: (JobState.QUEUED, JobState.RUNNING),
+    BulkAction.RETRY: (JobState.DEAD, JobState.CANCELLED),
+    BulkAction.DELETE: (JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED),
+}
+
+_AGE = "(a time, or a number of seconds before the database's now)"
+FILTER_FIELDS: tuple[JobField, ...] = (
+    JobField("queue", Name(QUEUE_NAME), "Only jobs of this queue."),
+    JobField("task", Name(TASK_NAME), "Only jobs of this task."),
+    JobField(
+        "state",
+        OneOf(tuple(JobState)),
+        "Only jobs in this state (one the action applies to).",
+    ),
+    JobField(
+        "enqueued_before",
+        Cutoff(MAX_DELAY_SECONDS),
+        f"Only jobs enqueued before this {_AGE}.",
+    ),
+    JobField(
+        "finished_before",
+        Cutoff(MAX_DELAY_SECONDS),
+        f"Only jobs that finished before this {_AGE}; not for cancel.",
+    ),
+    JobField(
+        "error_contains",
+        Key(MAX_ERROR_TEXT),
+        "Only jobs whose last error contains this text (case-sensitive).",
+    ),
+)
+_NAMES = tuple(f.name for f in FILTER_FIELDS)
+
+
+@dataclass(frozen=True, slots=True)
+class JobFilter:
+    """Which jobs a bulk action applies to: every field given must match
+    (no field: every job the action applies to). Checked when made; a bad
+    field raises InvalidJob naming it."""
+
+    queue: str | None = None
+    task: str | None = None
+    state: str | None = None
+    enqueued_before: datetime | timedelta | float | None = None
+    finished_before: datetime | timedelta | float | None = None
+    error_contains: str | None = None
+
+    def __post_init__(self) -> None:
+        for job_field in FILTER_FIELDS:
+            value = getattr(self, job_field.name)
+            if value is not None:
+                object.__setattr__(
+                    self, job_field.name, job_field.rule.check(job_field.name, value)
+                )
+
+    @classmethod
+    def from_fields(cls, given: Mapping[str, Any]) -> JobFilter:
+        """A filter from a mapping of its fields (HTTP bodies, keywords)."""
+        for name in given:
+            if name not in _NAMES:
+                raise InvalidJob(str(name), f"unknown filter (the filters are {', '.join(_NAMES)})")
+        return cls(**given)
+
+
+def bulk(
+    action: BulkAction, where: JobFilter, *, dry_run: bool = False, batch: int = BULK_BATCH
+) -> Flow[int]:
+    """Apply ``action`` to every job ``where`` matches, ``batch`` jobs per
+    statement; the number of jobs it changed. With ``dry_run``, the number
+    of jobs it would apply to now, and nothing changes."""
+    if not 1 <= batch <= 10_000:
+        raise ValueError(f"batch must be between 1 and 10000, got {batch}")
+    states = _states(action, where)
+    started_at = yield from db_now()
+    name = "job_bulk_cancel" if action is BulkAction.CANCEL else "job_bulk_finished"
+    params = {
+        "action": str(action),
+        "states": states,
+        "started_at": started_at,
+        "dry_run": dry_run,
+        "limit": None if dry_run else batch,
+        "after_at": None,
+        "after_id": None,
+        "queue": where.queue,
+        "task": where.task,
+        "enqueued_before": _moment(where.enqueued_before, started_at),
+        "finished_before": _moment(where.finished_before, started_at),
+        "error_contains": where.error_contains,
+    }
+    total = 0
+    while True:
+        try:
+            rows = yield Statement(name, params)
+        except KeyTaken:
+            continue  # a key was taken as this batch retried its job: the next skips it
+        row = rows[0]
+        if dry_run:
+            return int(row["matched"])
+        total += int(row["affected"])
+        if not _more(action, row, batch):
+            return total
+        # Finished jobs go in order: the next batch starts after this one.
+        params = {**params, "after_at": row.get("last_at"), "after_id": row.get("last_id")}
+
+
+def _more(action: BulkAction, batch_row: dict[str, Any], batch: int) -> bool:
+    """Whether another batch may find more. A cancel goes on while batches
+    cancel something: jobs that a worker held were skipped and are looked at
+    again, and one a lock holds for good cannot keep it going. Retry and
+    delete walk the finished jobs once, in order: they end at the first batch
+    that did not fill up."""
+    if action is BulkAction.CANCEL:
+        return int(batch_row["affected"]) > 0
+    return int(batch_row["matched"]) >= batch
+
+
+def retry_dead(queue: str | None = None) -> Flow[int]:
+    """Put every dead job (of one queue, or of all) back to queued."""
+    return (yield from bulk(BulkAction.RETRY, JobFilter(queue=queue, state=JobState.DEAD)))
+
+
+def _states(action: BulkAction, where: JobFilter) -> list[str]:
+    """The states the action applies to, narrowed by the filter's."""
+    allowed = action.states
+    names = " or ".join(allowed)
+    if where.finished_before is not None and not all(s.finished for s in allowed):
+        raise InvalidJob("finished_before", f"{action} applies to {names} jobs, not finished ones")
+    if where.state is None:
+        return [str(state) for state in allowed]
+    if where.state not in allowed:
+        raise InvalidJob("state", f"{action} applies to {names} jobs, not {where.state}")
+    return [where.state]
+
+
+def _moment(cutoff: datetime | timedelta | float | None, now: datetime) -> datetime | None:
+    """A cutoff as a moment: an age counts back from the database's now."""
+    if isinstance(cutoff, timedelta):
+        return now - cutoff
+    assert cutoff is None or isinstance(cutoff, datetime)  # __post_init__ made it one
+    return cutoff
