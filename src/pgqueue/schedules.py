@@ -19,9 +19,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from .errors import InvalidJob, InvalidSchedule, ScheduleNotFound
+from .flows import Flow, Statement, db_now
 from .jobs import TASK_NAME, Job, JobSpec
 from .ticks import CATCH_UP_MODES, Cadence, CatchUp, Plan, cadence, next_tick, plan
-from .transitions import Flow, Statement
 
 __all__ = [
     "Fired",
@@ -252,8 +252,7 @@ def sync(declared: Sequence[Schedule], tasks: Collection[str]) -> Flow[Synced]:
     """Make the table match a worker's code: upsert every declared schedule;
     retire the schedules of ``tasks`` (those the worker handles) that it does
     not declare. A new or re-timed schedule starts at its first tick after now."""
-    rows = yield Statement("db_now", {})
-    now = _utc(rows[0]["now"])
+    now = _utc((yield from db_now()))
     ordered = sorted(declared, key=lambda s: s.name)
     written: list[str] = []
     if ordered:
