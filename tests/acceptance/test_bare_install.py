@@ -5,6 +5,7 @@ command says which extra it needs."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import venv
 from pathlib import Path
@@ -19,12 +20,25 @@ pytestmark = pytest.mark.acceptance
 
 @pytest.fixture(scope="module")
 def bare_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A virtualenv holding pgqueue installed without extras."""
+    """A virtualenv holding pgqueue installed without extras (built from a
+    copy of the sources: the build leaves its files where it runs)."""
+    sources = tmp_path_factory.mktemp("bare-sources")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, sources / name)
+    shutil.copytree(ROOT / "src", sources / "src", ignore=shutil.ignore_patterns("*.egg-info"))
     folder = tmp_path_factory.mktemp("bare-venv")
     venv.EnvBuilder(with_pip=True).create(folder)
     python = folder / "bin" / "python"
     subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(ROOT)],
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            str(sources),
+        ],
         check=True,
         timeout=600,
     )
