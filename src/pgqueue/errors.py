@@ -2,6 +2,7 @@
 
 PgQueueError
 ├── InvalidJob            bad input to enqueue; nothing was written
+├── InvalidQueueControl   a bad pause or limit for a queue; nothing was written
 ├── InvalidSettings       a setting out of range or of the wrong type
 ├── JobNotFound           no job has that id
 ├── JobStateConflict      the transition does not apply to the job's state
@@ -18,6 +19,7 @@ from __future__ import annotations
 __all__ = [
     "DatabaseUnavailable",
     "InvalidJob",
+    "InvalidQueueControl",
     "InvalidSettings",
     "JobAlreadyFinished",
     "JobNotFound",
@@ -36,6 +38,15 @@ class PgQueueError(Exception):
 
 class InvalidJob(PgQueueError, ValueError):
     """An enqueue argument is invalid. ``field`` names it; nothing was written."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{field}: {problem}")
+
+
+class InvalidQueueControl(PgQueueError, ValueError):
+    """A queue's pause or limit is invalid. ``field`` names it; nothing was written."""
 
     def __init__(self, field: str, problem: str) -> None:
         self.field = field

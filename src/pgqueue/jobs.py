@@ -1,9 +1,9 @@
 """What a job is, and the one shape every new job has on every surface.
 
-A new job has nine fields, named after the columns of the jobs table:
+A new job has ten fields, named after the columns of the jobs table:
 
     task, payload, queue, priority, delay_seconds, run_at, max_attempts,
-    timeout_seconds, idempotency_key
+    timeout_seconds, idempotency_key, concurrency_key
 
 ``delay`` and ``timeout`` are aliases of ``delay_seconds`` and
 ``timeout_seconds``; a job that gives a name and its alias is refused.
@@ -92,6 +92,7 @@ class Job:
     enqueued_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    concurrency_key: str | None = None
     duplicate: bool = False
 
     @classmethod
@@ -190,6 +191,13 @@ JOB_FIELDS: tuple[JobField, ...] = (
         Key(MAX_KEY_LENGTH),
         "A second enqueue with this key returns the first job and writes nothing.",
     ),
+    JobField(
+        "concurrency_key",
+        Key(MAX_KEY_LENGTH),
+        "What the queue's per-key limits count by (a tenant, a customer...): at most "
+        "concurrency_limit_per_key of the queue's jobs with one key run at once, and at most "
+        "rate_limit_per_key start per rate period. Without one, only the queue's own limits apply.",
+    ),
 )
 FIELD_ALIASES = {f.alias: f.name for f in JOB_FIELDS if f.alias}
 _REQUIRED = [f.name for f in JOB_FIELDS if f.required]
@@ -222,6 +230,7 @@ class JobSpec(NamedTuple):
     max_attempts: int
     timeout_seconds: float | None
     idempotency_key: str | None
+    concurrency_key: str | None = None
 
     @classmethod
     def from_fields(
@@ -259,6 +268,7 @@ class JobSpec(NamedTuple):
             values["max_attempts"] or default_max_attempts,
             values["timeout_seconds"],
             values["idempotency_key"],
+            values["concurrency_key"],
         )
 
     @classmethod

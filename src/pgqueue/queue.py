@@ -19,8 +19,9 @@ from typing import Any, Self, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
-from . import driver
+from . import controls, driver
 from . import transitions as t
+from .controls import QueueControls
 from .driver import SCHEMA_ERRORS, is_asyncpg_connection
 from .embedded import EmbeddedPostgres
 from .errors import DatabaseUnavailable, SchemaNotMigrated, WaitTimeout
@@ -192,6 +193,27 @@ class Queue(_Common):
     def prune(self, limit: int | None = None) -> int:
         return self.run(t.prune(self.settings, limit))
 
+    # -- queue controls ---------------------------------------------------------------
+
+    def pause(self, queue: str) -> QueueControls:
+        """Start no more jobs of ``queue``, on any worker, from now on (a claim
+        already running may still take some); its running jobs finish."""
+        return self.run(controls.change(queue, {"paused": True}), transaction=True)
+
+    def resume(self, queue: str) -> QueueControls:
+        """Start jobs of ``queue`` again, and wake the workers."""
+        return self.run(controls.change(queue, {"paused": False}), transaction=True)
+
+    def set_limits(self, queue: str, **limits: Any) -> QueueControls:
+        """Set some of ``queue``'s limits (the names of ``controls.LIMITS``):
+        None removes one, a limit not given stays. InvalidQueueControl names
+        a bad one, and nothing is written."""
+        return self.run(controls.change(queue, limits, allowed=controls.LIMITS), transaction=True)
+
+    def queue_controls(self) -> dict[str, QueueControls]:
+        """The pause and limits of every queue that ever had any, by name."""
+        return self.run(controls.read_all())
+
     # -- operators ----------------------------------------------------------------
 
     def get(self, job_id: int) -> Job:
@@ -334,6 +356,20 @@ class AsyncQueue(_Common):
 
     async def prune(self, limit: int | None = None) -> int:
         return await self.run(t.prune(self.settings, limit))
+
+    async def pause(self, queue: str) -> QueueControls:
+        """As Queue.pause."""
+        return await self.run(controls.change(queue, {"paused": True}), transaction=True)
+
+    async def resume(self, queue: str) -> QueueControls:
+        return await self.run(controls.change(queue, {"paused": False}), transaction=True)
+
+    async def set_limits(self, queue: str, **limits: Any) -> QueueControls:
+        flow = controls.change(queue, limits, allowed=controls.LIMITS)
+        return await self.run(flow, transaction=True)
+
+    async def queue_controls(self) -> dict[str, QueueControls]:
+        return await self.run(controls.read_all())
 
     async def get(self, job_id: int) -> Job:
         return await self.run(t.get(job_id))

@@ -15,6 +15,8 @@ drift apart, and the worker runtime uses the same ones.
 from __future__ import annotations
 
 import dataclasses
+import random
+from collections import Counter
 from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -29,6 +31,7 @@ __all__ = [
     "Flow",
     "Outcome",
     "Statement",
+    "Wake",
     "cancel",
     "claim",
     "enqueue",
@@ -37,11 +40,13 @@ __all__ = [
     "get",
     "heartbeat",
     "list_jobs",
-    "next_run_in",
+    "next_wake",
     "prune",
+    "queues_with_jobs",
     "reap",
     "retry",
     "retry_dead",
+    "round_robin",
     "schema_pending",
 ]
 
@@ -116,6 +121,7 @@ def _spec_params(spec: JobSpec) -> dict[str, Any]:
         "max_attempts": spec.max_attempts,
         "timeout_seconds": spec.timeout_seconds,
         "idempotency_key": spec.idempotency_key,
+        "concurrency_key": spec.concurrency_key,
     }
 
 
@@ -184,7 +190,16 @@ def _copy_many(specs: Sequence[JobSpec]) -> Flow[list[Enqueued]]:
         "job_copy",
         {},
         copy_rows=[
-            (job_id, s.queue, s.task, s.payload_json, s.priority, s.max_attempts, s.timeout_seconds)
+            (
+                job_id,
+                s.queue,
+                s.task,
+                s.payload_json,
+                s.priority,
+                s.max_attempts,
+                s.timeout_seconds,
+                s.concurrency_key,
+            )
             for job_id, s in zip(ids, specs, strict=True)
         ],
     )
@@ -228,24 +243,56 @@ def claim(
     limit: int,
     worker: str,
     queues: Sequence[str] | None = None,
+    turn: int | None = None,
     lease_seconds: float | None = None,
 ) -> Flow[list[Job]]:
-    """Claim up to ``limit`` runnable jobs (of ``queues``, or of all)."""
-    one_queue = len(queues) == 1 if queues else False
-    jobs: list[Job] = yield Statement(
-        "job_claim",
-        {
-            "limit": limit,
-            # One queue walks that queue's index; several are a filter.
-            "queue": queues[0] if queues and one_queue else None,
-            "queues": list(queues) if queues and not one_queue else None,
-            "lease_seconds": lease_seconds or settings.lease_seconds,
-            "worker": worker,
-            "latency_bounds": list(settings.latency_buckets),
-        },
-        jobs=True,
-    )
+    """Claim up to ``limit`` runnable jobs of ``queues`` (None: of every
+    queue that has queued jobs), round-robin: each queue gets an equal share
+    of ``limit``; ``turn`` says which queues get the remainder (None: chosen
+    at random); what a queue cannot fill goes to those that filled theirs.
+    A paused queue gives nothing; a limited queue, what its limits allow."""
+    names = list(dict.fromkeys(queues)) if queues is not None else (yield from queues_with_jobs())
+    turn = random.randrange(len(names) or 1) if turn is None else turn
+    jobs: list[Job] = []
+    while names and len(jobs) < limit:
+        shares = round_robin(limit - len(jobs), names, turn)
+        batch: list[Job] = yield Statement(
+            "job_claim",
+            {
+                "limit": limit - len(jobs),
+                "queues": list(shares),
+                "shares": list(shares.values()),
+                "lease_seconds": lease_seconds or settings.lease_seconds,
+                "worker": worker,
+                "latency_bounds": list(settings.latency_buckets),
+            },
+            jobs=True,
+        )
+        jobs.extend(batch)
+        got = Counter(job.queue for job in batch)
+        # A queue that filled its share may have more; one that did not has
+        # no more to give now; one that had no share (fewer slots than
+        # queues) has not been asked yet.
+        names = [name for name in names if got[name] >= shares.get(name, 0)]
+        turn += 1
     return jobs
+
+
+def round_robin(slots: int, queues: Sequence[str], turn: int) -> dict[str, int]:
+    """``slots`` split as evenly as can be over ``queues``; the one at
+    ``turn`` (modulo) and those after it get the remainder. Queues whose
+    share is 0 are left out."""
+    count = len(queues)
+    each, extra = divmod(slots, count)
+    start = turn % count
+    order = [*queues[start:], *queues[:start]]
+    return {name: each + (i < extra) for i, name in enumerate(order) if each + (i < extra)}
+
+
+def queues_with_jobs() -> Flow[list[str]]:
+    """The queues that have queued jobs (runnable or not), by name."""
+    rows = yield Statement("queue_names_queued", {})
+    return [row["queue"] for row in rows]
 
 
 def heartbeat(held: Sequence[tuple[int, int]], lease_seconds: float) -> Flow[set[int]]:
@@ -307,11 +354,22 @@ def prune(settings: Settings, limit: int | None = None) -> Flow[int]:
     return int(rows[0]["pruned"])
 
 
-def next_run_in(queues: Sequence[str] | None) -> Flow[float | None]:
-    """Seconds until the earliest queued job becomes runnable (None: none)."""
-    rows = yield Statement("job_next_run_at", {"queues": list(queues) if queues else None})
+@dataclass(frozen=True, slots=True)
+class Wake:
+    """When an idle worker should look again by itself (``seconds`` from
+    now, None: only when woken), and the queues whose ended jobs free a
+    slot under a concurrency limit."""
+
+    seconds: float | None
+    limited: frozenset[str]
+
+
+def next_wake(queues: Sequence[str] | None) -> Flow[Wake]:
+    """When the earliest delayed job becomes runnable or a rate window lets
+    one more job start, and which queues have a concurrency limit."""
+    rows = yield Statement("queue_next_wake", {"queues": list(queues) if queues else None})
     seconds = rows[0]["seconds"]
-    return None if seconds is None else float(seconds)
+    return Wake(None if seconds is None else float(seconds), frozenset(rows[0]["limited"]))
 
 
 # -- operators' transitions -----------------------------------------------------

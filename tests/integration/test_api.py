@@ -325,6 +325,9 @@ async def test_healthz_docs_and_openapi(api: httpx.AsyncClient) -> None:
         "/jobs/{job_id}/cancel",
         "/jobs/{job_id}/retry",
         "/queues",
+        "/queues/{name}/pause",
+        "/queues/{name}/resume",
+        "/queues/{name}/limits",
         "/metrics",
         "/healthz",
     }

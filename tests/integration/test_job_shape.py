@@ -31,6 +31,7 @@ CANONICAL = [
     "max_attempts",
     "timeout_seconds",
     "idempotency_key",
+    "concurrency_key",
 ]
 
 

@@ -55,16 +55,17 @@ def test_enqueue_gives_up_when_a_key_keeps_changing_hands() -> None:
 
 
 @pytest.mark.parametrize(
-    ("queues", "queue", "several"),
-    [(None, None, None), (["a"], "a", None), (["a", "b"], None, ["a", "b"])],
+    ("queues", "sent_queues", "shares"),
+    [(None, ["a", "b"], [3, 2]), (["a"], ["a"], [5]), (["b", "a", "b"], ["b", "a"], [3, 2])],
 )
-def test_claim_walks_one_queues_index_or_filters_several(
-    queues: list[str] | None, queue: str | None, several: list[str] | None
+def test_claim_walks_each_queues_index_with_a_share_of_the_slots(
+    queues: list[str] | None, sent_queues: list[str], shares: list[int]
 ) -> None:
     db = MemoryDatabase()
-    driver.run(t.claim(SETTINGS, limit=5, worker="w", queues=queues), db)
-    [sent] = db.sent("job_claim")
-    assert (sent.params["queue"], sent.params["queues"], sent.jobs) == (queue, several, True)
+    db.add(queue="a"), db.add(queue="b")  # (no queue named: the queues that have jobs)
+    driver.run(t.claim(SETTINGS, limit=5, worker="w", queues=queues, turn=0), db)
+    sent = db.sent("job_claim")[0]
+    assert (sent.params["queues"], sent.params["shares"], sent.jobs) == (sent_queues, shares, True)
 
 
 def test_claim_takes_the_highest_priority_first_and_only_its_queues() -> None:

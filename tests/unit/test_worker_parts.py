@@ -228,6 +228,7 @@ async def test_an_unexpected_error_in_a_part_stops_the_worker(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     db = MemoryDatabase()
+    db.add("echo")  # a worker of every queue claims from the queues that have jobs
     db.fail("job_claim", RuntimeError("a bug"))
     caplog.set_level(logging.ERROR, logger="pgqueue.worker")
     with pytest.raises(WorkerFailed, match="claims failed: RuntimeError: a bug"):

@@ -26,7 +26,7 @@ from ..errors import DatabaseUnavailable, SchemaNotMigrated
 from ..jobs import JobState
 from ..queue import AsyncQueue
 from ..settings import Settings
-from . import metrics
+from . import metrics, queues
 from .http_errors import ERROR_RESPONSES, error_response, install_handlers, schema_not_migrated
 from .middleware import BearerAuth, BodyLimit, HeadAsGet, SameOrigin, TokenSet
 from .models import (
@@ -42,6 +42,7 @@ from .models import (
     JobOut,
     JobSummary,
     QueueJobs,
+    QueueLimits,
     QueueList,
     QueueOut,
     QueueTotals,
@@ -282,6 +283,8 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
                         cancelled=row.cancelled,
                     ),
                     oldest_runnable_seconds=row.oldest_runnable_seconds,
+                    paused=row.paused,
+                    limits=QueueLimits(**row.limits()),
                 )
                 for name, row in rows.items()
             ]
@@ -332,6 +335,7 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
             return schema_not_migrated(SchemaNotMigrated(pending))
         return Health(status="ok")
 
+    app.include_router(queues.router)
     install_pages(app)
     return app
 

@@ -5,7 +5,8 @@ options.py      --json, durations, times, lists
 running.py      migrate, api, worker, up
 producing.py    enqueue, enqueue-file
 jobs.py         jobs list, show, cancel, retry
-watching.py     queues, top
+watching.py     queues (the table), top
+queues.py       queues, queues pause, resume, limit
 server.py       db start, stop, status, url (the embedded server)
 maintenance.py  prune
 output.py       consoles, tables, JSON
@@ -21,6 +22,6 @@ from .app import app, main
 
 # Each topic module adds its commands to the root group when imported; the
 # help lists them in this order.
-from . import running, producing, jobs, watching, server, maintenance  # noqa: F401  # isort: skip
+from . import running, producing, jobs, queues, watching, server, maintenance  # noqa: F401  # isort: skip
 
 __all__ = ["app", "main"]

@@ -48,6 +48,12 @@ def enqueue_cmd(
     idempotency_key: Annotated[
         str | None, typer.Option("--idempotency-key", help="Enqueue at most once per key.")
     ] = None,
+    concurrency_key: Annotated[
+        str | None,
+        typer.Option(
+            "--concurrency-key", help="What the queue's per-key limits count by (a tenant...)."
+        ),
+    ] = None,
     max_attempts: Annotated[
         int | None,
         typer.Option("--max-attempts", help="Attempts before the job is dead (default: 5)."),
@@ -69,6 +75,7 @@ def enqueue_cmd(
         "queue": queue,
         "priority": priority,
         "idempotency_key": idempotency_key,
+        "concurrency_key": concurrency_key,
         "max_attempts": max_attempts,
     }
     if delay is not None:

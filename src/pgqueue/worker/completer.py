@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 import psycopg
 
@@ -40,13 +41,21 @@ REFUSED = (psycopg.Error, UnicodeError)
 
 
 class Completer:
+    """``ended`` hears the queues of the jobs whose outcomes were written."""
+
     def __init__(
-        self, conn: FlowRunner, held: HeldJobs, settings: Settings, events: EventLog
+        self,
+        conn: FlowRunner,
+        held: HeldJobs,
+        settings: Settings,
+        events: EventLog,
+        ended: Callable[[set[str]], None] = lambda queues: None,
     ) -> None:
         self.conn = conn
         self.held = held
         self.settings = settings
         self.events = events
+        self.ended = ended
         self.batch_size = min(held.concurrency, ACK_BATCH_MAX)
         self.stats = {"succeeded": 0, "failed": 0, "lost": 0, "finishes": 0}
         self._outbox: list[Outcome] = []
@@ -183,11 +192,13 @@ class Completer:
 
     def _written(self, batch: list[Outcome], states: dict[int, JobState]) -> None:
         debug = self.events.enabled(logging.DEBUG)
+        queues: set[str] = set()
         for outcome in batch:
             held = self.held.release(outcome.job_id)
             if held is None:
                 continue
             job = held.job
+            queues.add(job.queue)
             state = states.get(outcome.job_id)
             if state is None:
                 self._discarded(held)
@@ -208,3 +219,4 @@ class Completer:
                     (outcome.error or "")[:500],
                     job=job,
                 )
+        self.ended(queues)

@@ -196,7 +196,7 @@ class AsyncWorker:
         self.producer = Producer(
             claims, self.held, s, events, queues=self.queues, start=self._start
         )
-        self.completer = Completer(outcomes, self.held, s, events)
+        self.completer = Completer(outcomes, self.held, s, events, self.producer.jobs_ended)
         self.lease_keeper = LeaseKeeper(upkeep, self.held, s, events)
         self.maintenance = Maintenance(upkeep, s, events)
 

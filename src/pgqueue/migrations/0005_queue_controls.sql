@@ -1,0 +1,164 @@
+-- Queue controls: pause, concurrency limits and rate limits, all enforced by
+-- the claim statement (job_claim in sql/queries.sql).
+--
+-- A queue without a row here, or with a row that sets nothing, is claimed as
+-- before: one statement, no lock. A queue that is limited is claimed in a
+-- transaction of two statements (queue_claim_lock, then job_claim for that
+-- queue alone), under a transaction-level advisory lock per queue, so that
+-- two claimers cannot both see room for the last slot. No row is updated per
+-- claim or per finish: the limits count the running jobs themselves.
+CREATE TABLE pgqueue_queues (
+    name                       text PRIMARY KEY,
+    paused                     boolean NOT NULL DEFAULT false,
+    -- At most this many jobs of the queue running at once, across every worker.
+    concurrency_limit          integer CHECK (concurrency_limit >= 1),
+    -- At most this many running at once per concurrency_key (jobs without a
+    -- key are not limited per key).
+    concurrency_limit_per_key  integer CHECK (concurrency_limit_per_key >= 1),
+    -- At most this many starts within any window of rate_period_seconds,
+    -- for the queue and per concurrency_key.
+    rate_limit                 integer CHECK (rate_limit >= 1),
+    rate_limit_per_key         integer CHECK (rate_limit_per_key >= 1),
+    rate_period_seconds        double precision CHECK (rate_period_seconds > 0),
+    -- Whether job_claim must take this queue's lock (it then claims the
+    -- queue on its own).
+    limited boolean GENERATED ALWAYS AS (
+        concurrency_limit IS NOT NULL OR concurrency_limit_per_key IS NOT NULL
+        OR rate_limit IS NOT NULL OR rate_limit_per_key IS NOT NULL
+    ) STORED,
+    updated_at                 timestamptz NOT NULL DEFAULT now(),
+    CHECK ((rate_limit IS NULL AND rate_limit_per_key IS NULL) = (rate_period_seconds IS NULL))
+);
+
+-- What per-key limits count by (a tenant, a customer, an API account...).
+ALTER TABLE pgqueue_jobs ADD COLUMN concurrency_key text;
+
+-- The queued jobs of each key, in claim order, so that a claim under a
+-- per-key limit finds the next job of every key with room in one probe per
+-- key, however many jobs of a full key wait ahead. Jobs without a key are not
+-- in it, so it costs nothing to queues that do not use keys.
+CREATE INDEX pgqueue_jobs_claim_key ON pgqueue_jobs (queue, concurrency_key, priority DESC, run_at, id)
+    WHERE state = 'queued' AND concurrency_key IS NOT NULL;
+
+-- One row per start in a rate-limited queue: a rate limit is exact over any
+-- window because it counts these, not the jobs (a retried job starts again;
+-- a pruned job is gone). job_claim deletes the rows older than the period.
+CREATE TABLE pgqueue_starts (
+    queue           text        NOT NULL,
+    concurrency_key text,
+    started_at      timestamptz NOT NULL
+);
+CREATE INDEX pgqueue_starts_window ON pgqueue_starts (queue, started_at);
+
+-- Which jobs of a limited queue may start now: up to `wanted` of them, within
+-- its limits. job_claim calls it for each limited queue it claims from, and
+-- starts the jobs it returns (rechecking that each is still queued).
+--
+-- Why a function: its first statement takes the queue's claim lock, held
+-- until the claim's transaction ends, and each later statement of a VOLATILE
+-- function reads a snapshot taken after that: it counts every job that an
+-- earlier claim started. A lock taken inside the claim statement itself
+-- would come after the statement's snapshot, and two claimers could both see
+-- room for the last slot. `at`, the time the lock was granted, is the jobs'
+-- started_at: claims of one queue are then in order, which the rate limit's
+-- log needs to be exact over every window.
+--
+-- A rate-limited queue logs each start here. Jobs without a concurrency_key
+-- are not limited per key; under per-key limits they are looked for among
+-- the queue's next 1,000 jobs (keyed jobs through pgqueue_jobs_claim_key).
+CREATE FUNCTION pgqueue_pick_limited(claim_queue text, wanted integer)
+RETURNS TABLE (id bigint, at timestamptz)
+LANGUAGE plpgsql VOLATILE ROWS 10 AS $$
+#variable_conflict use_column
+DECLARE
+    c pgqueue_queues;
+    now_at timestamptz;
+    period interval;
+    room integer;
+    picked bigint[];
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext('pgqueue.claim'), hashtext(claim_queue));
+    now_at := clock_timestamp();
+    SELECT * INTO c FROM pgqueue_queues q WHERE q.name = claim_queue AND NOT q.paused;
+    IF NOT FOUND OR wanted < 1 THEN
+        RETURN;
+    END IF;
+    period := make_interval(secs => c.rate_period_seconds);
+    room := least(
+        wanted,
+        c.concurrency_limit - (SELECT count(*) FROM pgqueue_jobs j
+                               WHERE j.queue = claim_queue AND j.state = 'running'),
+        c.rate_limit - (SELECT count(*) FROM pgqueue_starts s
+                        WHERE s.queue = claim_queue AND s.started_at > now_at - period));
+    IF room < 1 THEN
+        RETURN;
+    END IF;
+    IF c.concurrency_limit_per_key IS NULL AND c.rate_limit_per_key IS NULL THEN
+        -- The queue's next `room` jobs, in claim order.
+        SELECT array_agg(j.id) INTO picked FROM (
+            SELECT j.id FROM pgqueue_jobs j
+            WHERE j.queue = claim_queue AND j.state = 'queued' AND j.run_at <= now_at
+            ORDER BY j.priority DESC, j.run_at, j.id
+            LIMIT room) j;
+    ELSE
+        SELECT array_agg(p.id) INTO picked FROM (
+            WITH RECURSIVE queued_key(key) AS (
+                -- Every key with queued jobs: a skip scan of pgqueue_jobs_claim_key.
+                (SELECT j.concurrency_key FROM pgqueue_jobs j
+                 WHERE j.queue = claim_queue AND j.state = 'queued'
+                   AND j.concurrency_key IS NOT NULL
+                 ORDER BY j.concurrency_key LIMIT 1)
+                UNION ALL
+                SELECT (SELECT j.concurrency_key FROM pgqueue_jobs j
+                        WHERE j.queue = claim_queue AND j.state = 'queued'
+                          AND j.concurrency_key > k.key
+                        ORDER BY j.concurrency_key LIMIT 1)
+                FROM queued_key k WHERE k.key IS NOT NULL
+            ), busy AS (
+                SELECT j.concurrency_key AS key, count(*) AS running FROM pgqueue_jobs j
+                WHERE j.queue = claim_queue AND j.state = 'running'
+                  AND j.concurrency_key IS NOT NULL
+                GROUP BY 1
+            ), recent AS (
+                SELECT s.concurrency_key AS key, count(*) AS started FROM pgqueue_starts s
+                WHERE s.queue = claim_queue AND s.started_at > now_at - period
+                  AND s.concurrency_key IS NOT NULL
+                GROUP BY 1
+            ), key_room AS (
+                SELECT k.key, least(room,
+                                    c.concurrency_limit_per_key - coalesce(b.running, 0),
+                                    c.rate_limit_per_key - coalesce(r.started, 0)) AS n
+                FROM queued_key k
+                LEFT JOIN busy b ON b.key = k.key
+                LEFT JOIN recent r ON r.key = k.key
+                WHERE k.key IS NOT NULL
+            ), candidate AS (
+                -- Each key's next jobs, as many as it has room for...
+                SELECT next.* FROM key_room k CROSS JOIN LATERAL (
+                    SELECT j.id, j.priority, j.run_at FROM pgqueue_jobs j
+                    WHERE j.queue = claim_queue AND j.concurrency_key = k.key
+                      AND j.state = 'queued' AND j.run_at <= now_at
+                    ORDER BY j.priority DESC, j.run_at, j.id
+                    LIMIT greatest(k.n, 0)) next
+                UNION ALL
+                -- ...and the jobs without a key among the queue's next 1,000.
+                SELECT ahead.id, ahead.priority, ahead.run_at FROM (
+                    SELECT j.id, j.priority, j.run_at, j.concurrency_key FROM pgqueue_jobs j
+                    WHERE j.queue = claim_queue AND j.state = 'queued' AND j.run_at <= now_at
+                    ORDER BY j.priority DESC, j.run_at, j.id
+                    LIMIT 1000) ahead
+                WHERE ahead.concurrency_key IS NULL
+            )
+            SELECT candidate.id FROM candidate
+            ORDER BY candidate.priority DESC, candidate.run_at, candidate.id
+            LIMIT room) p;
+    END IF;
+    IF c.rate_period_seconds IS NOT NULL AND picked IS NOT NULL THEN
+        DELETE FROM pgqueue_starts s
+        WHERE s.queue = claim_queue AND s.started_at <= now_at - period;
+        INSERT INTO pgqueue_starts (queue, concurrency_key, started_at)
+        SELECT claim_queue, j.concurrency_key, now_at FROM pgqueue_jobs j WHERE j.id = ANY(picked);
+    END IF;
+    RETURN QUERY SELECT p.id, now_at FROM unnest(picked) AS p(id);
+END
+$$;
