@@ -8,6 +8,7 @@ Layout (one guess finds each part):
     transitions.py      the state machine: one I/O-free generator per transition
     driver.py           the one driver that runs them on a connection
     queue.py            Queue (blocking) and AsyncQueue (asyncio); waiting.py: wait()
+    controls.py         pause and limits per queue (QueueControls), obeyed by the claim
     worker/             the worker: producer (claims), executor, completer (acks),
                         leases, maintenance (reaps), wired in runtime.py
     api/                the FastAPI HTTP layer
@@ -31,9 +32,11 @@ from __future__ import annotations
 
 import logging
 
+from .controls import QueueControls
 from .errors import (
     DatabaseUnavailable,
     InvalidJob,
+    InvalidQueueControl,
     InvalidSettings,
     JobAlreadyFinished,
     JobNotFound,
@@ -55,6 +58,7 @@ __all__ = [
     "DatabaseUnavailable",
     "Enqueued",
     "InvalidJob",
+    "InvalidQueueControl",
     "InvalidSettings",
     "Job",
     "JobAlreadyFinished",
@@ -66,6 +70,7 @@ __all__ = [
     "Outcome",
     "PgQueueError",
     "Queue",
+    "QueueControls",
     "SchemaNotMigrated",
     "Settings",
     "WaitTimeout",

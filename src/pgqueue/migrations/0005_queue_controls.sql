@@ -59,101 +59,107 @@ CREATE INDEX pgqueue_starts_window ON pgqueue_starts (queue, started_at);
 -- function reads a snapshot taken after that: it counts every job that an
 -- earlier claim started. A lock taken inside the claim statement itself
 -- would come after the statement's snapshot, and two claimers could both see
--- room for the last slot. `at`, the time the lock was granted, is the jobs'
--- started_at: claims of one queue are then in order, which the rate limit's
--- log needs to be exact over every window.
+-- room for the last slot.
 --
--- A rate-limited queue logs each start here. Jobs without a concurrency_key
--- are not limited per key; under per-key limits they are looked for among
--- the queue's next 1,000 jobs (keyed jobs through pgqueue_jobs_claim_key).
+-- `at`, the jobs' started_at, is read once, by the statement that counts and
+-- chooses, after its snapshot: so a job is never recorded as started before
+-- a job whose end made room for it, and the claims of one queue are in order
+-- of their starts, which is what makes the rate limit exact over every
+-- window (a rate-limited queue logs each start in pgqueue_starts).
+--
+-- Jobs without a concurrency_key are not limited per key; under per-key
+-- limits they are looked for among the queue's next 1,000 jobs (keyed jobs,
+-- through pgqueue_jobs_claim_key, however many wait ahead of them).
 CREATE FUNCTION pgqueue_pick_limited(claim_queue text, wanted integer)
 RETURNS TABLE (id bigint, at timestamptz)
 LANGUAGE plpgsql VOLATILE ROWS 10 AS $$
 #variable_conflict use_column
 DECLARE
     c pgqueue_queues;
-    now_at timestamptz;
+    per_key boolean;
     period interval;
-    room integer;
+    now_at timestamptz;
     picked bigint[];
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtext('pgqueue.claim'), hashtext(claim_queue));
-    now_at := clock_timestamp();
     SELECT * INTO c FROM pgqueue_queues q WHERE q.name = claim_queue AND NOT q.paused;
     IF NOT FOUND OR wanted < 1 THEN
         RETURN;
     END IF;
+    per_key := c.concurrency_limit_per_key IS NOT NULL OR c.rate_limit_per_key IS NOT NULL;
     period := make_interval(secs => c.rate_period_seconds);
-    room := least(
-        wanted,
-        c.concurrency_limit - (SELECT count(*) FROM pgqueue_jobs j
-                               WHERE j.queue = claim_queue AND j.state = 'running'),
-        c.rate_limit - (SELECT count(*) FROM pgqueue_starts s
-                        WHERE s.queue = claim_queue AND s.started_at > now_at - period));
-    IF room < 1 THEN
-        RETURN;
-    END IF;
-    IF c.concurrency_limit_per_key IS NULL AND c.rate_limit_per_key IS NULL THEN
-        -- The queue's next `room` jobs, in claim order.
-        SELECT array_agg(j.id) INTO picked FROM (
-            SELECT j.id FROM pgqueue_jobs j
-            WHERE j.queue = claim_queue AND j.state = 'queued' AND j.run_at <= now_at
+    WITH RECURSIVE clock AS MATERIALIZED (
+        SELECT clock_timestamp() AS now_at
+    ), room AS (
+        -- How many may start now (least() ignores the limits that are NULL).
+        SELECT greatest(0, least(
+            wanted,
+            c.concurrency_limit - (SELECT count(*) FROM pgqueue_jobs j
+                                   WHERE j.queue = claim_queue AND j.state = 'running'),
+            c.rate_limit - (SELECT count(*) FROM pgqueue_starts s, clock
+                            WHERE s.queue = claim_queue AND s.started_at > clock.now_at - period)
+        )) AS n
+    ), in_order AS (
+        -- Without per-key limits: the queue's next jobs, in claim order.
+        SELECT j.id, j.priority, j.run_at FROM pgqueue_jobs j
+        WHERE NOT per_key AND j.queue = claim_queue AND j.state = 'queued'
+          AND j.run_at <= (SELECT now_at FROM clock)
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT (SELECT n FROM room)
+    ), queued_key(key) AS (
+        -- With per-key limits: every key with queued jobs, by a skip scan of
+        -- pgqueue_jobs_claim_key (one probe per key).
+        (SELECT j.concurrency_key FROM pgqueue_jobs j
+         WHERE per_key AND j.queue = claim_queue AND j.state = 'queued'
+           AND j.concurrency_key IS NOT NULL
+         ORDER BY j.concurrency_key LIMIT 1)
+        UNION ALL
+        SELECT (SELECT j.concurrency_key FROM pgqueue_jobs j
+                WHERE j.queue = claim_queue AND j.state = 'queued' AND j.concurrency_key > k.key
+                ORDER BY j.concurrency_key LIMIT 1)
+        FROM queued_key k WHERE k.key IS NOT NULL
+    ), busy AS (
+        SELECT j.concurrency_key AS key, count(*) AS n FROM pgqueue_jobs j
+        WHERE per_key AND j.queue = claim_queue AND j.state = 'running'
+          AND j.concurrency_key IS NOT NULL
+        GROUP BY 1
+    ), recent AS (
+        SELECT s.concurrency_key AS key, count(*) AS n FROM pgqueue_starts s, clock
+        WHERE per_key AND s.queue = claim_queue AND s.started_at > clock.now_at - period
+          AND s.concurrency_key IS NOT NULL
+        GROUP BY 1
+    ), key_room AS (
+        SELECT k.key, greatest(0, least((SELECT n FROM room),
+                                         c.concurrency_limit_per_key - coalesce(b.n, 0),
+                                         c.rate_limit_per_key - coalesce(r.n, 0))) AS n
+        FROM queued_key k
+        LEFT JOIN busy b ON b.key = k.key
+        LEFT JOIN recent r ON r.key = k.key
+        WHERE k.key IS NOT NULL
+    ), by_key AS (
+        -- Each key's next jobs, as many as it has room for...
+        SELECT next.* FROM key_room k CROSS JOIN LATERAL (
+            SELECT j.id, j.priority, j.run_at FROM pgqueue_jobs j
+            WHERE j.queue = claim_queue AND j.concurrency_key = k.key AND j.state = 'queued'
+              AND j.run_at <= (SELECT now_at FROM clock)
             ORDER BY j.priority DESC, j.run_at, j.id
-            LIMIT room) j;
-    ELSE
-        SELECT array_agg(p.id) INTO picked FROM (
-            WITH RECURSIVE queued_key(key) AS (
-                -- Every key with queued jobs: a skip scan of pgqueue_jobs_claim_key.
-                (SELECT j.concurrency_key FROM pgqueue_jobs j
-                 WHERE j.queue = claim_queue AND j.state = 'queued'
-                   AND j.concurrency_key IS NOT NULL
-                 ORDER BY j.concurrency_key LIMIT 1)
-                UNION ALL
-                SELECT (SELECT j.concurrency_key FROM pgqueue_jobs j
-                        WHERE j.queue = claim_queue AND j.state = 'queued'
-                          AND j.concurrency_key > k.key
-                        ORDER BY j.concurrency_key LIMIT 1)
-                FROM queued_key k WHERE k.key IS NOT NULL
-            ), busy AS (
-                SELECT j.concurrency_key AS key, count(*) AS running FROM pgqueue_jobs j
-                WHERE j.queue = claim_queue AND j.state = 'running'
-                  AND j.concurrency_key IS NOT NULL
-                GROUP BY 1
-            ), recent AS (
-                SELECT s.concurrency_key AS key, count(*) AS started FROM pgqueue_starts s
-                WHERE s.queue = claim_queue AND s.started_at > now_at - period
-                  AND s.concurrency_key IS NOT NULL
-                GROUP BY 1
-            ), key_room AS (
-                SELECT k.key, least(room,
-                                    c.concurrency_limit_per_key - coalesce(b.running, 0),
-                                    c.rate_limit_per_key - coalesce(r.started, 0)) AS n
-                FROM queued_key k
-                LEFT JOIN busy b ON b.key = k.key
-                LEFT JOIN recent r ON r.key = k.key
-                WHERE k.key IS NOT NULL
-            ), candidate AS (
-                -- Each key's next jobs, as many as it has room for...
-                SELECT next.* FROM key_room k CROSS JOIN LATERAL (
-                    SELECT j.id, j.priority, j.run_at FROM pgqueue_jobs j
-                    WHERE j.queue = claim_queue AND j.concurrency_key = k.key
-                      AND j.state = 'queued' AND j.run_at <= now_at
-                    ORDER BY j.priority DESC, j.run_at, j.id
-                    LIMIT greatest(k.n, 0)) next
-                UNION ALL
-                -- ...and the jobs without a key among the queue's next 1,000.
-                SELECT ahead.id, ahead.priority, ahead.run_at FROM (
-                    SELECT j.id, j.priority, j.run_at, j.concurrency_key FROM pgqueue_jobs j
-                    WHERE j.queue = claim_queue AND j.state = 'queued' AND j.run_at <= now_at
-                    ORDER BY j.priority DESC, j.run_at, j.id
-                    LIMIT 1000) ahead
-                WHERE ahead.concurrency_key IS NULL
-            )
-            SELECT candidate.id FROM candidate
-            ORDER BY candidate.priority DESC, candidate.run_at, candidate.id
-            LIMIT room) p;
-    END IF;
-    IF c.rate_period_seconds IS NOT NULL AND picked IS NOT NULL THEN
+            LIMIT k.n) next
+        UNION ALL
+        -- ...and the jobs without a key among the queue's next 1,000.
+        SELECT ahead.id, ahead.priority, ahead.run_at FROM (
+            SELECT j.id, j.priority, j.run_at, j.concurrency_key FROM pgqueue_jobs j
+            WHERE per_key AND j.queue = claim_queue AND j.state = 'queued'
+              AND j.run_at <= (SELECT now_at FROM clock)
+            ORDER BY j.priority DESC, j.run_at, j.id
+            LIMIT 1000) ahead
+        WHERE ahead.concurrency_key IS NULL
+    )
+    SELECT (SELECT now_at FROM clock),
+           ARRAY(SELECT p.id FROM (SELECT * FROM in_order UNION ALL SELECT * FROM by_key) p
+                 ORDER BY p.priority DESC, p.run_at, p.id
+                 LIMIT (SELECT n FROM room))
+    INTO now_at, picked;
+    IF c.rate_period_seconds IS NOT NULL AND picked <> '{}' THEN
         DELETE FROM pgqueue_starts s
         WHERE s.queue = claim_queue AND s.started_at <= now_at - period;
         INSERT INTO pgqueue_starts (queue, concurrency_key, started_at)
