@@ -26,6 +26,7 @@ from pgqueue.worker import AsyncWorker
 
 PROCESSES = 8
 DRAIN_TIMEOUT = 120.0
+Row = tuple[Any, ...]
 
 
 async def work(job: Job) -> None:
@@ -103,10 +104,10 @@ class Sampler:
         self._thread.join()
 
 
-def drain(url: str, queue: str, jobs: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+def drain(url: str, queue: str, jobs: list[dict[str, Any]]) -> tuple[list[Row], Sampler]:
     """Enqueue ``jobs`` (task work, in ``queue``) while PROCESSES workers
-    run; sample them; return (key, started_at, finished_at) of each, once all
-    succeeded."""
+    run, sampled; once all succeeded, return (key, started_at, finished_at,
+    attempts) of each, and the sampler."""
     with Queue(url, settings=Settings(database_url=url)) as q:
         with worker_processes(url) as procs, Sampler(url, queue) as sampler:
             time.sleep(1.0)  # the workers start (and find nothing)
@@ -116,13 +117,13 @@ def drain(url: str, queue: str, jobs: list[dict[str, Any]]) -> list[tuple[Any, .
                 assert time.monotonic() < deadline and all(p.is_alive() for p in procs)
                 time.sleep(0.05)
         assert sampler.samples > 100
-        drain.sampler = sampler  # type: ignore[attr-defined]
     with psycopg.connect(url) as conn:
-        return conn.execute(
+        rows = conn.execute(
             "SELECT concurrency_key, started_at, finished_at, attempts FROM pgqueue_jobs "
             "WHERE queue = %s ORDER BY started_at",
             (queue,),
         ).fetchall()
+    return rows, sampler
 
 
 def _succeeded(url: str, queue: str) -> int:
@@ -154,8 +155,8 @@ def test_the_concurrency_limit_holds_across_8_worker_processes(db_url: str) -> N
     limit = 4
     with Queue(db_url, settings=Settings(database_url=db_url)) as q:
         q.set_limits("limited", concurrency_limit=limit)
-    rows = drain(db_url, "limited", [{"payload": {"seconds": 0.01 + i % 7 / 200}} for i in range(300)])
-    sampler: Sampler = drain.sampler  # type: ignore[attr-defined]
+    jobs = [{"payload": {"seconds": 0.01 + i % 7 / 200}} for i in range(300)]
+    rows, sampler = drain(db_url, "limited", jobs)
     assert sampler.peak_total == limit  # reached, never passed
     assert most_at_once([(start, end) for _, start, end, _ in rows]) == limit
     assert {attempts for *_, attempts in rows} == {1}  # waiting for a slot is no attempt
@@ -170,8 +171,7 @@ def test_the_per_key_limit_holds_across_8_worker_processes(db_url: str) -> None:
         {"concurrency_key": keys[i % 3], "payload": {"seconds": 0.01 + i % 5 / 200}}
         for i in range(300)
     ]
-    rows = drain(db_url, "tenants", jobs)
-    sampler: Sampler = drain.sampler  # type: ignore[attr-defined]
+    rows, sampler = drain(db_url, "tenants", jobs)
     assert {key: sampler.peak[key] for key in keys} == dict.fromkeys(keys, per_key)
     for key in keys:
         intervals = [(start, end) for k, start, end, _ in rows if k == key]
@@ -182,7 +182,7 @@ def test_the_rate_limit_holds_over_every_window_across_8_worker_processes(db_url
     rate, period = 10, timedelta(seconds=0.5)
     with Queue(db_url, settings=Settings(database_url=db_url)) as q:
         q.set_limits("metered", rate_limit=rate, rate_period_seconds=period.total_seconds())
-    rows = drain(db_url, "metered", [{}] * 60)
+    rows, _ = drain(db_url, "metered", [{}] * 60)
     starts = [start for _, start, _, _ in rows]
     assert most_in_a_window(starts, period) == rate
 
@@ -191,7 +191,7 @@ def test_the_per_key_rate_limit_holds_over_every_window(db_url: str) -> None:
     rate, period = 4, timedelta(seconds=0.5)
     with Queue(db_url, settings=Settings(database_url=db_url)) as q:
         q.set_limits("metered", rate_limit_per_key=rate, rate_period_seconds=0.5)
-    rows = drain(db_url, "metered", [{"concurrency_key": k} for k in ("a", "b") * 20])
+    rows, _ = drain(db_url, "metered", [{"concurrency_key": k} for k in ("a", "b") * 20])
     for key in ("a", "b"):
         starts = [start for k, start, _, _ in rows if k == key]
         assert most_in_a_window(starts, period) == rate

@@ -306,7 +306,8 @@ def test_the_command_line_pauses_resumes_and_limits(
     assert table.exit_code == 0 and "(paused" in table.stdout
     shown = run("queues", "limit", "mail", "--concurrency", "4", "--rate", "100/1m", "--json")
     assert shown.exit_code == 0, shown.output
-    assert '"concurrency_limit": 4' in shown.stdout and '"rate_period_seconds": 60.0' in shown.stdout
+    assert '"concurrency_limit": 4' in shown.stdout
+    assert '"rate_period_seconds": 60.0' in shown.stdout
     [mail] = [row for row in _queues_json(run) if row["queue"] == "mail"]
     assert mail["paused"] is True and mail["limits"]["rate_limit"] == 100
     assert run("queues", "limit", "mail", "--rate", "none").exit_code == 0
@@ -347,7 +348,8 @@ async def test_enqueue_keeps_the_concurrency_key_on_every_path(
         ]
     )
     async with api_client(settings, headers=JSON) as http:
-        posted = (await http.post("/jobs", json={"task": "t", "concurrency_key": "tenant-4"})).json()
+        job = {"task": "t", "concurrency_key": "tenant-4"}
+        posted = (await http.post("/jobs", json=job)).json()
         bad = await http.post("/jobs", json={"task": "t", "concurrency_key": ""})
     assert bad.status_code == 422 and bad.json()["field"] == "concurrency_key"
     keys = [(await aqueue.get(i)).concurrency_key for i in (one.id, copied.id, inserted.id)]

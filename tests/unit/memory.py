@@ -33,6 +33,7 @@ class MemoryDatabase:
         self.migrated = migrated
         self.clock = datetime(2030, 1, 1, tzinfo=UTC)
         self.statements: list[Statement] = []
+        self.limited: list[str] = []  # queues with a concurrency limit
         self._faults: list[tuple[str, BaseException]] = []
         self._ids = itertools.count(1)
         self._tokens = itertools.count(1)
@@ -193,7 +194,7 @@ class MemoryDatabase:
         return [{"pruned": 0}]
 
     def queue_next_wake(self, queues: list[str] | None) -> list[Row]:
-        return [{"seconds": None, "limited": []}]
+        return [{"seconds": None, "limited": self.limited}]
 
 
 class MemorySession:

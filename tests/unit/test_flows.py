@@ -68,6 +68,36 @@ def test_claim_walks_each_queues_index_with_a_share_of_the_slots(
     assert (sent.params["queues"], sent.params["shares"], sent.jobs) == (sent_queues, shares, True)
 
 
+def test_round_robin_splits_the_slots_and_the_turn_says_who_gets_the_rest() -> None:
+    assert t.round_robin(5, ["a", "b", "c"], 0) == {"a": 2, "b": 2, "c": 1}
+    assert t.round_robin(5, ["a", "b", "c"], 1) == {"b": 2, "c": 2, "a": 1}
+    # Fewer slots than queues: the turn moves on with each claim, so each gets its go.
+    assert [t.round_robin(1, ["a", "b", "c"], turn) for turn in range(4)] == [
+        {"a": 1},
+        {"b": 1},
+        {"c": 1},
+        {"a": 1},
+    ]
+
+
+def test_claim_gives_what_a_short_queue_left_to_the_queues_that_filled_theirs() -> None:
+    db = MemoryDatabase()
+    for queue, count in (("a", 10), ("b", 1), ("c", 10)):
+        for _ in range(count):
+            db.add(queue=queue)
+    jobs = driver.run(t.claim(SETTINGS, limit=9, worker="w", queues=["a", "b", "c"], turn=0), db)
+    assert sorted(job.queue for job in jobs) == ["a"] * 4 + ["b"] + ["c"] * 4
+    sent = db.sent("job_claim")
+    shares = [dict(zip(s.params["queues"], s.params["shares"], strict=True)) for s in sent]
+    assert shares == [{"a": 3, "b": 3, "c": 3}, {"c": 1, "a": 1}]
+
+
+def test_claim_of_no_queue_sends_nothing() -> None:
+    db = MemoryDatabase()
+    assert driver.run(t.claim(SETTINGS, limit=9, worker="w", queues=[]), db) == []
+    assert db.statements == []
+
+
 def test_claim_takes_the_highest_priority_first_and_only_its_queues() -> None:
     db = MemoryDatabase()
     low, high = db.add(priority=0), db.add(priority=9)

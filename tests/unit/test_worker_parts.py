@@ -202,6 +202,55 @@ async def test_the_producer_claims_no_more_than_the_free_slots() -> None:
     await asyncio.wait_for(task, 5)
 
 
+def idle_producer(db: MemoryDatabase, **kwargs: Any) -> Producer:
+    """A producer whose poll is far longer than any test: only a wake-up
+    makes it claim again."""
+    slow = SETTINGS.replace(poll_interval_seconds=60)
+    return Producer(
+        MemoryConnection(db), HeldJobs(10), slow, EVENTS, start=lambda jobs: None, **kwargs
+    )
+
+
+async def test_an_ended_job_of_a_concurrency_limited_queue_wakes_the_producer() -> None:
+    db = MemoryDatabase()
+    db.limited = ["limited"]
+    producer = idle_producer(db, queues=["limited", "other"])
+    task = asyncio.create_task(producer.claim_loop())
+    await until(lambda: len(db.sent("queue_next_wake")) == 1)  # idle, and knows the limits
+    claims = len(db.sent("job_claim"))
+    producer.jobs_ended({"other"})
+    await asyncio.sleep(0.05)
+    assert len(db.sent("job_claim")) == claims  # no slot of a limit was freed
+    producer.jobs_ended({"limited"})
+    await until(lambda: len(db.sent("job_claim")) == claims + 1)
+    producer.stop()
+    await asyncio.wait_for(task, 5)
+
+
+async def test_a_producer_of_every_queue_claims_from_those_it_finds_or_hears_of() -> None:
+    db = MemoryDatabase()
+    db.add(queue="found")
+    producer = idle_producer(db, queues=None)
+
+    async def hints() -> Any:
+        yield None
+        await until(lambda: db.sent("job_claim") != [])
+        db.add(queue="new")
+        yield "new"
+        await asyncio.Event().wait()
+
+    tasks = [
+        asyncio.create_task(producer.claim_loop()),
+        asyncio.create_task(producer.listen_loop(hints)),
+    ]
+    await until(lambda: any("new" in s.params["queues"] for s in db.sent("job_claim")))
+    assert db.sent("job_claim")[0].params["queues"] == ["found"]
+    assert {db.state(i) for i in db.jobs} == {"running"}
+    producer.stop()
+    tasks[1].cancel()
+    await asyncio.wait_for(tasks[0], 5)
+
+
 # -- the whole worker ------------------------------------------------------------------------
 
 
