@@ -40,13 +40,16 @@ ALTER TABLE pgqueue_jobs ADD COLUMN concurrency_key text;
 CREATE INDEX pgqueue_jobs_claim_key ON pgqueue_jobs (queue, concurrency_key, priority DESC, run_at, id)
     WHERE state = 'queued' AND concurrency_key IS NOT NULL;
 
--- One row per start in a rate-limited queue: a rate limit is exact over any
--- window because it counts these, not the jobs (a retried job starts again;
--- a pruned job is gone). job_claim deletes the rows older than the period.
+-- The starts of rate-limited queues: one row per claim and key, with how
+-- many jobs it started. A rate limit is exact over any window because it
+-- counts these, not the jobs (a retried job starts again; a pruned job is
+-- gone); a row per claim, not per job, keeps the window a few rows long.
+-- Rows older than the period are deleted by the next claim of the queue.
 CREATE TABLE pgqueue_starts (
     queue           text        NOT NULL,
     concurrency_key text,
-    started_at      timestamptz NOT NULL
+    started_at      timestamptz NOT NULL,
+    jobs            integer     NOT NULL
 );
 CREATE INDEX pgqueue_starts_window ON pgqueue_starts (queue, started_at);
 
@@ -96,7 +99,7 @@ BEGIN
             wanted,
             c.concurrency_limit - (SELECT count(*) FROM pgqueue_jobs j
                                    WHERE j.queue = claim_queue AND j.state = 'running'),
-            c.rate_limit - (SELECT count(*) FROM pgqueue_starts s, clock
+            c.rate_limit - (SELECT coalesce(sum(s.jobs), 0) FROM pgqueue_starts s, clock
                             WHERE s.queue = claim_queue AND s.started_at > clock.now_at - period)
         )) AS n
     ), in_order AS (
@@ -106,38 +109,48 @@ BEGIN
           AND j.run_at <= (SELECT now_at FROM clock)
         ORDER BY j.priority DESC, j.run_at, j.id
         LIMIT (SELECT n FROM room)
-    ), queued_key(key) AS (
-        -- With per-key limits: every key with queued jobs, by a skip scan of
-        -- pgqueue_jobs_claim_key (one probe per key).
-        (SELECT j.concurrency_key FROM pgqueue_jobs j
+    ), queued_key(key, priority, run_at, id) AS (
+        -- With per-key limits: every key with queued jobs and its first job
+        -- (its head), by a skip scan of pgqueue_jobs_claim_key: one probe per
+        -- key, however many jobs of a key wait.
+        (SELECT j.concurrency_key, j.priority, j.run_at, j.id FROM pgqueue_jobs j
          WHERE per_key AND j.queue = claim_queue AND j.state = 'queued'
            AND j.concurrency_key IS NOT NULL
-         ORDER BY j.concurrency_key LIMIT 1)
+         ORDER BY j.concurrency_key, j.priority DESC, j.run_at, j.id LIMIT 1)
         UNION ALL
-        SELECT (SELECT j.concurrency_key FROM pgqueue_jobs j
-                WHERE j.queue = claim_queue AND j.state = 'queued' AND j.concurrency_key > k.key
-                ORDER BY j.concurrency_key LIMIT 1)
-        FROM queued_key k WHERE k.key IS NOT NULL
+        SELECT head.* FROM queued_key k CROSS JOIN LATERAL (
+            SELECT j.concurrency_key, j.priority, j.run_at, j.id FROM pgqueue_jobs j
+            WHERE j.queue = claim_queue AND j.state = 'queued' AND j.concurrency_key > k.key
+            ORDER BY j.concurrency_key, j.priority DESC, j.run_at, j.id LIMIT 1) head
     ), busy AS (
         SELECT j.concurrency_key AS key, count(*) AS n FROM pgqueue_jobs j
         WHERE per_key AND j.queue = claim_queue AND j.state = 'running'
           AND j.concurrency_key IS NOT NULL
         GROUP BY 1
     ), recent AS (
-        SELECT s.concurrency_key AS key, count(*) AS n FROM pgqueue_starts s, clock
+        SELECT s.concurrency_key AS key, sum(s.jobs) AS n FROM pgqueue_starts s, clock
         WHERE per_key AND s.queue = claim_queue AND s.started_at > clock.now_at - period
           AND s.concurrency_key IS NOT NULL
         GROUP BY 1
     ), key_room AS (
-        SELECT k.key, greatest(0, least((SELECT n FROM room),
-                                         c.concurrency_limit_per_key - coalesce(b.n, 0),
-                                         c.rate_limit_per_key - coalesce(r.n, 0))) AS n
-        FROM queued_key k
-        LEFT JOIN busy b ON b.key = k.key
-        LEFT JOIN recent r ON r.key = k.key
-        WHERE k.key IS NOT NULL
+        -- The keys with room, in the claim order of their heads: only the
+        -- first `room` of them can have a job among the first `room`, and
+        -- the one at place i at most room - i + 1.
+        SELECT ordered.key, least(ordered.n, (SELECT n FROM room) - ordered.place + 1) AS n
+        FROM (
+            SELECT k.key, row_number() OVER (ORDER BY k.priority DESC, k.run_at, k.id) AS place,
+                   least(c.concurrency_limit_per_key - coalesce(b.n, 0),
+                         c.rate_limit_per_key - coalesce(r.n, 0)) AS n
+            FROM queued_key k
+            LEFT JOIN busy b ON b.key = k.key
+            LEFT JOIN recent r ON r.key = k.key
+            WHERE least(c.concurrency_limit_per_key - coalesce(b.n, 0),
+                        c.rate_limit_per_key - coalesce(r.n, 0)) > 0
+            ORDER BY k.priority DESC, k.run_at, k.id
+            LIMIT (SELECT n FROM room)
+        ) ordered
     ), by_key AS (
-        -- Each key's next jobs, as many as it has room for...
+        -- Each of those keys' next jobs, as many as it has room for...
         SELECT next.* FROM key_room k CROSS JOIN LATERAL (
             SELECT j.id, j.priority, j.run_at FROM pgqueue_jobs j
             WHERE j.queue = claim_queue AND j.concurrency_key = k.key AND j.state = 'queued'
@@ -162,8 +175,9 @@ BEGIN
     IF c.rate_period_seconds IS NOT NULL AND picked <> '{}' THEN
         DELETE FROM pgqueue_starts s
         WHERE s.queue = claim_queue AND s.started_at <= now_at - period;
-        INSERT INTO pgqueue_starts (queue, concurrency_key, started_at)
-        SELECT claim_queue, j.concurrency_key, now_at FROM pgqueue_jobs j WHERE j.id = ANY(picked);
+        INSERT INTO pgqueue_starts (queue, concurrency_key, started_at, jobs)
+        SELECT claim_queue, j.concurrency_key, now_at, count(*) FROM pgqueue_jobs j
+        WHERE j.id = ANY(picked) GROUP BY j.concurrency_key;
     END IF;
     RETURN QUERY SELECT p.id, now_at FROM unnest(picked) AS p(id);
 END
