@@ -2,6 +2,7 @@
 drains, and how long a flood in one queue makes another queue's jobs wait.
 
     python -m bench.perf.limits [--jobs 20000] [--repeats 3] [--flood 100000] [--only NAME]
+                                [--rate-jobs 5000] [--trickle 60]
 
 On a fresh server on disk with fsync and synchronous_commit on:
 
@@ -15,10 +16,10 @@ On a fresh server on disk with fsync and synchronous_commit on:
   this machine, the server's CPU time for claim and ack together.
 * drain: 2 worker processes (no-op handler, concurrency 100) drain JOBS
   jobs with no controls, a concurrency limit of 50 and of 10, per-key limits
-  of 5 over 20 keys, and a rate limit of 2,000 per second (5,000 jobs);
+  of 5 over 20 keys, and a rate limit of 2,000 per second (RATE_JOBS jobs);
   jobs/s from first start to last finish (database clock).
-* fairness: FLOOD jobs in queue "flood", then 20 jobs a second in queue
-  "trickle" for 3 s, one worker process serving both (named, and every
+* fairness: FLOOD jobs in queue "flood", then TRICKLE jobs in queue
+  "trickle", 20 a second, one worker process serving both (named, and every
   queue); the trickle jobs' start latency (started_at - run_at) and the
   flood's drain rate. Run with another checkout's interpreter to measure it
   (``--only fairness`` uses no queue controls).
@@ -33,6 +34,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -63,7 +65,6 @@ DRAIN: dict[str, dict[str, Any]] = {
     "rate_limit_2000_per_second": {"rate_limit": 2000, "rate_period_seconds": 1.0},
 }
 DRAIN_KEYS = 20
-RATE_JOBS = 5000
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -126,8 +127,10 @@ def claim_cost(url: str, jobs: int, limits: dict[str, Any]) -> dict[str, float |
     }
 
 
-def drain(url: str, jobs: int, limits: dict[str, Any]) -> float:
-    """2 worker processes drain ``jobs`` no-op jobs under ``limits``."""
+def drain(url: str, jobs: int, rate_jobs: int, limits: dict[str, Any]) -> dict[str, float]:
+    """2 worker processes drain ``jobs`` no-op jobs (``rate_jobs`` under a
+    rate limit) under ``limits``."""
+    jobs = rate_jobs if "rate_limit" in limits else jobs
     reset(url)
     keyed = "concurrency_limit_per_key" in limits
     with Queue(url, settings=Settings(database_url=url)) as q:
@@ -145,10 +148,10 @@ def drain(url: str, jobs: int, limits: dict[str, Any]) -> float:
         )
     with async_workers(2, Settings(database_url=url, concurrency=100), name="limits") as procs:
         wait_drained(url, jobs, procs)
-    return rate(url, jobs)
+    return {"jobs_per_second": rate(url, jobs)}
 
 
-def fairness(url: str, flood: int, queues: Sequence[str] | None) -> dict[str, Any]:
+def fairness(url: str, flood: int, trickle: int, queues: Sequence[str] | None) -> dict[str, Any]:
     """A flood in one queue, a trickle in another, one worker for both (no
     queue controls: another checkout, without them, can run this too)."""
     clear(url, checkpoint=False)
@@ -157,18 +160,18 @@ def fairness(url: str, flood: int, queues: Sequence[str] | None) -> dict[str, An
         settings = Settings(database_url=url, concurrency=100)
         with async_workers(1, settings, name="fair", queues=queues) as procs:
             wait_connected(url, 1)
-            trickle: list[int] = []
-            for _ in range(60):  # 20 a second for 3 s
-                trickle.append(q.enqueue("noop", queue="trickle").id)
+            ids: list[int] = []
+            for _ in range(trickle):  # 20 a second
+                ids.append(q.enqueue("noop", queue="trickle").id)
                 time.sleep(0.05)
-            wait_drained(url, flood + len(trickle), procs)
+            wait_drained(url, flood + trickle, procs)
     with psycopg.connect(url) as conn:
         waits = [
             row[0]
             for row in conn.execute(
                 "SELECT extract(epoch FROM started_at - run_at)::float8 * 1000 FROM pgqueue_jobs "
                 "WHERE id = ANY(%s) ORDER BY 1",
-                (trickle,),
+                (ids,),
             )
         ]
     return {
@@ -209,6 +212,8 @@ def main(argv: list[str] | None = None) -> ResultRecord:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--flood", type=int, default=100_000)
+    parser.add_argument("--rate-jobs", type=int, default=5000)
+    parser.add_argument("--trickle", type=int, default=60)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", choices=["claim_cost", "drain", "fairness"], default=None)
     parser.add_argument("--out", default=None)
@@ -217,22 +222,18 @@ def main(argv: list[str] | None = None) -> ResultRecord:
     with bench_database("limits") as url:
         groups: dict[str, dict[str, Callable[[], Any]]] = {
             "claim_cost": {
-                f"claim_cost.{name}": (lambda limits=limits: claim_cost(url, args.jobs, limits))
+                f"claim_cost.{name}": partial(claim_cost, url, args.jobs, limits)
                 for name, limits in CLAIM_COST.items()
             },
             "drain": {
-                f"drain.{name}": (
-                    lambda limits=limits: {
-                        "jobs_per_second": drain(
-                            url, RATE_JOBS if "rate_limit" in limits else args.jobs, limits
-                        )
-                    }
-                )
+                f"drain.{name}": partial(drain, url, args.jobs, args.rate_jobs, limits)
                 for name, limits in DRAIN.items()
             },
             "fairness": {
-                "fairness.named_queues": lambda: fairness(url, args.flood, ["flood", "trickle"]),
-                "fairness.every_queue": lambda: fairness(url, args.flood, None),
+                "fairness.named_queues": partial(
+                    fairness, url, args.flood, args.trickle, ["flood", "trickle"]
+                ),
+                "fairness.every_queue": partial(fairness, url, args.flood, args.trickle, None),
             },
         }
         for group, scenarios in groups.items():
@@ -255,7 +256,8 @@ def main(argv: list[str] | None = None) -> ResultRecord:
             "batch": BATCH,
             "claim_cost_keys": KEYS,
             "drain_keys": DRAIN_KEYS,
-            "rate_jobs": RATE_JOBS,
+            "rate_jobs": args.rate_jobs,
+            "trickle": args.trickle,
             "only": args.only,
         },
         results=results,

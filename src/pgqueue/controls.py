@@ -22,7 +22,7 @@ Errors name the field (``InvalidQueueControl``) and write nothing.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from typing import Any
 
@@ -85,10 +85,14 @@ class QueueControls:
         return {name: getattr(self, name) for name in LIMITS}
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: the update time as ISO 8601."""
-        values = asdict(self)
-        values["updated_at"] = self.updated_at.isoformat() if self.updated_at else None
-        return values
+        """JSON-ready, in the shape the HTTP API answers with: the limits in
+        an object of their own, the update time as ISO 8601."""
+        return {
+            "queue": self.queue,
+            "paused": self.paused,
+            "limits": self.limits(),
+            "updated_at": self.updated_at.isoformat() if self.updated_at else None,
+        }
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> QueueControls:
