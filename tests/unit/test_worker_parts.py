@@ -251,6 +251,45 @@ async def test_a_producer_of_every_queue_claims_from_those_it_finds_or_hears_of(
     await asyncio.wait_for(tasks[0], 5)
 
 
+class SlowListing(MemoryConnection):
+    """Lists the queues as they were when asked, and answers 50 ms later."""
+
+    async def run(self, flow: Any) -> Any:
+        db = self.db
+
+        class Session:
+            async def execute(self, statement: Any) -> list[Any]:
+                rows = db.execute(statement)
+                if statement.name == "queue_names_queued":
+                    await asyncio.sleep(0.05)
+                return rows
+
+        return await driver.run_async(flow, Session())
+
+
+async def test_a_queue_heard_of_while_the_queues_are_listed_is_not_forgotten() -> None:
+    db = MemoryDatabase()
+    slow = SETTINGS.replace(poll_interval_seconds=60)
+    producer = Producer(
+        SlowListing(db), HeldJobs(10), slow, EVENTS, queues=None, start=lambda jobs: None
+    )
+
+    async def hints() -> Any:
+        yield None
+        await until(lambda: db.sent("queue_names_queued") != [])
+        db.add(queue="new")  # enqueued, and its hint heard, while the listing runs
+        yield "new"
+        await asyncio.Event().wait()
+
+    listener = asyncio.create_task(producer.listen_loop(hints))
+    claimer = asyncio.create_task(producer.claim_loop())
+    await until(lambda: db.jobs and next(iter(db.jobs.values()))["state"] == "running")
+    assert producer.known == ["new"]
+    producer.stop()
+    listener.cancel()
+    await asyncio.wait_for(claimer, 5)
+
+
 # -- the whole worker ------------------------------------------------------------------------
 
 

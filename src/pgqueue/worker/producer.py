@@ -64,6 +64,7 @@ class Producer:
         self._next_check_at = 0.0  # when to ask again for the earliest run_at
         self._next_due: float | None = None  # monotonic time of the earliest run_at
         self._next_listing = 0.0  # (every queue) when to list the queues with jobs again
+        self._heard: set[str] = set()  # queues named by hints since the last listing began
         self._turn = 0  # which queue comes first in the round-robin
         self._limited: frozenset[str] = frozenset()  # queues with a concurrency limit
 
@@ -121,7 +122,10 @@ class Producer:
         queues that have jobs (hints add new ones in between)."""
         if self.queues is not None or time.monotonic() < self._next_listing:
             return
-        self.known = await self.conn.run(queues_with_jobs())
+        self._heard.clear()
+        listed = await self.conn.run(queues_with_jobs())
+        # A queue heard of while the list was read may have jobs it missed.
+        self.known = [*listed, *(name for name in self._heard if name not in listed)]
         self._next_listing = time.monotonic() + self.settings.poll_interval_seconds
 
     def _claimed(self, jobs: list[Job], *, full: bool) -> None:
@@ -182,6 +186,7 @@ class Producer:
                         backoff.succeeded()
                         self._wake.set()
                     elif not ours or queue in ours:
+                        self._heard.add(queue)
                         if queue not in self.known:
                             self.known.append(queue)
                         self._wake.set()
