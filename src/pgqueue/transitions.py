@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections import Counter
-from collections.abc import Generator, Iterable, Sequence
+from collections.abc import Collection, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -244,18 +244,21 @@ def claim(
     worker: str,
     queues: Sequence[str] | None = None,
     turn: int | None = None,
+    sparse: Collection[str] = (),
     lease_seconds: float | None = None,
 ) -> Flow[list[Job]]:
     """Claim up to ``limit`` runnable jobs of ``queues`` (None: of every
     queue that has queued jobs), round-robin: each queue gets an equal share
     of ``limit``; ``turn`` says which queues get the remainder (None: chosen
-    at random); what a queue cannot fill goes to those that filled theirs.
-    A paused queue gives nothing; a limited queue, what its limits allow."""
+    at random); ``sparse`` queues (those that gave nothing last time) are
+    asked for one job each first, and what they do not take, the others do;
+    what a queue cannot fill goes to those that filled theirs. A paused
+    queue gives nothing; a limited queue, what its limits allow."""
     names = list(dict.fromkeys(queues)) if queues is not None else (yield from queues_with_jobs())
     turn = random.randrange(len(names) or 1) if turn is None else turn
     jobs: list[Job] = []
     while names and len(jobs) < limit:
-        shares = round_robin(limit - len(jobs), names, turn)
+        shares = round_robin(limit - len(jobs), names, turn, sparse)
         batch: list[Job] = yield Statement(
             "job_claim",
             {
@@ -272,21 +275,30 @@ def claim(
         got = Counter(job.queue for job in batch)
         # A queue that filled its share may have more; one that did not has
         # no more to give now; one that had no share (fewer slots than
-        # queues) has not been asked yet.
+        # queues) has not been asked yet. (A claim that stopped at `limit`
+        # ends the loop: the queue it cut short is not taken for empty.)
         names = [name for name in names if got[name] >= shares.get(name, 0)]
         turn += 1
     return jobs
 
 
-def round_robin(slots: int, queues: Sequence[str], turn: int) -> dict[str, int]:
-    """``slots`` split as evenly as can be over ``queues``; the one at
-    ``turn`` (modulo) and those after it get the remainder. Queues whose
-    share is 0 are left out."""
-    count = len(queues)
-    each, extra = divmod(slots, count)
-    start = turn % count
+def round_robin(
+    slots: int, queues: Sequence[str], turn: int, sparse: Collection[str] = ()
+) -> dict[str, int]:
+    """Each queue's share of ``slots``, in the order the claim asks them:
+    the ``sparse`` ones first, one slot each; then the others, who split all
+    of ``slots`` as evenly as can be (the one at ``turn``, modulo, and those
+    after it get the remainder). The claim stops at ``slots``, so that the
+    slots a sparse queue does not take go to the others in the same
+    statement. Queues whose share is 0 are left out."""
+    start = turn % len(queues)
     order = [*queues[start:], *queues[:start]]
-    return {name: each + (i < extra) for i, name in enumerate(order) if each + (i < extra)}
+    few = [name for name in order if name in sparse]
+    many = [name for name in order if name not in sparse] or few
+    shares = {name: 1 for name in few[:slots] if many is not few}
+    each, extra = divmod(slots, len(many))
+    shares.update({name: each + (i < extra) for i, name in enumerate(many) if each + (i < extra)})
+    return shares
 
 
 def queues_with_jobs() -> Flow[list[str]]:

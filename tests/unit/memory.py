@@ -112,7 +112,7 @@ class MemoryDatabase:
         worker: str,
         latency_bounds: list[float],
     ) -> list[Row]:
-        claimed: list[Row] = []
+        claimed: list[Row] = []  # (the statement stops at `limit`)
         for queue, share in zip(queues, shares, strict=True):
             runnable = [
                 row
@@ -123,6 +123,7 @@ class MemoryDatabase:
             ]
             runnable.sort(key=lambda r: (-r["priority"], r["run_at"], r["id"]))
             claimed += runnable[:share]
+        claimed = claimed[:limit]
         for row in claimed:
             row.update(
                 state="running",

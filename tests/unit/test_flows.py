@@ -3,7 +3,9 @@ is driven over a scripted session that answers by statement name."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -78,6 +80,29 @@ def test_round_robin_splits_the_slots_and_the_turn_says_who_gets_the_rest() -> N
         {"c": 1},
         {"a": 1},
     ]
+
+
+def test_a_sparse_queue_is_asked_for_one_job_first_and_the_others_for_all() -> None:
+    assert t.round_robin(10, ["a", "b", "c"], 0, sparse={"b"}) == {"b": 1, "a": 5, "c": 5}
+    assert t.round_robin(10, ["a", "b"], 0, sparse={"a", "b"}) == {"a": 5, "b": 5}
+    db = MemoryDatabase()
+    for _ in range(20):
+        db.add(queue="flood")
+    trickle = db.add(queue="trickle")
+    # One statement: what the sparse queue does not take (it is empty, then
+    # has one), the flood takes.
+    for expected in ({"flood": 10}, {"trickle": 1, "flood": 9}):
+        if "trickle" in expected:
+            db.jobs[trickle]["run_at"] = db.clock
+        else:
+            db.jobs[trickle]["run_at"] = db.clock + timedelta(hours=1)
+        before = len(db.sent("job_claim"))
+        flow = t.claim(
+            SETTINGS, limit=10, worker="w", queues=["flood", "trickle"], turn=0, sparse={"trickle"}
+        )
+        jobs = driver.run(flow, db)
+        assert Counter(job.queue for job in jobs) == expected
+        assert len(db.sent("job_claim")) == before + 1
 
 
 def test_claim_gives_what_a_short_queue_left_to_the_queues_that_filled_theirs() -> None:

@@ -75,32 +75,17 @@ COPY pgqueue_jobs (id, queue, task, payload, priority, max_attempts, timeout_sec
 SELECT count(pg_notify('pgqueue_jobs', q)) AS notified FROM unnest(%(queues)s::text[]) AS q;
 
 -- name: job_claim
--- Claim runnable jobs from `queues`, at most `shares[i]` from `queues[i]`
--- (a round-robin split of the free slots, made by transitions.claim): mark
--- them running, count the attempt, and give each a lease and a fresh fencing
+-- Claim up to `limit` runnable jobs of `queues`, at most `shares[i]` of
+-- `queues[i]`, asking the queues in that order (transitions.claim makes the
+-- round-robin split; the shares may add up to more than `limit`): mark them
+-- running, count the attempt, and give each a lease and a fresh fencing
 -- token. The queue controls (pgqueue_queues; a queue without a row has
 -- none) say how: a paused queue is left out; a limited queue's jobs are
 -- chosen by pgqueue_pick_limited, under that queue's lock.
 WITH wanted AS (
-    SELECT q.name, q.share, c.paused, c.limited
-    FROM unnest(%(queues)s::text[], %(shares)s::integer[]) AS q(name, share)
+    SELECT q.name, q.share, q.place, c.paused, c.limited
+    FROM unnest(%(queues)s::text[], %(shares)s::integer[]) WITH ORDINALITY AS q(name, share, place)
     LEFT JOIN pgqueue_queues c ON c.name = q.name
-), in_free_queues AS (
-    -- Each queue walks its own index, pgqueue_jobs_claim_queue, in claim
-    -- order: a flood in one queue costs another queue's claim nothing.
-    SELECT next.id, NULL::timestamptz AS at
-    FROM wanted q CROSS JOIN LATERAL (
-        SELECT id FROM pgqueue_jobs
-        WHERE queue = q.name AND state = 'queued' AND run_at <= now()
-        ORDER BY priority DESC, run_at, id
-        LIMIT q.share
-        -- SKIP LOCKED lets concurrent claimers take the next free rows
-        -- instead of queueing behind each other's row locks.
-        FOR UPDATE SKIP LOCKED) next
-    WHERE q.paused IS NOT TRUE AND q.limited IS NOT TRUE
-    -- (The shares add up to `limit`: saying so keeps the planner's estimate,
-    -- and so its plan for the update, right.)
-    LIMIT %(limit)s
 ), in_limited_queues AS (
     -- In the order of their locks, so that two claimers never wait for each
     -- other's.
@@ -109,13 +94,32 @@ WITH wanted AS (
           ORDER BY hashtext(name)) q
     CROSS JOIN LATERAL pgqueue_pick_limited(q.name, q.share) picked
     LIMIT %(limit)s
+), in_free_queues AS (
+    -- Each queue walks its own index, pgqueue_jobs_claim_queue, in claim
+    -- order: a flood in one queue costs another queue's claim nothing. The
+    -- queues are asked in order, and the claim stops at `limit` (which
+    -- also keeps the planner's estimate, and so its plan for the update,
+    -- right): what the first queues do not take, the later ones do.
+    SELECT next.id, NULL::timestamptz AS at
+    FROM (SELECT name, share FROM wanted WHERE paused IS NOT TRUE AND limited IS NOT TRUE
+          ORDER BY place) q
+    CROSS JOIN LATERAL (
+        SELECT id FROM pgqueue_jobs
+        WHERE queue = q.name AND state = 'queued' AND run_at <= now()
+        ORDER BY priority DESC, run_at, id
+        LIMIT q.share
+        -- SKIP LOCKED lets concurrent claimers take the next free rows
+        -- instead of queueing behind each other's row locks.
+        FOR UPDATE SKIP LOCKED) next
+    LIMIT %(limit)s
 ), claimed AS (
     UPDATE pgqueue_jobs j
     SET state = 'running', attempts = j.attempts + 1,
         lease_token = nextval('pgqueue_lease_token_seq'),
         lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
         worker = %(worker)s, started_at = coalesce(picked.at, now())
-    FROM (SELECT id, at FROM in_free_queues UNION ALL SELECT id, at FROM in_limited_queues) picked
+    FROM (SELECT id, at FROM in_limited_queues UNION ALL SELECT id, at FROM in_free_queues
+          LIMIT %(limit)s) picked
     -- A limited queue's jobs were chosen, not locked: the state is checked
     -- again on the row's newest version.
     WHERE j.id = picked.id AND j.state = 'queued'

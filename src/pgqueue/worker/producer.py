@@ -9,7 +9,9 @@ moving on), whichever comes first. Each claimed job goes to ``start`` (the
 worker), which runs it.
 
 Its queues share the free slots round-robin (``transitions.claim``), so that
-a flood in one cannot hold up another; the turn moves on with every claim. A
+a flood in one cannot hold up another; the turn moves on with every claim,
+and a queue that gave nothing last time is asked for one job (what it does
+not take goes to the others in the same statement). A
 worker of every queue claims from the queues that have queued jobs: it lists
 them at most once per poll interval, and learns a new one from its hint.
 
@@ -66,6 +68,7 @@ class Producer:
         self._next_listing = 0.0  # (every queue) when to list the queues with jobs again
         self._heard: set[str] = set()  # queues named by hints since the last listing began
         self._turn = 0  # which queue comes first in the round-robin
+        self._sparse: frozenset[str] = frozenset()  # queues that gave nothing last time
         self._limited: frozenset[str] = frozenset()  # queues with a concurrency limit
 
     def wake(self) -> None:
@@ -106,6 +109,7 @@ class Producer:
                         worker=self.events.worker,
                         queues=self.known,
                         turn=self._turn,
+                        sparse=self._sparse,
                     )
                 )
             except WAIT_OUT as exc:
@@ -131,6 +135,7 @@ class Producer:
     def _claimed(self, jobs: list[Job], *, full: bool) -> None:
         self.stats["claims"] += 1
         self._turn += 1
+        self._sparse = frozenset(self.known).difference(job.queue for job in jobs)
         self._last_claim_full = full
         if not jobs:
             return
