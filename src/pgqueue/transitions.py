@@ -272,11 +272,12 @@ def claim(
             jobs=True,
         )
         jobs.extend(batch)
+        if len(jobs) >= limit:
+            break
         got = Counter(job.queue for job in batch)
         # A queue that filled its share may have more; one that did not has
         # no more to give now; one that had no share (fewer slots than
-        # queues) has not been asked yet. (A claim that stopped at `limit`
-        # ends the loop: the queue it cut short is not taken for empty.)
+        # queues) has not been asked yet.
         names = [name for name in names if got[name] >= shares.get(name, 0)]
         turn += 1
     return jobs
