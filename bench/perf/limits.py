@@ -74,6 +74,20 @@ def reset(url: str) -> None:
         conn.execute("TRUNCATE pgqueue_queues, pgqueue_starts")
 
 
+def load(q: Queue, jobs: int, limits: dict[str, Any], keys: int) -> None:
+    """Set the queue's limits and enqueue ``jobs`` no-op jobs in it, spread
+    over ``keys`` concurrency keys under a per-key limit."""
+    if limits:
+        q.set_limits(QUEUE, **limits)
+    keyed = "concurrency_limit_per_key" in limits
+    q.enqueue_many(
+        [
+            {"task": "noop", "queue": QUEUE, "concurrency_key": f"k{i % keys}" if keyed else None}
+            for i in range(jobs)
+        ]
+    )
+
+
 def _backend_cpu(conn: psycopg.Connection[Any]) -> float | None:
     """Seconds of CPU the connection's server process has used, when it runs
     here and its /proc entry is readable."""
@@ -90,21 +104,9 @@ def _backend_cpu(conn: psycopg.Connection[Any]) -> float | None:
 def claim_cost(url: str, jobs: int, limits: dict[str, Any]) -> dict[str, float | None]:
     """Claim and ack JOBS jobs of one queue in batches; time the claims."""
     reset(url)
-    keyed = "concurrency_limit_per_key" in limits
     settings = Settings(database_url=url, pool_min_size=1, pool_max_size=1)
     with Queue(url, settings=settings) as q, psycopg.connect(url, autocommit=True) as conn:
-        if limits:
-            q.set_limits(QUEUE, **limits)
-        q.enqueue_many(
-            [
-                {
-                    "task": "noop",
-                    "queue": QUEUE,
-                    "concurrency_key": f"k{i % KEYS}" if keyed else None,
-                }
-                for i in range(jobs)
-            ]
-        )
+        load(q, jobs, limits, KEYS)
         conn.execute("VACUUM ANALYZE pgqueue_jobs")
         # Claims and acks on one connection of our own, whose server process we time.
         cpu_before = _backend_cpu(conn)
@@ -132,20 +134,8 @@ def drain(url: str, jobs: int, rate_jobs: int, limits: dict[str, Any]) -> dict[s
     rate limit) under ``limits``."""
     jobs = rate_jobs if "rate_limit" in limits else jobs
     reset(url)
-    keyed = "concurrency_limit_per_key" in limits
     with Queue(url, settings=Settings(database_url=url)) as q:
-        if limits:
-            q.set_limits(QUEUE, **limits)
-        q.enqueue_many(
-            [
-                {
-                    "task": "noop",
-                    "queue": QUEUE,
-                    "concurrency_key": f"k{i % DRAIN_KEYS}" if keyed else None,
-                }
-                for i in range(jobs)
-            ]
-        )
+        load(q, jobs, limits, DRAIN_KEYS)
     with async_workers(2, Settings(database_url=url, concurrency=100), name="limits") as procs:
         wait_drained(url, jobs, procs)
     return {"jobs_per_second": rate(url, jobs)}

@@ -21,6 +21,7 @@ from typing import Any
 
 import psycopg
 
+from bench.workers import stop
 from pgqueue import Job, Queue, Settings
 from pgqueue.worker import AsyncWorker
 
@@ -61,12 +62,7 @@ def worker_processes(url: str, concurrency: int = 10) -> Iterator[list[Any]]:
     try:
         yield procs
     finally:
-        done.set()
-        for proc in procs:
-            proc.join(30)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+        stop(procs, done, timeout=30)
 
 
 class Sampler:

@@ -14,6 +14,7 @@ line; a bad one is a 422 naming it, and nothing is written.
 # No "from __future__ import annotations": FastAPI reads the signatures at
 # run time, and the patch body's model is made at import.
 
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, Path, Request
@@ -66,27 +67,36 @@ def _queue(request: Request) -> AsyncQueue:
     return queue
 
 
-@router.post(
-    "/queues/{name}/pause",
-    response_model=QueueControlsOut,
-    responses=RESPONSES,
-    summary="Pause a queue",
-    description="No job of the queue starts from now on, on any worker; running jobs finish. "
-    "A queue may be paused before it has jobs.",
-)
-async def pause_queue(name: QueueName, request: Request) -> QueueControlsOut:
-    return QueueControlsOut.of(await _queue(request).pause(name))
+def _pausing(paused: bool) -> Callable[[str, Request], Awaitable[QueueControlsOut]]:
+    """The route that pauses (or resumes) the queue it names."""
+
+    async def route(name: QueueName, request: Request) -> QueueControlsOut:
+        queue = _queue(request)
+        return QueueControlsOut.of(await (queue.pause(name) if paused else queue.resume(name)))
+
+    return route
 
 
-@router.post(
-    "/queues/{name}/resume",
-    response_model=QueueControlsOut,
-    responses=RESPONSES,
-    summary="Resume a queue",
-    description="Its jobs start again; idle workers are woken at once.",
-)
-async def resume_queue(name: QueueName, request: Request) -> QueueControlsOut:
-    return QueueControlsOut.of(await _queue(request).resume(name))
+for _action, _paused, _summary, _description in (
+    (
+        "pause",
+        True,
+        "Pause a queue",
+        "No job of the queue starts from now on, on any worker; running jobs finish. "
+        "A queue may be paused before it has jobs.",
+    ),
+    ("resume", False, "Resume a queue", "Its jobs start again; idle workers are woken at once."),
+):
+    router.add_api_route(
+        f"/queues/{{name}}/{_action}",
+        _pausing(_paused),
+        methods=["POST"],
+        name=f"{_action}_queue",
+        response_model=QueueControlsOut,
+        responses=RESPONSES,
+        summary=_summary,
+        description=_description,
+    )
 
 
 @router.patch(
