@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
@@ -60,12 +61,44 @@ def _caller_connection(connection: Any) -> Any:
     )
 
 
+class EveryQueue:
+    """Claims of every queue (``Queue.claim`` without queues) ask the
+    queues that had jobs when last listed, so that a claim is one statement,
+    not two. The list is read again when it is older than ``max_age``
+    seconds, and when a claim from it comes back short: then the queues it
+    did not have are asked at once."""
+
+    def __init__(self, max_age: float) -> None:
+        self.max_age = max_age
+        self.names: list[str] = []
+        self._listed_at = -math.inf  # (monotonic: the age of a list, not a time)
+
+    def claim(self, settings: Settings, *, limit: int, worker: str) -> Flow[list[Job]]:
+        fresh = time.monotonic() - self._listed_at > self.max_age
+        if fresh:
+            yield from self._list()
+        jobs = yield from t.claim(settings, limit=limit, worker=worker, queues=self.names)
+        if len(jobs) < limit and not fresh:
+            known = set(self.names)
+            yield from self._list()
+            new = [name for name in self.names if name not in known]
+            if new:
+                more = t.claim(settings, limit=limit - len(jobs), worker=worker, queues=new)
+                jobs += yield from more
+        return jobs
+
+    def _list(self) -> Flow[None]:
+        self.names = yield from t.queues_with_jobs()
+        self._listed_at = time.monotonic()
+
+
 class _Common:
     """Settings, URL and the validation shared by both faces."""
 
     def __init__(self, url: str | None, settings: Settings | None) -> None:
         self.settings = settings or Settings.load()
         self._url = url
+        self._every_queue = EveryQueue(self.settings.poll_interval_seconds)
 
     def _spec(self, task: Any, payload: Any, **fields: Any) -> JobSpec:
         return JobSpec.from_fields(
@@ -79,6 +112,8 @@ class _Common:
     def _claim(self, limit: int, worker: str, queues: Sequence[str] | None) -> Flow[list[Job]]:
         if not 1 <= limit <= 10_000:
             raise ValueError(f"limit must be between 1 and 10000, got {limit}")
+        if queues is None:
+            return self._every_queue.claim(self.settings, limit=limit, worker=worker)
         return t.claim(self.settings, limit=limit, worker=worker, queues=queues)
 
     def _pool_kwargs(self) -> dict[str, Any]:
@@ -169,6 +204,9 @@ class Queue(_Common):
     def claim(
         self, limit: int = 1, *, worker: str = "", queues: Sequence[str] | None = None
     ) -> list[Job]:
+        """Claim up to ``limit`` runnable jobs, round-robin across ``queues``
+        (None: every queue that has queued jobs; see ``EveryQueue``). A
+        paused queue gives none; a limited queue what its limits allow."""
         return self.run(self._claim(limit, worker, queues))
 
     def heartbeat(self, jobs: Sequence[Job], lease_seconds: float | None = None) -> set[int]:
