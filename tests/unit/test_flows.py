@@ -12,6 +12,7 @@ import pytest
 
 from pgqueue import JobAlreadyFinished, JobNotRetryable, JobSpec, JobState, Settings, driver
 from pgqueue import transitions as t
+from pgqueue.queue import EveryQueue
 from pgqueue.sql import migration_versions
 from pgqueue.transitions import Statement
 from tests.unit.memory import MemoryDatabase, MemorySession
@@ -121,6 +122,21 @@ def test_claim_of_no_queue_sends_nothing() -> None:
     db = MemoryDatabase()
     assert driver.run(t.claim(SETTINGS, limit=9, worker="w", queues=[]), db) == []
     assert db.statements == []
+
+
+def test_a_claim_of_every_queue_lists_them_again_only_when_old_or_short() -> None:
+    db = MemoryDatabase()
+    for _ in range(5):
+        db.add(queue="a")
+    every = EveryQueue(max_age=3600)
+    assert len(driver.run(every.claim(SETTINGS, limit=2, worker="w"), db)) == 2
+    assert len(driver.run(every.claim(SETTINGS, limit=2, worker="w"), db)) == 2
+    assert len(db.sent("queue_names_queued")) == 1  # one list for both claims
+    db.add(queue="b")  # a queue the list does not have
+    jobs = driver.run(every.claim(SETTINGS, limit=5, worker="w"), db)
+    # a came back short: the queues are listed again, and b is asked at once.
+    assert sorted(job.queue for job in jobs) == ["a", "b"]
+    assert len(db.sent("queue_names_queued")) == 2
 
 
 def test_claim_takes_the_highest_priority_first_and_only_its_queues() -> None:
