@@ -2,11 +2,12 @@
 -- the claim statement (job_claim in sql/queries.sql).
 --
 -- A queue without a row here, or with a row that sets nothing, is claimed as
--- before: one statement, no lock. A queue that is limited is claimed in a
--- transaction of two statements (queue_claim_lock, then job_claim for that
--- queue alone), under a transaction-level advisory lock per queue, so that
--- two claimers cannot both see room for the last slot. No row is updated per
--- claim or per finish: the limits count the running jobs themselves.
+-- before, with no lock. A paused queue is left out of the claim. A limited
+-- queue's jobs are chosen by pgqueue_pick_limited (below), which job_claim
+-- calls: under a transaction-level advisory lock of that queue, held until
+-- the claim statement ends, so that two claimers cannot both see room for the
+-- last slot. No row is updated per claim or per finish: the limits count the
+-- running jobs, and the log of starts.
 CREATE TABLE pgqueue_queues (
     name                       text PRIMARY KEY,
     paused                     boolean NOT NULL DEFAULT false,
