@@ -10,6 +10,7 @@ import multiprocessing as mp
 import time
 from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.context import ForkProcess
+from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Barrier, Event
 from typing import Any
 
@@ -20,7 +21,7 @@ from pgqueue.worker import AsyncWorker
 
 from .common import clear, rate
 
-__all__ = ["HANDLERS", "async_workers", "drain", "wait_connected", "wait_drained"]
+__all__ = ["HANDLERS", "async_workers", "drain", "stop", "wait_connected", "wait_drained"]
 
 BARRIER_TIMEOUT = 120.0
 DRAIN_TIMEOUT = 1800.0
@@ -93,12 +94,18 @@ def async_workers(
         barrier.wait(BARRIER_TIMEOUT)
         yield procs
     finally:
-        done.set()
-        for proc in procs:
-            proc.join(60)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+        stop(procs, done)
+
+
+def stop(procs: Sequence[BaseProcess], done: Event, timeout: float = 60.0) -> None:
+    """Tell worker processes to stop (``done``), wait for each, and kill
+    whatever is still running after ``timeout`` seconds."""
+    done.set()
+    for proc in procs:
+        proc.join(timeout)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
 
 
 def wait_connected(url: str, workers: int, *, listen: bool = True, timeout: float = 60.0) -> None:

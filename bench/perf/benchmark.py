@@ -59,6 +59,8 @@ CLAIM_FOR_UPDATE: LiteralString = QUERIES["job_claim"].replace(
 )
 
 MODES = ("skip_locked", "for_update")
+# The queue of every job (the default one); claims name it, as a worker does.
+QUEUE = "default"
 MODELS = ("single", "batched")
 BARRIER_TIMEOUT = 120.0
 DRAIN_TIMEOUT = 1800.0
@@ -74,11 +76,11 @@ def _claimer(
     this file's plain FOR UPDATE copy of its statement."""
     settings = q.settings
     if mode == "skip_locked":
-        return lambda: q.run(t.claim(settings, limit=limit, worker=name), conn)
+        return lambda: q.run(t.claim(settings, limit=limit, worker=name, queues=[QUEUE]), conn)
     params = {
         "limit": limit,
-        "queue": None,
-        "queues": None,
+        "queues": [QUEUE],
+        "shares": [limit],
         "lease_seconds": settings.lease_seconds,
         "worker": name,
         "latency_bounds": list(settings.latency_buckets),

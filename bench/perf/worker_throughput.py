@@ -142,9 +142,6 @@ def pgbench_script(bare: bool) -> str:
     )
 
     def variables(sql: str) -> str:
-        # No queue filter: NULL, which pgbench's -D cannot define.
-        for name in ("queue", "queues"):
-            sql = sql.replace(f"%({name})s", "NULL")
         sql = re.sub(r"%\((\w+)\)s", r":\1", sql).replace("%%", "%")
         return " ".join(sql.split())
 
@@ -162,6 +159,10 @@ def reference(url: str, jobs: int, bare: bool) -> float:
         script = f.name
     bounds = "{" + ",".join(str(b) for b in Settings().latency_buckets) + "}"
     defines = {
+        # The queue of every job, with all of the batch as its share (as the
+        # worker claims it).
+        "queues": "{default}",
+        "shares": "{" + str(BATCH) + "}",
         "limit": BATCH,
         "lease_seconds": 30,
         "worker": "pgbench",

@@ -11,6 +11,7 @@ Layout (one guess finds each part):
     bulk.py             bulk cancel, retry and delete by JobFilter, in batches
     driver.py           the one driver that runs them on a connection
     queue.py            Queue (blocking) and AsyncQueue (asyncio); waiting.py: wait()
+    controls.py         pause and limits per queue (QueueControls), obeyed by the claim
     worker/             the worker: producer (claims), executor, completer (acks),
                         leases, maintenance (reaps), wired in runtime.py
     api/                the FastAPI HTTP layer
@@ -38,9 +39,11 @@ import logging
 
 from .bulk import BulkAction, JobFilter
 from .control import CancelJob, Snooze
+from .controls import QueueControls
 from .errors import (
     DatabaseUnavailable,
     InvalidJob,
+    InvalidQueueControl,
     InvalidSchedule,
     InvalidSettings,
     JobAlreadyFinished,
@@ -68,6 +71,7 @@ __all__ = [
     "DatabaseUnavailable",
     "Enqueued",
     "InvalidJob",
+    "InvalidQueueControl",
     "InvalidSchedule",
     "InvalidSettings",
     "Job",
@@ -82,6 +86,7 @@ __all__ = [
     "Outcome",
     "PgQueueError",
     "Queue",
+    "QueueControls",
     "Schedule",
     "ScheduleNotFound",
     "SchemaNotMigrated",

@@ -36,6 +36,7 @@ def _spec_params(spec: JobSpec) -> dict[str, Any]:
         "timeout_seconds": spec.timeout_seconds,
         "idempotency_key": spec.idempotency_key,
         "unique_scope": spec.unique_scope,
+        "concurrency_key": spec.concurrency_key,
     }
 
 
@@ -138,7 +139,16 @@ def _copy_many(specs: Sequence[JobSpec]) -> Flow[list[Enqueued]]:
         "job_copy",
         {},
         copy_rows=[
-            (job_id, s.queue, s.task, s.payload_json, s.priority, s.max_attempts, s.timeout_seconds)
+            (
+                job_id,
+                s.queue,
+                s.task,
+                s.payload_json,
+                s.priority,
+                s.max_attempts,
+                s.timeout_seconds,
+                s.concurrency_key,
+            )
             for job_id, s in zip(ids, specs, strict=True)
         ],
     )

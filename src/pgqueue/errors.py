@@ -2,6 +2,7 @@
 
 PgQueueError
 ├── InvalidJob            bad input to enqueue (or a bulk filter); nothing was written
+├── InvalidQueueControl   a bad pause or limit for a queue; nothing was written
 ├── InvalidSettings       a setting out of range or of the wrong type
 ├── InvalidSchedule       a bad schedule definition (cron expression, zone, ...)
 ├── JobNotFound           no job has that id
@@ -23,6 +24,7 @@ from __future__ import annotations
 __all__ = [
     "DatabaseUnavailable",
     "InvalidJob",
+    "InvalidQueueControl",
     "InvalidSchedule",
     "InvalidSettings",
     "JobAlreadyFinished",
@@ -46,6 +48,15 @@ class PgQueueError(Exception):
 class InvalidJob(PgQueueError, ValueError):
     """An enqueue argument (or a bulk action's filter) is invalid. ``field``
     names it; nothing was written."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{field}: {problem}")
+
+
+class InvalidQueueControl(PgQueueError, ValueError):
+    """A queue's pause or limit is invalid. ``field`` names it; nothing was written."""
 
     def __init__(self, field: str, problem: str) -> None:
         self.field = field

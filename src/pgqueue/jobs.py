@@ -1,9 +1,10 @@
 """What a job is, and the one shape every new job has on every surface.
 
-A new job has eleven fields, named after the columns of the jobs table:
+A new job has twelve fields, named after the columns of the jobs table:
 
     task, payload, queue, priority, delay_seconds, run_at, max_attempts,
-    timeout_seconds, idempotency_key, unique_scope, unique_period_seconds
+    timeout_seconds, idempotency_key, unique_scope, unique_period_seconds,
+    concurrency_key
 
 ``delay`` and ``timeout`` are aliases of ``delay_seconds`` and
 ``timeout_seconds``; a job that gives a name and its alias is refused.
@@ -118,6 +119,7 @@ class Job:
     enqueued_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    concurrency_key: str | None = None
     duplicate: bool = False
 
     @classmethod
@@ -232,6 +234,13 @@ JOB_FIELDS: tuple[JobField, ...] = (
         "counted from 1970-01-01 UTC by the database's clock). Without idempotency_key, "
         "the key is made of the task and the payload.",
     ),
+    JobField(
+        "concurrency_key",
+        Key(MAX_KEY_LENGTH),
+        "What the queue's per-key limits count by (a tenant, a customer...): at most "
+        "concurrency_limit_per_key of the queue's jobs with one key run at once, and at most "
+        "rate_limit_per_key start per rate period. Without one, only the queue's own limits apply.",
+    ),
 )
 FIELD_ALIASES = {f.alias: f.name for f in JOB_FIELDS if f.alias}
 _REQUIRED = [f.name for f in JOB_FIELDS if f.required]
@@ -266,6 +275,7 @@ class JobSpec(NamedTuple):
     idempotency_key: str | None
     unique_scope: str | None
     unique_period_seconds: float | None
+    concurrency_key: str | None = None
 
     @classmethod
     def from_fields(
@@ -306,6 +316,7 @@ class JobSpec(NamedTuple):
             key,
             scope,
             period,
+            values["concurrency_key"],
         )
 
     @classmethod

@@ -11,20 +11,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from . import driver
+from . import controls, driver
 from . import transitions as t
 from .bulk import BulkAction, JobFilter, bulk, retry_dead
-from .driver import SCHEMA_ERRORS, is_asyncpg_connection
-from .embedded import EmbeddedPostgres
-from .errors import DatabaseUnavailable, SchemaNotMigrated, WaitTimeout
+from .connections import caller_connection, errors_translated, resolve_url
+from .controls import QueueControls
+from .driver import is_asyncpg_connection
+from .errors import WaitTimeout
 from .jobs import Job, JobSpec, JobState, build_specs
 from .settings import Settings
 from .transitions import Enqueued, Flow, Outcome
@@ -35,29 +37,35 @@ __all__ = ["AsyncQueue", "Queue", "resolve_url"]
 T = TypeVar("T")
 
 
-def resolve_url(settings: Settings) -> str:
-    """The database to use: DATABASE_URL, or the embedded server (started if needed)."""
-    if settings.database_url:
-        return settings.database_url
-    return EmbeddedPostgres(settings.data_dir).ensure_running()
+class EveryQueue:
+    """Claims of every queue (``Queue.claim`` without queues) ask the
+    queues that had jobs when last listed, so that a claim is one statement,
+    not two. The list is read again when it is older than ``max_age``
+    seconds, and when a claim from it comes back short: then the queues it
+    did not have are asked at once."""
 
+    def __init__(self, max_age: float) -> None:
+        self.max_age = max_age
+        self.names: list[str] = []
+        self._listed_at = -math.inf  # (monotonic: the age of a list, not a time)
 
-def _caller_connection(connection: Any) -> Any:
-    """The psycopg connection behind what the caller passed: a psycopg
-    (Async)Connection, or a SQLAlchemy Connection/Session on the psycopg driver.
-    (AsyncQueue also takes an asyncpg connection; see _asyncpg.py.)"""
-    if isinstance(connection, psycopg.Connection | psycopg.AsyncConnection):
-        return connection
-    if callable(getattr(connection, "connection", None)):  # SQLAlchemy Session
-        connection = connection.connection()
-    driver = getattr(getattr(connection, "connection", None), "driver_connection", None)
-    if isinstance(driver, psycopg.Connection | psycopg.AsyncConnection):
-        return driver
-    raise TypeError(
-        "connection must be a psycopg connection, a SQLAlchemy connection or session "
-        "using the psycopg driver, or (with AsyncQueue) an asyncpg connection; "
-        f"got {type(connection).__name__}"
-    )
+    def claim(self, settings: Settings, *, limit: int, worker: str) -> Flow[list[Job]]:
+        fresh = time.monotonic() - self._listed_at > self.max_age
+        if fresh:
+            yield from self._list()
+        jobs = yield from t.claim(settings, limit=limit, worker=worker, queues=self.names)
+        if len(jobs) < limit and not fresh:
+            known = set(self.names)
+            yield from self._list()
+            new = [name for name in self.names if name not in known]
+            if new:
+                more = t.claim(settings, limit=limit - len(jobs), worker=worker, queues=new)
+                jobs += yield from more
+        return jobs
+
+    def _list(self) -> Flow[None]:
+        self.names = yield from t.queues_with_jobs()
+        self._listed_at = time.monotonic()
 
 
 class _Common:
@@ -66,6 +74,7 @@ class _Common:
     def __init__(self, url: str | None, settings: Settings | None) -> None:
         self.settings = settings or Settings.load()
         self._url = url
+        self._every_queue = EveryQueue(self.settings.poll_interval_seconds)
 
     def _spec(self, task: Any, payload: Any, **fields: Any) -> JobSpec:
         return JobSpec.from_fields(
@@ -79,6 +88,8 @@ class _Common:
     def _claim(self, limit: int, worker: str, queues: Sequence[str] | None) -> Flow[list[Job]]:
         if not 1 <= limit <= 10_000:
             raise ValueError(f"limit must be between 1 and 10000, got {limit}")
+        if queues is None:
+            return self._every_queue.claim(self.settings, limit=limit, worker=worker)
         return t.claim(self.settings, limit=limit, worker=worker, queues=queues)
 
     @staticmethod
@@ -127,9 +138,9 @@ class Queue(_Common):
 
     def run(self, flow: Flow[T], connection: Any = None, *, transaction: bool = False) -> T:
         """Run a transition on the caller's connection, or on a pooled one."""
-        with _unavailable_as_error():
+        with errors_translated():
             if connection is not None:
-                with driver.tuple_cursor(_caller_connection(connection)) as cur:
+                with driver.tuple_cursor(caller_connection(connection)) as cur:
                     return driver.run(flow, driver.CursorSession(cur))
             with self._pool.connection() as conn:
                 tx = conn.transaction() if transaction else contextlib.nullcontext()
@@ -177,6 +188,9 @@ class Queue(_Common):
     def claim(
         self, limit: int = 1, *, worker: str = "", queues: Sequence[str] | None = None
     ) -> list[Job]:
+        """Claim up to ``limit`` runnable jobs, round-robin across ``queues``
+        (None: every queue that has queued jobs; see ``EveryQueue``). A
+        paused queue gives none; a limited queue what its limits allow."""
         return self.run(self._claim(limit, worker, queues))
 
     def heartbeat(self, jobs: Sequence[Job], lease_seconds: float | None = None) -> set[int]:
@@ -200,6 +214,27 @@ class Queue(_Common):
 
     def prune(self, limit: int | None = None) -> int:
         return self.run(t.prune(self.settings, limit))
+
+    # -- queue controls ---------------------------------------------------------------
+
+    def pause(self, queue: str) -> QueueControls:
+        """Start no more jobs of ``queue``, on any worker, from now on (a claim
+        already running may still take some); its running jobs finish."""
+        return self.run(controls.change(queue, {"paused": True}), transaction=True)
+
+    def resume(self, queue: str) -> QueueControls:
+        """Start jobs of ``queue`` again, and wake the workers."""
+        return self.run(controls.change(queue, {"paused": False}), transaction=True)
+
+    def set_limits(self, queue: str, **limits: Any) -> QueueControls:
+        """Set some of ``queue``'s limits (the names of ``controls.LIMITS``):
+        None removes one, a limit not given stays. InvalidQueueControl names
+        a bad one, and nothing is written."""
+        return self.run(controls.change(queue, limits, allowed=controls.LIMITS), transaction=True)
+
+    def queue_controls(self) -> dict[str, QueueControls]:
+        """The pause and limits of every queue that ever had any, by name."""
+        return self.run(controls.read_all())
 
     # -- operators ----------------------------------------------------------------
 
@@ -310,11 +345,11 @@ class AsyncQueue(_Common):
 
     async def run(self, flow: Flow[T], connection: Any = None, *, transaction: bool = False) -> T:
         """Run a transition on the caller's connection, or on a pooled one."""
-        with _unavailable_as_error():
+        with errors_translated():
             if connection is not None and is_asyncpg_connection(connection):
                 return await driver.run_async(flow, driver.AsyncpgSession(connection))
             if connection is not None:
-                async with driver.async_tuple_cursor(_caller_connection(connection)) as cur:
+                async with driver.async_tuple_cursor(caller_connection(connection)) as cur:
                     return await driver.run_async(flow, driver.AsyncCursorSession(cur))
             async with self._connection() as conn:
                 tx = conn.transaction() if transaction else contextlib.nullcontext()
@@ -377,6 +412,20 @@ class AsyncQueue(_Common):
     async def prune(self, limit: int | None = None) -> int:
         return await self.run(t.prune(self.settings, limit))
 
+    async def pause(self, queue: str) -> QueueControls:
+        """As Queue.pause."""
+        return await self.run(controls.change(queue, {"paused": True}), transaction=True)
+
+    async def resume(self, queue: str) -> QueueControls:
+        return await self.run(controls.change(queue, {"paused": False}), transaction=True)
+
+    async def set_limits(self, queue: str, **limits: Any) -> QueueControls:
+        flow = controls.change(queue, limits, allowed=controls.LIMITS)
+        return await self.run(flow, transaction=True)
+
+    async def queue_controls(self) -> dict[str, QueueControls]:
+        return await self.run(controls.read_all())
+
     async def get(self, job_id: int) -> Job:
         return await self.run(t.get(job_id))
 
@@ -421,17 +470,3 @@ class AsyncQueue(_Common):
 
     async def read(self, name: str, **params: Any) -> list[dict[str, Any]]:
         return await self.run(t.read(name, **params))
-
-
-@contextlib.contextmanager
-def _unavailable_as_error() -> Iterator[None]:
-    """Raise the database being out of reach as DatabaseUnavailable, and a
-    missing schema as SchemaNotMigrated."""
-    try:
-        yield
-    except SCHEMA_ERRORS as exc:
-        raise SchemaNotMigrated() from exc
-    except PoolTimeout as exc:
-        raise DatabaseUnavailable(f"no database connection within the pool timeout: {exc}") from exc
-    except psycopg.OperationalError as exc:
-        raise DatabaseUnavailable(str(exc).strip()) from exc

@@ -10,6 +10,8 @@ snapshot (so they agree and share one now()), merged per queue:
                        so pruning does not lower them
     queue_throughput   what ended within the window: a range read of the
                        finished-rows index
+    queue_controls     pause and limits (pgqueue_queues, one row per queue
+                       that has any)
 
 Run it with ``transaction=True`` (``snapshot_begin`` must open the
 transaction): ``queue.run(per_queue(), transaction=True)``.
@@ -22,6 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from .controls import QueueControls
 from .transitions import Flow, Statement
 
 __all__ = ["THROUGHPUT_WINDOW_SECONDS", "QueueStats", "per_queue", "total"]
@@ -48,23 +51,42 @@ class QueueStats:
     # Ended within the last THROUGHPUT_WINDOW_SECONDS (cancels are not work done).
     succeeded_last_minute: int = 0
     dead_last_minute: int = 0
+    # Pause and limits (None: the queue never had any).
+    controls: QueueControls | None = None
 
     @property
     def finished_last_minute(self) -> int:
         return self.succeeded_last_minute + self.dead_last_minute
 
+    @property
+    def paused(self) -> bool:
+        return self.controls is not None and self.controls.paused
+
+    def limits(self) -> dict[str, Any]:
+        """Each limit (None: none), as ``controls.LIMITS`` names them."""
+        return (self.controls or QueueControls("")).limits()
+
     def to_dict(self) -> dict[str, Any]:
         values = dataclasses.asdict(self)
+        del values["controls"]
         recent = {name: values.pop(name) for name in ("succeeded_last_minute", "dead_last_minute")}
-        return {**values, "finished_last_minute": self.finished_last_minute, **recent}
+        return {
+            **values,
+            "finished_last_minute": self.finished_last_minute,
+            **recent,
+            "paused": self.paused,
+            "limits": self.limits(),
+        }
 
 
 def per_queue() -> Flow[dict[str, QueueStats]]:
-    """Every queue with live jobs or counted outcomes, by name, in name order."""
+    """Every queue with live jobs, counted outcomes or controls, by name, in
+    name order."""
     yield Statement("snapshot_begin", {})
     live = yield Statement("queue_stats", {})
     totals = yield Statement("counters_totals", {})
     recent = yield Statement("queue_throughput", {"window_seconds": THROUGHPUT_WINDOW_SECONDS})
+    controls = yield Statement("queue_controls", {})
     fields: dict[str, dict[str, Any]] = {}
     for row in live:
         fields.setdefault(row["queue"], {}).update(
@@ -84,6 +106,8 @@ def per_queue() -> Flow[dict[str, QueueStats]]:
         fields.setdefault(row["queue"], {}).update(
             succeeded_last_minute=int(row["succeeded"]), dead_last_minute=int(row["dead"])
         )
+    for row in controls:
+        fields.setdefault(row["name"], {})["controls"] = QueueControls.from_row(row)
     return {name: QueueStats(**fields[name]) for name in sorted(fields)}
 
 
@@ -93,7 +117,7 @@ def total(rows: Iterable[QueueStats]) -> QueueStats:
     sums = {
         f.name: sum(getattr(row, f.name) for row in rows)
         for f in dataclasses.fields(QueueStats)
-        if f.name != "oldest_runnable_seconds"
+        if f.name not in ("oldest_runnable_seconds", "controls")
     }
     oldest = max((row.oldest_runnable_seconds for row in rows), default=0.0)
     return QueueStats(oldest_runnable_seconds=oldest, **sums)

@@ -16,7 +16,9 @@ drift apart, and the worker runtime uses the same ones.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import random
+from collections import Counter
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -41,6 +43,7 @@ __all__ = [
     "Flow",
     "Outcome",
     "Statement",
+    "Wake",
     "cancel",
     "claim",
     "db_now",
@@ -51,10 +54,12 @@ __all__ = [
     "get",
     "heartbeat",
     "list_jobs",
-    "next_run_in",
+    "next_wake",
     "prune",
+    "queues_with_jobs",
     "reap",
     "retry",
+    "round_robin",
     "schema_pending",
 ]
 
@@ -131,24 +136,69 @@ def claim(
     limit: int,
     worker: str,
     queues: Sequence[str] | None = None,
+    turn: int | None = None,
+    sparse: Collection[str] = (),
     lease_seconds: float | None = None,
 ) -> Flow[list[Job]]:
-    """Claim up to ``limit`` runnable jobs (of ``queues``, or of all)."""
-    one_queue = len(queues) == 1 if queues else False
-    jobs: list[Job] = yield Statement(
-        "job_claim",
-        {
-            "limit": limit,
-            # One queue walks that queue's index; several are a filter.
-            "queue": queues[0] if queues and one_queue else None,
-            "queues": list(queues) if queues and not one_queue else None,
-            "lease_seconds": lease_seconds or settings.lease_seconds,
-            "worker": worker,
-            "latency_bounds": list(settings.latency_buckets),
-        },
-        jobs=True,
-    )
+    """Claim up to ``limit`` runnable jobs of ``queues`` (None: of every
+    queue that has queued jobs), round-robin: each queue gets an equal share
+    of ``limit``; ``turn`` says which queues get the remainder (None: chosen
+    at random); ``sparse`` queues (those that gave nothing last time) are
+    asked for one job each first, and what they do not take, the others do;
+    what a queue cannot fill goes to those that filled theirs. A paused
+    queue gives nothing; a limited queue, what its limits allow."""
+    names = list(dict.fromkeys(queues)) if queues is not None else (yield from queues_with_jobs())
+    turn = random.randrange(len(names) or 1) if turn is None else turn
+    jobs: list[Job] = []
+    while names and len(jobs) < limit:
+        shares = round_robin(limit - len(jobs), names, turn, sparse)
+        batch: list[Job] = yield Statement(
+            "job_claim",
+            {
+                "limit": limit - len(jobs),
+                "queues": list(shares),
+                "shares": list(shares.values()),
+                "lease_seconds": lease_seconds or settings.lease_seconds,
+                "worker": worker,
+                "latency_bounds": list(settings.latency_buckets),
+            },
+            jobs=True,
+        )
+        jobs.extend(batch)
+        if len(jobs) >= limit:
+            break
+        got = Counter(job.queue for job in batch)
+        # A queue that filled its share may have more; one that did not has
+        # no more to give now; one that had no share (fewer slots than
+        # queues) has not been asked yet.
+        names = [name for name in names if got[name] >= shares.get(name, 0)]
+        turn += 1
     return jobs
+
+
+def round_robin(
+    slots: int, queues: Sequence[str], turn: int, sparse: Collection[str] = ()
+) -> dict[str, int]:
+    """Each queue's share of ``slots``, in the order the claim asks them:
+    the ``sparse`` ones first, one slot each; then the others, who split all
+    of ``slots`` as evenly as can be (the one at ``turn``, modulo, and those
+    after it get the remainder). The claim stops at ``slots``, so that the
+    slots a sparse queue does not take go to the others in the same
+    statement. Queues whose share is 0 are left out."""
+    start = turn % len(queues)
+    order = [*queues[start:], *queues[:start]]
+    few = [name for name in order if name in sparse]
+    many = [name for name in order if name not in sparse] or few
+    shares = {name: 1 for name in few[:slots] if many is not few}
+    each, extra = divmod(slots, len(many))
+    shares.update({name: each + (i < extra) for i, name in enumerate(many) if each + (i < extra)})
+    return shares
+
+
+def queues_with_jobs() -> Flow[list[str]]:
+    """The queues that have queued jobs (runnable or not), by name."""
+    rows = yield Statement("queue_names_queued", {})
+    return [row["queue"] for row in rows]
 
 
 def heartbeat(held: Sequence[tuple[int, int]], lease_seconds: float) -> Flow[set[int]]:
@@ -240,11 +290,22 @@ def prune(settings: Settings, limit: int | None = None) -> Flow[int]:
     return int(rows[0]["pruned"])
 
 
-def next_run_in(queues: Sequence[str] | None) -> Flow[float | None]:
-    """Seconds until the earliest queued job becomes runnable (None: none)."""
-    rows = yield Statement("job_next_run_at", {"queues": list(queues) if queues else None})
+@dataclass(frozen=True, slots=True)
+class Wake:
+    """When an idle worker should look again by itself (``seconds`` from
+    now, None: only when woken), and the queues whose ended jobs free a
+    slot under a concurrency limit."""
+
+    seconds: float | None
+    limited: frozenset[str]
+
+
+def next_wake(queues: Sequence[str] | None) -> Flow[Wake]:
+    """When the earliest delayed job becomes runnable or a rate window lets
+    one more job start, and which queues have a concurrency limit."""
+    rows = yield Statement("queue_next_wake", {"queues": list(queues) if queues else None})
     seconds = rows[0]["seconds"]
-    return None if seconds is None else float(seconds)
+    return Wake(None if seconds is None else float(seconds), frozenset(rows[0]["limited"]))
 
 
 # -- operators' transitions -----------------------------------------------------

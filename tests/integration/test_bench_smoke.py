@@ -77,8 +77,26 @@ def test_benchmark_smoke(bench_url: str, out_dir: Path) -> None:
 def test_the_benchmarks_for_update_claim_is_the_products_claim_without_skip_locked() -> None:
     from bench.perf.benchmark import CLAIM_FOR_UPDATE
 
-    assert QUERIES["job_claim"].count("FOR UPDATE SKIP LOCKED") == 2
-    assert "SKIP LOCKED" not in CLAIM_FOR_UPDATE and CLAIM_FOR_UPDATE.count("FOR UPDATE") == 2
+    assert QUERIES["job_claim"].count("FOR UPDATE SKIP LOCKED") == 1
+    assert "SKIP LOCKED" not in CLAIM_FOR_UPDATE and CLAIM_FOR_UPDATE.count("FOR UPDATE") == 1
+
+
+def test_limits_smoke(bench_url: str, out_dir: Path) -> None:
+    from bench.perf import limits
+
+    out = out_dir / "limits.json"
+    sizes = ["--jobs", "300", "--flood", "300", "--rate-jobs", "100", "--trickle", "3"]
+    limits.main([*sizes, "--repeats", "1", "--out", str(out)])
+    results = _read(out, "limits", "bench.perf.limits").results
+    assert set(results["claim_cost"]) == set(limits.CLAIM_COST)
+    assert all(row["claim_us_per_job"]["median"] > 0 for row in results["claim_cost"].values())
+    assert set(results["drain"]) == set(limits.DRAIN)
+    for row in results["fairness"].values():
+        assert (
+            0
+            <= row["trickle_start_ms"]["p50"]["median"]
+            <= row["trickle_start_ms"]["max"]["median"]
+        )
 
 
 def test_latency_smoke(bench_url: str, out_dir: Path) -> None:

@@ -33,6 +33,7 @@ CANONICAL = [
     "idempotency_key",
     "unique_scope",
     "unique_period_seconds",
+    "concurrency_key",
 ]
 
 

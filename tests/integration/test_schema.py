@@ -56,8 +56,8 @@ def _plan(sql: psycopg.Connection, name: str, params: dict[str, object]) -> str:
 
 CLAIM = {
     "limit": 10,
-    "queue": None,
-    "queues": None,
+    "queues": ["default"],
+    "shares": [10],
     "lease_seconds": 30,
     "worker": "w",
     "latency_bounds": [0.1, 1.0],
@@ -67,12 +67,11 @@ CLAIM = {
 def test_claim_reads_the_partial_index(queue: Queue, sql: psycopg.Connection) -> None:
     queue.enqueue_many([{"task": "t"} for _ in range(50)])
     sql.execute("ANALYZE pgqueue_jobs")
-    plan = _plan(sql, "job_claim", CLAIM)
-    assert "pgqueue_jobs_claim" in plan and "Seq Scan on pgqueue_jobs" not in plan
-    plan = _plan(sql, "job_claim", {**CLAIM, "queues": ["default", "other"]})
-    assert "pgqueue_jobs_claim" in plan and "Seq Scan on pgqueue_jobs" not in plan
-    plan = _plan(sql, "job_claim", {**CLAIM, "queue": "default"})
-    assert "Index Scan using pgqueue_jobs_claim_queue" in plan
+    # Each queue, one or several, walks its own part of the per-queue index.
+    for several in ({}, {"queues": ["default", "other"], "shares": [5, 5]}):
+        plan = _plan(sql, "job_claim", {**CLAIM, **several})
+        assert "Index Scan using pgqueue_jobs_claim_queue" in plan
+        assert "Seq Scan on pgqueue_jobs" not in plan
 
 
 def test_reap_and_prune_read_their_partial_indexes(sql: psycopg.Connection) -> None:

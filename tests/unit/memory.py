@@ -36,6 +36,7 @@ class MemoryDatabase:
         self.migrated = migrated
         self.clock = datetime(2030, 1, 1, tzinfo=UTC)
         self.statements: list[Statement] = []
+        self.limited: list[str] = []  # queues with a concurrency limit
         self._faults: list[tuple[str, BaseException]] = []
         self._ids = itertools.count(1)
         self._tokens = itertools.count(1)
@@ -76,6 +77,7 @@ class MemoryDatabase:
             "enqueued_at": self.clock,
             "started_at": None,
             "finished_at": None,
+            "concurrency_key": None,
         }
         row.update(fields)
         self.jobs[job_id] = row
@@ -109,22 +111,25 @@ class MemoryDatabase:
     def job_claim(
         self,
         limit: int,
-        queue: str | None,
-        queues: list[str] | None,
+        queues: list[str],
+        shares: list[int],
         lease_seconds: float,
         worker: str,
         latency_bounds: list[float],
     ) -> list[Row]:
-        wanted = {queue} if queue else set(queues or ())
-        runnable = [
-            row
-            for row in self.jobs.values()
-            if row["state"] == "queued"
-            and row["run_at"] <= self.clock
-            and (not wanted or row["queue"] in wanted)
-        ]
-        runnable.sort(key=lambda r: (-r["priority"], r["run_at"], r["id"]))
-        for row in runnable[:limit]:
+        claimed: list[Row] = []  # (the statement stops at `limit`)
+        for queue, share in zip(queues, shares, strict=True):
+            runnable = [
+                row
+                for row in self.jobs.values()
+                if row["queue"] == queue
+                and row["state"] == "queued"
+                and row["run_at"] <= self.clock
+            ]
+            runnable.sort(key=lambda r: (-r["priority"], r["run_at"], r["id"]))
+            claimed += runnable[:share]
+        claimed = claimed[:limit]
+        for row in claimed:
             row.update(
                 state="running",
                 attempts=row["attempts"] + 1,
@@ -133,7 +138,11 @@ class MemoryDatabase:
                 worker=worker,
                 started_at=self.clock,
             )
-        return [dict(row) for row in runnable[:limit]]
+        return [dict(row) for row in claimed]
+
+    def queue_names_queued(self) -> list[Row]:
+        names = {row["queue"] for row in self.jobs.values() if row["state"] == "queued"}
+        return [{"queue": name} for name in sorted(names)]
 
     def _held(self, job_id: int, token: int) -> Row | None:
         row = self.jobs.get(job_id)
@@ -222,8 +231,8 @@ class MemoryDatabase:
     def job_prune(self, retention_seconds: float, limit: int) -> list[Row]:
         return [{"pruned": 0}]
 
-    def job_next_run_at(self, queues: list[str] | None) -> list[Row]:
-        return [{"seconds": None}]
+    def queue_next_wake(self, queues: list[str] | None) -> list[Row]:
+        return [{"seconds": None, "limited": self.limited}]
 
     def worker_register(self, name: str, **info: Any) -> list[Row]:
         self.workers[name] = {"name": name, **info}

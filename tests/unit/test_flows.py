@@ -3,6 +3,7 @@ is driven over a scripted session that answers by statement name."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -13,6 +14,7 @@ from pgqueue import JobAlreadyFinished, JobNotRetryable, JobSpec, JobState, Sett
 from pgqueue import transitions as t
 from pgqueue.bulk import BulkAction, JobFilter, bulk
 from pgqueue.errors import KeyTaken
+from pgqueue.queue import EveryQueue
 from pgqueue.sql import migration_versions
 from pgqueue.transitions import Statement
 from tests.unit.memory import MemoryDatabase, MemorySession
@@ -58,16 +60,85 @@ def test_enqueue_gives_up_when_a_key_keeps_changing_hands() -> None:
 
 
 @pytest.mark.parametrize(
-    ("queues", "queue", "several"),
-    [(None, None, None), (["a"], "a", None), (["a", "b"], None, ["a", "b"])],
+    ("queues", "sent_queues", "shares"),
+    [(None, ["a", "b"], [3, 2]), (["a"], ["a"], [5]), (["b", "a", "b"], ["b", "a"], [3, 2])],
 )
-def test_claim_walks_one_queues_index_or_filters_several(
-    queues: list[str] | None, queue: str | None, several: list[str] | None
+def test_claim_walks_each_queues_index_with_a_share_of_the_slots(
+    queues: list[str] | None, sent_queues: list[str], shares: list[int]
 ) -> None:
     db = MemoryDatabase()
-    driver.run(t.claim(SETTINGS, limit=5, worker="w", queues=queues), db)
-    [sent] = db.sent("job_claim")
-    assert (sent.params["queue"], sent.params["queues"], sent.jobs) == (queue, several, True)
+    db.add(queue="a"), db.add(queue="b")  # (no queue named: the queues that have jobs)
+    driver.run(t.claim(SETTINGS, limit=5, worker="w", queues=queues, turn=0), db)
+    sent = db.sent("job_claim")[0]
+    assert (sent.params["queues"], sent.params["shares"], sent.jobs) == (sent_queues, shares, True)
+
+
+def test_round_robin_splits_the_slots_and_the_turn_says_who_gets_the_rest() -> None:
+    assert t.round_robin(5, ["a", "b", "c"], 0) == {"a": 2, "b": 2, "c": 1}
+    assert t.round_robin(5, ["a", "b", "c"], 1) == {"b": 2, "c": 2, "a": 1}
+    # Fewer slots than queues: the turn moves on with each claim, so each gets its go.
+    assert [t.round_robin(1, ["a", "b", "c"], turn) for turn in range(4)] == [
+        {"a": 1},
+        {"b": 1},
+        {"c": 1},
+        {"a": 1},
+    ]
+
+
+def test_a_sparse_queue_is_asked_for_one_job_first_and_the_others_for_all() -> None:
+    assert t.round_robin(10, ["a", "b", "c"], 0, sparse={"b"}) == {"b": 1, "a": 5, "c": 5}
+    assert t.round_robin(10, ["a", "b"], 0, sparse={"a", "b"}) == {"a": 5, "b": 5}
+    db = MemoryDatabase()
+    for _ in range(20):
+        db.add(queue="flood")
+    trickle = db.add(queue="trickle")
+    # One statement: what the sparse queue does not take (it is empty, then
+    # has one), the flood takes.
+    for expected in ({"flood": 10}, {"trickle": 1, "flood": 9}):
+        if "trickle" in expected:
+            db.jobs[trickle]["run_at"] = db.clock
+        else:
+            db.jobs[trickle]["run_at"] = db.clock + timedelta(hours=1)
+        before = len(db.sent("job_claim"))
+        flow = t.claim(
+            SETTINGS, limit=10, worker="w", queues=["flood", "trickle"], turn=0, sparse={"trickle"}
+        )
+        jobs = driver.run(flow, db)
+        assert Counter(job.queue for job in jobs) == expected
+        assert len(db.sent("job_claim")) == before + 1
+
+
+def test_claim_gives_what_a_short_queue_left_to_the_queues_that_filled_theirs() -> None:
+    db = MemoryDatabase()
+    for queue, count in (("a", 10), ("b", 1), ("c", 10)):
+        for _ in range(count):
+            db.add(queue=queue)
+    jobs = driver.run(t.claim(SETTINGS, limit=9, worker="w", queues=["a", "b", "c"], turn=0), db)
+    assert sorted(job.queue for job in jobs) == ["a"] * 4 + ["b"] + ["c"] * 4
+    sent = db.sent("job_claim")
+    shares = [dict(zip(s.params["queues"], s.params["shares"], strict=True)) for s in sent]
+    assert shares == [{"a": 3, "b": 3, "c": 3}, {"c": 1, "a": 1}]
+
+
+def test_claim_of_no_queue_sends_nothing() -> None:
+    db = MemoryDatabase()
+    assert driver.run(t.claim(SETTINGS, limit=9, worker="w", queues=[]), db) == []
+    assert db.statements == []
+
+
+def test_a_claim_of_every_queue_lists_them_again_only_when_old_or_short() -> None:
+    db = MemoryDatabase()
+    for _ in range(5):
+        db.add(queue="a")
+    every = EveryQueue(max_age=3600)
+    assert len(driver.run(every.claim(SETTINGS, limit=2, worker="w"), db)) == 2
+    assert len(driver.run(every.claim(SETTINGS, limit=2, worker="w"), db)) == 2
+    assert len(db.sent("queue_names_queued")) == 1  # one list for both claims
+    db.add(queue="b")  # a queue the list does not have
+    jobs = driver.run(every.claim(SETTINGS, limit=5, worker="w"), db)
+    # a came back short: the queues are listed again, and b is asked at once.
+    assert sorted(job.queue for job in jobs) == ["a", "b"]
+    assert len(db.sent("queue_names_queued")) == 2
 
 
 def test_claim_takes_the_highest_priority_first_and_only_its_queues() -> None:

@@ -211,6 +211,94 @@ async def test_the_producer_claims_no_more_than_the_free_slots() -> None:
     await asyncio.wait_for(task, 5)
 
 
+def idle_producer(db: MemoryDatabase, **kwargs: Any) -> Producer:
+    """A producer whose poll is far longer than any test: only a wake-up
+    makes it claim again."""
+    slow = SETTINGS.replace(poll_interval_seconds=60)
+    return Producer(
+        MemoryConnection(db), HeldJobs(10), slow, EVENTS, start=lambda jobs: None, **kwargs
+    )
+
+
+async def test_an_ended_job_of_a_concurrency_limited_queue_wakes_the_producer() -> None:
+    db = MemoryDatabase()
+    db.limited = ["limited"]
+    producer = idle_producer(db, queues=["limited", "other"])
+    task = asyncio.create_task(producer.claim_loop())
+    await until(lambda: len(db.sent("queue_next_wake")) == 1)  # idle, and knows the limits
+    claims = len(db.sent("job_claim"))
+    producer.jobs_ended({"other"})
+    await asyncio.sleep(0.05)
+    assert len(db.sent("job_claim")) == claims  # no slot of a limit was freed
+    producer.jobs_ended({"limited"})
+    await until(lambda: len(db.sent("job_claim")) == claims + 1)
+    producer.stop()
+    await asyncio.wait_for(task, 5)
+
+
+async def test_a_producer_of_every_queue_claims_from_those_it_finds_or_hears_of() -> None:
+    db = MemoryDatabase()
+    db.add(queue="found")
+    producer = idle_producer(db, queues=None)
+
+    async def hints() -> Any:
+        yield None
+        await until(lambda: db.sent("job_claim") != [])
+        db.add(queue="new")
+        yield "new"
+        await asyncio.Event().wait()
+
+    tasks = [
+        asyncio.create_task(producer.claim_loop()),
+        asyncio.create_task(producer.listen_loop(hints)),
+    ]
+    await until(lambda: any("new" in s.params["queues"] for s in db.sent("job_claim")))
+    assert db.sent("job_claim")[0].params["queues"] == ["found"]
+    assert {db.state(i) for i in db.jobs} == {"running"}
+    producer.stop()
+    tasks[1].cancel()
+    await asyncio.wait_for(tasks[0], 5)
+
+
+class SlowListing(MemoryConnection):
+    """Lists the queues as they were when asked, and answers 50 ms later."""
+
+    async def run(self, flow: Any) -> Any:
+        db = self.db
+
+        class Session:
+            async def execute(self, statement: Any) -> list[Any]:
+                rows = db.execute(statement)
+                if statement.name == "queue_names_queued":
+                    await asyncio.sleep(0.05)
+                return rows
+
+        return await driver.run_async(flow, Session())
+
+
+async def test_a_queue_heard_of_while_the_queues_are_listed_is_not_forgotten() -> None:
+    db = MemoryDatabase()
+    slow = SETTINGS.replace(poll_interval_seconds=60)
+    producer = Producer(
+        SlowListing(db), HeldJobs(10), slow, EVENTS, queues=None, start=lambda jobs: None
+    )
+
+    async def hints() -> Any:
+        yield None
+        await until(lambda: db.sent("queue_names_queued") != [])
+        db.add(queue="new")  # enqueued, and its hint heard, while the listing runs
+        yield "new"
+        await asyncio.Event().wait()
+
+    listener = asyncio.create_task(producer.listen_loop(hints))
+    claimer = asyncio.create_task(producer.claim_loop())
+    await until(lambda: db.jobs and next(iter(db.jobs.values()))["state"] == "running")
+    assert producer.known == ["new"]
+    producer.stop()
+    listener.cancel()
+    await asyncio.wait_for(claimer, 5)
+
+
 # -- the whole worker ------------------------------------------------------------------------
 
 
@@ -237,6 +325,7 @@ async def test_an_unexpected_error_in_a_part_stops_the_worker(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     db = MemoryDatabase()
+    db.add("echo")  # a worker of every queue claims from the queues that have jobs
     db.fail("job_claim", RuntimeError("a bug"))
     caplog.set_level(logging.ERROR, logger="pgqueue.worker")
     with pytest.raises(WorkerFailed, match="claims failed: RuntimeError: a bug"):

@@ -26,7 +26,7 @@ from ..errors import DatabaseUnavailable, SchemaNotMigrated
 from ..jobs import JobState
 from ..queue import AsyncQueue
 from ..settings import Settings
-from . import bulk, metrics, schedules, workers
+from . import bulk, metrics, queues, schedules, workers
 from .http_errors import (
     ERROR_RESPONSES,
     documented_errors,
@@ -47,6 +47,7 @@ from .models import (
     JobOut,
     JobSummary,
     QueueJobs,
+    QueueLimits,
     QueueList,
     QueueOut,
     QueueTotals,
@@ -278,6 +279,8 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
                         snoozed=row.snoozed,
                     ),
                     oldest_runnable_seconds=row.oldest_runnable_seconds,
+                    paused=row.paused,
+                    limits=QueueLimits(**row.limits()),
                 )
                 for name, row in rows.items()
             ]
@@ -331,6 +334,7 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
     app.include_router(workers.router)
     app.include_router(schedules.router)
     app.include_router(bulk.router)
+    app.include_router(queues.router)
     install_pages(app)
     return app
 

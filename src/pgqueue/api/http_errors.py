@@ -4,7 +4,7 @@
  "field": "priority", "problems": [{"field": "priority", "problem": "..."}]}
 
 RequestValidationError (pydantic)    422 invalid_input  (400 malformed_json)
-InvalidJob                           422 invalid_input
+InvalidJob, InvalidQueueControl      422 invalid_input
 psycopg.DataError                    422 invalid_input  (the database refused a value)
 JobNotFound                          404 not_found
 JobStateConflict                     409 conflict
@@ -30,6 +30,7 @@ from starlette.routing import Match, Route
 from ..errors import (
     DatabaseUnavailable,
     InvalidJob,
+    InvalidQueueControl,
     JobNotFound,
     JobStateConflict,
     SchemaNotMigrated,
@@ -123,8 +124,8 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
-async def _invalid_job(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, InvalidJob)
+async def _invalid_input(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, InvalidJob | InvalidQueueControl)
     return error_response(
         422,
         "invalid_input",
@@ -226,7 +227,8 @@ async def _internal(request: Request, exc: Exception) -> JSONResponse:
 
 def install_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(InvalidJob, _invalid_job)
+    app.add_exception_handler(InvalidJob, _invalid_input)
+    app.add_exception_handler(InvalidQueueControl, _invalid_input)
     app.add_exception_handler(psycopg.DataError, _data_error)
     app.add_exception_handler(JobNotFound, _not_found)
     app.add_exception_handler(JobStateConflict, _conflict)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from ..controls import LIMITS, QueueControls
 from ..jobs import JOB_FIELDS, QUEUE_NAME, TASK_NAME, Job, JobField, JobState
 
 __all__ = [
@@ -28,6 +29,8 @@ __all__ = [
     "JobOut",
     "JobSummary",
     "Problem",
+    "QueueControlsOut",
+    "QueueLimits",
     "QueueList",
     "QueueOut",
     "batch_request_model",
@@ -105,6 +108,7 @@ class JobSummary(BaseModel):
     unique_scope: str | None = Field(
         description="While which states the job holds its key (null: it has none)."
     )
+    concurrency_key: str | None
     worker: str | None
     lease_expires_at: datetime | None
     enqueued_at: datetime
@@ -135,6 +139,7 @@ class JobOut(JobSummary):
             timeout_seconds=job.timeout_seconds,
             idempotency_key=job.idempotency_key,
             unique_scope=job.unique_scope,
+            concurrency_key=job.concurrency_key,
             worker=job.worker,
             lease_expires_at=job.lease_expires_at,
             last_error=job.last_error,
@@ -182,6 +187,36 @@ class QueueTotals(BaseModel):
     snoozed: int = Field(description="Snoozes handlers asked for: neither failures nor attempts.")
 
 
+class QueueLimits(BaseModel):
+    """A queue's limits; null: no such limit."""
+
+    concurrency_limit: int | None = Field(description=LIMITS["concurrency_limit"][1])
+    concurrency_limit_per_key: int | None = Field(
+        description=LIMITS["concurrency_limit_per_key"][1]
+    )
+    rate_limit: int | None = Field(description=LIMITS["rate_limit"][1])
+    rate_limit_per_key: int | None = Field(description=LIMITS["rate_limit_per_key"][1])
+    rate_period_seconds: float | None = Field(description=LIMITS["rate_period_seconds"][1])
+
+
+class QueueControlsOut(BaseModel):
+    """A queue's pause and limits."""
+
+    queue: str
+    paused: bool = Field(description="No job of the queue starts; running jobs finish.")
+    limits: QueueLimits
+    updated_at: datetime | None = Field(description="When they last changed.")
+
+    @classmethod
+    def of(cls, controls: QueueControls) -> QueueControlsOut:
+        return cls(
+            queue=controls.queue,
+            paused=controls.paused,
+            limits=QueueLimits(**controls.limits()),
+            updated_at=controls.updated_at,
+        )
+
+
 class QueueOut(BaseModel):
     queue: str
     jobs: QueueJobs
@@ -189,6 +224,8 @@ class QueueOut(BaseModel):
     oldest_runnable_seconds: float = Field(
         description="Age of the oldest runnable job (0 when none is waiting)."
     )
+    paused: bool = Field(description="No job of the queue starts; running jobs finish.")
+    limits: QueueLimits
 
 
 class QueueList(BaseModel):

@@ -6,7 +6,8 @@ running.py      migrate, api, worker, up
 producing.py    enqueue, enqueue-file
 jobs.py         jobs list, show, cancel, retry
 bulk.py         jobs bulk cancel, retry, delete (by filter, after a count)
-watching.py     queues, top
+watching.py     queues (the table), top
+queues.py       queues, queues pause, resume, limit
 workers.py      workers (the registry)
 server.py       db start, stop, status, url (the embedded server)
 maintenance.py  prune
@@ -24,7 +25,7 @@ from .app import app, main
 
 # Each topic module adds its commands to the root group when imported; the
 # help lists them in this order.
-from . import running, producing, jobs, bulk, watching, workers, server, maintenance  # noqa: F401  # isort: skip
+from . import running, producing, jobs, bulk, queues, watching, workers, server, maintenance  # noqa: F401  # isort: skip
 from . import schedules  # noqa: F401  # isort: skip
 
 __all__ = ["app", "main"]

@@ -8,8 +8,8 @@ one red line on stderr: exit code 2 for usage (bad flags, unreadable input,
 bad configuration), 1 for everything that went wrong at run time. ``--debug``
 shows the traceback instead.
 
-The commands live in the topic modules (running, producing, jobs, watching,
-server, maintenance), which add themselves to ``app``, ``jobs_app`` and
+The commands live in the topic modules (running, producing, jobs, queues,
+watching, server, maintenance), which add themselves to ``app``, ``jobs_app`` and
 ``db_app``; importing ``pgqueue.cli`` imports them all.
 """
 
@@ -28,7 +28,13 @@ from rich.console import Console
 from typer.core import TyperGroup
 
 from ..console import missing_extra
-from ..errors import DatabaseUnavailable, InvalidJob, InvalidSettings, PgQueueError
+from ..errors import (
+    DatabaseUnavailable,
+    InvalidJob,
+    InvalidQueueControl,
+    InvalidSettings,
+    PgQueueError,
+)
 from ..queue import Queue, resolve_url
 from ..settings import Settings
 from . import output
@@ -115,6 +121,8 @@ def describe(exc: BaseException) -> tuple[str, int]:
         return f"configuration: {exc}", 2
     if isinstance(exc, InvalidJob):
         return f"invalid job: {exc.field}: {exc.problem}", 1
+    if isinstance(exc, InvalidQueueControl):
+        return f"invalid queue control: {exc.field}: {exc.problem}", 1
     if isinstance(exc, DatabaseUnavailable):
         return f"database unavailable: {first_line(exc)}", 1
     if isinstance(exc, PgQueueError):  # JobNotFound, JobStateConflict, SchemaNotMigrated...

@@ -17,12 +17,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ..controls import QueueControls
 from ..jobs import Job, JobState
 from ..stats import QueueStats
 
 __all__ = [
     "STATE_STYLES",
     "age",
+    "controls_text",
     "emit_json",
     "error_line",
     "jobs_table",
@@ -130,7 +132,7 @@ _HEADERS = ("queued", "sched", "running", "ok", "failed", "dead", "cancel")
 QUEUES_CAPTION = (
     "queued (runnable now), sched (later), running: now.  ok, failed (attempts), dead, "
     "cancel: totals.  oldest: wait of the oldest runnable job.  1m: ok or dead in the "
-    "last minute."
+    "last minute.  (paused, limits): the queue's controls."
 )
 
 
@@ -155,9 +157,33 @@ def queues_table(
     table.add_column("oldest", justify="right", no_wrap=True)
     table.add_column("1m", justify="right", no_wrap=True)
     for name, row in rows.items():
-        table.add_row(escape(name), *_queue_cells(row))
+        controls = row.controls
+        shown = controls is not None and (controls.paused or controls.limited)
+        note = f" [dim]({escape(controls_text(controls))})[/]" if controls and shown else ""
+        table.add_row(escape(name) + note, *_queue_cells(row))
     table.add_row("total", *_queue_cells(total), style="bold")
     return table
+
+
+def controls_text(controls: QueueControls) -> str:
+    """A queue's pause and limits in a few words: "paused, 5 running (2 per
+    key), 100 starts per 1m00s"."""
+    c = controls
+    words = ["paused" if c.paused else "running"]
+    if c.concurrency_limit or c.concurrency_limit_per_key:
+        words.append(_pair(c.concurrency_limit, c.concurrency_limit_per_key, "running"))
+    if c.rate_limit or c.rate_limit_per_key:
+        per = age(c.rate_period_seconds)
+        words.append(_pair(c.rate_limit, c.rate_limit_per_key, "starts") + f" per {per}")
+    return ", ".join(words)
+
+
+def _pair(limit: int | None, per_key: int | None, what: str) -> str:
+    """ "at most 5 running (2 per key)", or for a per-key limit alone "at most 2
+    running per key"."""
+    if limit is None:
+        return f"at most {per_key} {what} per key"
+    return f"at most {limit} {what}" + (f" ({per_key} per key)" if per_key else "")
 
 
 def _queue_cells(row: QueueStats) -> list[str]:

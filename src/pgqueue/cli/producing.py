@@ -63,6 +63,12 @@ def enqueue_cmd(
             "--unique-period", help="At most one job per key in each such period: 1h, 1d."
         ),
     ] = None,
+    concurrency_key: Annotated[
+        str | None,
+        typer.Option(
+            "--concurrency-key", help="What the queue's per-key limits count by (a tenant...)."
+        ),
+    ] = None,
     max_attempts: Annotated[
         int | None,
         typer.Option("--max-attempts", help="Attempts before the job is dead (default: 5)."),
@@ -85,6 +91,7 @@ def enqueue_cmd(
         "priority": priority,
         "idempotency_key": idempotency_key,
         "unique_scope": unique_scope,
+        "concurrency_key": concurrency_key,
         "max_attempts": max_attempts,
     }
     if unique_period is not None:

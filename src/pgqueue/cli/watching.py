@@ -1,4 +1,5 @@
-"""Watching the queues: ``queues`` (one table) and ``top`` (the same, refreshed)."""
+"""Watching the queues: ``queues`` (one table; the command is in queues.py)
+and ``top`` (the same, refreshed)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,8 @@ from .. import stats
 from ..queue import Queue
 from . import output
 from .app import app, state_of, wants_json
-from .options import JsonFlag
 
-__all__: list[str] = []
+__all__ = ["print_queues"]
 
 
 def _read(q: Queue) -> tuple[dict[str, stats.QueueStats], stats.QueueStats]:
@@ -33,14 +33,8 @@ def _as_json(rows: dict[str, stats.QueueStats], total: stats.QueueStats) -> dict
     }
 
 
-@app.command("queues")
-def queues_cmd(ctx: typer.Context, json_out: JsonFlag = False) -> None:
-    """Per queue: jobs by state, age of the oldest runnable job, jobs done in the last minute.
-
-    queued/scheduled/running are now; succeeded/failed/dead/cancelled are totals
-    since the queue began (failed counts failed attempts); done/min counts jobs
-    that succeeded or died in the last 60 s.
-    """
+def print_queues(ctx: typer.Context, json_out: bool) -> None:
+    """The table of ``pgqueue queues`` (a group: its controls are in queues.py)."""
     state = state_of(ctx)
     with state.queue() as q:
         rows, total = _read(q)

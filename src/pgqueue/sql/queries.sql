@@ -12,10 +12,12 @@
 -- Returns the new row (created = true) or nothing on a key conflict.
 WITH inserted AS (
     INSERT INTO pgqueue_jobs (queue, task, payload, priority, run_at, max_attempts,
-                              timeout_seconds, idempotency_key, unique_scope)
+                              timeout_seconds, idempotency_key, unique_scope,
+                              concurrency_key)
     VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s,
             greatest(coalesce(%(run_at)s, now() + make_interval(secs => %(delay)s)), now()),
-            %(max_attempts)s, %(timeout_seconds)s, %(idempotency_key)s, %(unique_scope)s)
+            %(max_attempts)s, %(timeout_seconds)s, %(idempotency_key)s, %(unique_scope)s,
+            %(concurrency_key)s)
     ON CONFLICT (idempotency_key)
         WHERE idempotency_key IS NOT NULL AND pgqueue_key_held(unique_scope, state, started_at)
         DO NOTHING
@@ -38,17 +40,18 @@ WHERE idempotency_key = %(idempotency_key)s
 -- One notification per queue, not per job.
 WITH inserted AS (
     INSERT INTO pgqueue_jobs (queue, task, payload, priority, run_at, max_attempts,
-                              timeout_seconds, idempotency_key, unique_scope)
+                              timeout_seconds, idempotency_key, unique_scope,
+                              concurrency_key)
     SELECT queue, task, payload, priority,
            greatest(coalesce(run_at, now() + make_interval(secs => delay)), now()),
-           max_attempts, timeout_seconds, idempotency_key, unique_scope
+           max_attempts, timeout_seconds, idempotency_key, unique_scope, concurrency_key
     FROM unnest(%(queue)s::text[], %(task)s::text[], %(payload)s::jsonb[],
                 %(priority)s::integer[], %(run_at)s::timestamptz[],
                 %(delay)s::double precision[], %(max_attempts)s::integer[],
                 %(timeout_seconds)s::double precision[], %(idempotency_key)s::text[],
-                %(unique_scope)s::text[])
+                %(unique_scope)s::text[], %(concurrency_key)s::text[])
          AS t(queue, task, payload, priority, run_at, delay, max_attempts,
-              timeout_seconds, idempotency_key, unique_scope)
+              timeout_seconds, idempotency_key, unique_scope, concurrency_key)
     ON CONFLICT (idempotency_key)
         WHERE idempotency_key IS NOT NULL AND pgqueue_key_held(unique_scope, state, started_at)
         DO NOTHING
@@ -74,48 +77,65 @@ SELECT array_agg(nextval('pgqueue_jobs_id_seq')) AS ids FROM generate_series(1, 
 -- name: job_copy
 -- Bulk load of plain jobs (runnable now, no idempotency key): the fastest
 -- path into the table. Rows are (id, queue, task, payload, priority,
--- max_attempts, timeout_seconds); the rest takes the column defaults.
-COPY pgqueue_jobs (id, queue, task, payload, priority, max_attempts, timeout_seconds) FROM STDIN;
+-- max_attempts, timeout_seconds, concurrency_key); the rest takes the column
+-- defaults.
+COPY pgqueue_jobs (id, queue, task, payload, priority, max_attempts, timeout_seconds,
+                   concurrency_key) FROM STDIN;
 
 -- name: job_notify_queues
 -- One "jobs are ready" hint per queue.
 SELECT count(pg_notify('pgqueue_jobs', q)) AS notified FROM unnest(%(queues)s::text[]) AS q;
 
 -- name: job_claim
--- Claim up to `limit` runnable jobs of one `queue`, of any of `queues`, or
--- (both NULL) of every queue: mark them running, count the attempt, and give
--- each a lease and a fresh fencing token.
-WITH in_one_queue AS (
-    -- One queue walks its own index, pgqueue_jobs_claim_queue, in claim order,
-    -- so that a flood in another queue costs this claim nothing. With a NULL
-    -- `queue` the index scan finds nothing at once.
-    SELECT id FROM pgqueue_jobs
-    WHERE queue = %(queue)s::text AND state = 'queued' AND run_at <= now()
-    ORDER BY priority DESC, run_at, id
+-- Claim up to `limit` runnable jobs of `queues`, at most `shares[i]` of
+-- `queues[i]`, asking the queues in that order (transitions.claim makes the
+-- round-robin split; the shares may add up to more than `limit`): mark them
+-- running, count the attempt, and give each a lease and a fresh fencing
+-- token. The queue controls (pgqueue_queues; a queue without a row has
+-- none) say how: a paused queue is left out; a limited queue's jobs are
+-- chosen by pgqueue_pick_limited, under that queue's lock.
+WITH wanted AS (
+    SELECT q.name, q.share, q.place, c.paused, c.limited
+    FROM unnest(%(queues)s::text[], %(shares)s::integer[]) WITH ORDINALITY AS q(name, share, place)
+    LEFT JOIN pgqueue_queues c ON c.name = q.name
+), in_limited_queues AS (
+    -- In the order of their locks, so that two claimers never wait for each
+    -- other's.
+    SELECT picked.id, picked.at
+    FROM (SELECT name, share FROM wanted WHERE limited AND NOT paused
+          ORDER BY hashtext(name)) q
+    CROSS JOIN LATERAL pgqueue_pick_limited(q.name, q.share) picked
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-), in_any_queue AS (
-    -- Otherwise the index of all queued rows, pgqueue_jobs_claim, with the
-    -- queues as a filter. "%(queue)s IS NULL" is a one-time filter: when a
-    -- single queue was given, this branch is never executed. (A single
-    -- "queue = ANY(...)" cannot use the per-queue index in order.)
-    SELECT id FROM pgqueue_jobs
-    WHERE %(queue)s::text IS NULL AND state = 'queued' AND run_at <= now()
-      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
-    ORDER BY priority DESC, run_at, id
+), in_free_queues AS (
+    -- Each queue walks its own index, pgqueue_jobs_claim_queue, in claim
+    -- order: a flood in one queue costs another queue's claim nothing. The
+    -- queues are asked in order, and the claim stops at `limit` (which
+    -- also keeps the planner's estimate, and so its plan for the update,
+    -- right): what the first queues do not take, the later ones do.
+    SELECT next.id, NULL::timestamptz AS at
+    FROM (SELECT name, share FROM wanted WHERE paused IS NOT TRUE AND limited IS NOT TRUE
+          ORDER BY place) q
+    CROSS JOIN LATERAL (
+        SELECT id FROM pgqueue_jobs
+        WHERE queue = q.name AND state = 'queued' AND run_at <= now()
+        ORDER BY priority DESC, run_at, id
+        LIMIT q.share
+        -- SKIP LOCKED lets concurrent claimers take the next free rows
+        -- instead of queueing behind each other's row locks.
+        FOR UPDATE SKIP LOCKED) next
     LIMIT %(limit)s
-    -- SKIP LOCKED lets concurrent claimers take the next free rows instead of
-    -- queueing behind each other's row locks.
-    FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE pgqueue_jobs j
     SET state = 'running', attempts = j.attempts + 1,
         lease_token = nextval('pgqueue_lease_token_seq'),
         lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
-        worker = %(worker)s, started_at = now()
-    FROM (SELECT id FROM in_one_queue UNION ALL SELECT id FROM in_any_queue) picked
-    WHERE j.id = picked.id
-    RETURNING j.*, now() - j.run_at AS waited
+        worker = %(worker)s, started_at = coalesce(picked.at, now())
+    FROM (SELECT id, at FROM in_limited_queues UNION ALL SELECT id, at FROM in_free_queues
+          LIMIT %(limit)s) picked
+    -- A limited queue's jobs were chosen, not locked: the state is checked
+    -- again on the row's newest version.
+    WHERE j.id = picked.id AND j.state = 'queued'
+    RETURNING j.*, j.started_at - j.run_at AS waited
 ), latency AS (
     INSERT INTO pgqueue_start_latency AS h (queue, shard, bucket, count, sum_seconds)
     SELECT queue, pg_backend_pid() %% 16,
@@ -436,7 +456,8 @@ LIMIT %(limit)s;
 -- Like job_list, without the heavy columns (payload, result, last_error):
 -- what a listing that polls needs, without reading large values.
 SELECT id, queue, task, priority, state, run_at, attempts, max_attempts, snoozes,
-       timeout_seconds, idempotency_key, unique_scope, worker, lease_expires_at,
+       timeout_seconds, idempotency_key, unique_scope, concurrency_key, worker,
+       lease_expires_at,
        enqueued_at, started_at, finished_at
 FROM pgqueue_jobs
 WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
@@ -463,14 +484,19 @@ RETURNING 1
 )
 SELECT count(*) AS pruned FROM pruned;
 
--- name: job_next_run_at
--- When the earliest delayed job of `queues` (NULL: of every queue) becomes
--- runnable, as seconds from now (NULL when none is waiting), so that an idle
--- worker can sleep until then. A plain min(run_at) would read every queued
--- row (90 ms with a million scheduled jobs, once per poll interval per idle
+-- name: queue_next_wake
+-- What an idle worker needs to know to sleep well, for `queues` (NULL:
+-- every queue): in how many seconds the earliest delayed job becomes
+-- runnable, or a start leaves the window of a rate-limited queue, whichever
+-- is first (NULL: neither), and which queues have a concurrency limit (a job
+-- of theirs that ends frees a slot). Runnable jobs do not count: the worker
+-- has just claimed what it could, so those that are left wait for a limit
+-- or a pause, not for time.
+-- The earliest delayed job: a plain min(run_at) would read every queued row
+-- (90 ms with a million scheduled jobs, once per poll interval per idle
 -- worker). The claim indexes hold each priority level in run_at order, so
--- the earliest job of a level is its first entry: this walks the levels with
--- one index probe each (a loose index scan), whatever the backlog.
+-- this walks the levels with one index probe each (a loose index scan), and
+-- takes each level's first job after now(), whatever the backlog.
 WITH RECURSIVE levels AS (
     -- Every queue (no queues given): the levels of pgqueue_jobs_claim.
     SELECT max(priority) AS priority FROM pgqueue_jobs
@@ -481,7 +507,7 @@ WITH RECURSIVE levels AS (
     FROM levels WHERE levels.priority IS NOT NULL
 ), firsts AS (
     SELECT (SELECT run_at FROM pgqueue_jobs
-            WHERE state = 'queued' AND priority = levels.priority
+            WHERE state = 'queued' AND priority = levels.priority AND run_at > now()
             ORDER BY run_at LIMIT 1) AS run_at
     FROM levels WHERE levels.priority IS NOT NULL
   UNION ALL
@@ -499,12 +525,70 @@ WITH RECURSIVE levels AS (
         )
         SELECT (SELECT run_at FROM pgqueue_jobs
                 WHERE state = 'queued' AND queue = wanted.name
-                  AND priority = queue_levels.priority
+                  AND priority = queue_levels.priority AND run_at > now()
                 ORDER BY run_at LIMIT 1) AS run_at
         FROM queue_levels WHERE queue_levels.priority IS NOT NULL
     ) first
 )
-SELECT extract(epoch FROM min(run_at) - now())::double precision AS seconds FROM firsts;
+SELECT extract(epoch FROM least(
+           (SELECT min(run_at) FROM firsts),
+           (SELECT min(s.started_at) + make_interval(secs => c.rate_period_seconds)
+            FROM pgqueue_queues c JOIN pgqueue_starts s ON s.queue = c.name
+            WHERE c.rate_period_seconds IS NOT NULL AND NOT c.paused
+              AND (%(queues)s::text[] IS NULL OR c.name = ANY(%(queues)s::text[]))
+              AND s.started_at > now() - make_interval(secs => c.rate_period_seconds)
+            GROUP BY c.name, c.rate_period_seconds
+            ORDER BY 1 LIMIT 1)
+       ) - now())::double precision AS seconds,
+       ARRAY(SELECT name FROM pgqueue_queues
+             WHERE NOT paused
+               AND (concurrency_limit IS NOT NULL OR concurrency_limit_per_key IS NOT NULL)
+               AND (%(queues)s::text[] IS NULL OR name = ANY(%(queues)s::text[]))
+             ORDER BY name) AS limited;
+
+-- name: queue_names_queued
+-- The queues that have queued jobs, in name order: a skip scan of
+-- pgqueue_jobs_claim_queue, one probe per queue however many jobs wait in it.
+WITH RECURSIVE named(queue) AS (
+    (SELECT queue FROM pgqueue_jobs WHERE state = 'queued' ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM pgqueue_jobs j
+            WHERE j.state = 'queued' AND j.queue > n.queue ORDER BY j.queue LIMIT 1)
+    FROM named n WHERE n.queue IS NOT NULL
+)
+SELECT queue FROM named WHERE queue IS NOT NULL;
+
+-- name: queue_controls
+-- Every queue's controls (pause, limits), by name.
+SELECT * FROM pgqueue_queues ORDER BY name;
+
+-- name: queue_controls_lock
+-- A queue's controls, its row made if missing and locked until the
+-- transaction ends, for a change (controls.change) that reads, then writes.
+INSERT INTO pgqueue_queues AS c (name) VALUES (%(queue)s)
+ON CONFLICT (name) DO UPDATE SET name = c.name
+RETURNING c.*;
+
+-- name: queue_controls_write
+-- Write a queue's controls (all of them; the row is locked by
+-- queue_controls_lock). A queue not paused afterwards may have jobs that can
+-- start now (it was resumed, or a limit was raised): the workers are woken.
+-- The start log of a queue that is no longer rate-limited is dropped.
+WITH written AS (
+    UPDATE pgqueue_queues
+    SET paused = %(paused)s, concurrency_limit = %(concurrency_limit)s,
+        concurrency_limit_per_key = %(concurrency_limit_per_key)s,
+        rate_limit = %(rate_limit)s, rate_limit_per_key = %(rate_limit_per_key)s,
+        rate_period_seconds = %(rate_period_seconds)s, updated_at = now()
+    WHERE name = %(queue)s
+    RETURNING *
+), forgotten AS (
+    DELETE FROM pgqueue_starts s USING written w
+    WHERE s.queue = w.name AND w.rate_period_seconds IS NULL
+), woken AS (
+    SELECT pg_notify('pgqueue_jobs', name) FROM written WHERE NOT paused
+)
+SELECT written.* FROM written, (SELECT count(*) FROM woken) w;
 
 -- name: worker_register
 -- A worker process starts: its row in the registry (a restarted name

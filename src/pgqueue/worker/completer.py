@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import psycopg
 
@@ -44,17 +44,25 @@ REFUSED = (psycopg.Error, UnicodeError)
 
 
 class Completer:
+    """``ended`` hears the queues of the jobs whose outcomes were written."""
+
     # What ``stats`` counts: outcomes written by kind, outcomes dropped
     # because the lease was lost, statements sent.
     COUNTS = ("succeeded", "failed", "snoozed", "cancelled", "lost", "finishes")
 
     def __init__(
-        self, conn: FlowRunner, held: HeldJobs, settings: Settings, events: EventLog
+        self,
+        conn: FlowRunner,
+        held: HeldJobs,
+        settings: Settings,
+        events: EventLog,
+        ended: Callable[[set[str]], None] = lambda queues: None,
     ) -> None:
         self.conn = conn
         self.held = held
         self.settings = settings
         self.events = events
+        self.ended = ended
         self.batch_size = min(held.concurrency, ACK_BATCH_MAX)
         self.stats = dict.fromkeys(self.COUNTS, 0)
         self._outbox: list[Outcome] = []
@@ -195,10 +203,12 @@ class Completer:
 
     def _written(self, batch: Sequence[Outcome], states: dict[int, JobState]) -> None:
         debug = self.events.enabled(logging.DEBUG)
+        queues: set[str] = set()
         for outcome in batch:
             held = self._holders.pop(outcome.token)
             self.held.release(outcome.job_id, held)
             job = held.job
+            queues.add(job.queue)
             state = states.get(outcome.job_id)
             if state is None:
                 self._discarded(held)
@@ -229,6 +239,7 @@ class Completer:
                 )
             else:
                 self._failed(job, outcome, state)
+        self.ended(queues)
 
     def _failed(self, job: Job, outcome: Outcome, state: JobState) -> None:
         self.stats["failed"] += 1

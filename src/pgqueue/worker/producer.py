@@ -2,9 +2,18 @@
 
 It claims up to the free slots in one ``job_claim`` whenever it is woken,
 claims again at once while batches come back full, and otherwise sleeps
-until woken (a NOTIFY from an enqueue, or a freed slot), the poll interval,
-or the earliest known ``run_at`` of a delayed job, whichever comes first.
-Each claimed job goes to ``start`` (the worker), which runs it.
+until woken (a NOTIFY from an enqueue, a freed slot, an ended job of a queue
+with a concurrency limit), the poll interval, or the earliest known time a
+job becomes runnable (a delayed job's ``run_at``, a rate limit's window
+moving on), whichever comes first. Each claimed job goes to ``start`` (the
+worker), which runs it.
+
+Its queues share the free slots round-robin (``transitions.claim``), so that
+a flood in one cannot hold up another; the turn moves on with every claim,
+and a queue that gave nothing last time is asked for one job (what it does
+not take goes to the others in the same statement). A
+worker of every queue claims from the queues that have queued jobs: it lists
+them at most once per poll interval, and learns a new one from its hint.
 
 Wake-ups: ``listen()`` keeps a LISTEN connection of its own; a hint for one
 of our queues wakes the claim loop. Hints sent while it was not listening
@@ -22,7 +31,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 
 from ..jobs import Job
 from ..settings import Settings
-from ..transitions import claim, next_run_in
+from ..transitions import claim, next_wake, queues_with_jobs
 from .connection import FlowRunner
 from .faults import WAIT_OUT, Backoff, EventLog
 from .registry import HeldJobs
@@ -48,6 +57,7 @@ class Producer:
         self.settings = settings
         self.events = events
         self.queues = list(queues) if queues else None
+        self.known = list(self.queues or ())  # the queues claimed from
         self.start = start
         self.stats = {"claimed": 0, "claims": 0}
         self.last_claim_at: float | None = None  # monotonic
@@ -56,9 +66,20 @@ class Producer:
         self._last_claim_full = True  # start by looking for work
         self._next_check_at = 0.0  # when to ask again for the earliest run_at
         self._next_due: float | None = None  # monotonic time of the earliest run_at
+        self._next_listing = 0.0  # (every queue) when to list the queues with jobs again
+        self._heard: set[str] = set()  # queues named by hints since the last listing began
+        self._turn = 0  # which queue comes first in the round-robin
+        self._sparse: frozenset[str] = frozenset()  # queues that gave nothing last time
+        self._limited: frozenset[str] = frozenset()  # queues with a concurrency limit
 
     def wake(self) -> None:
         self._wake.set()
+
+    def jobs_ended(self, queues: set[str]) -> None:
+        """Jobs of these queues ended (their outcomes are written): under a
+        concurrency limit, that is a slot for the next claim."""
+        if not self._limited.isdisjoint(queues):
+            self._wake.set()
 
     def stop(self) -> None:
         """Claim nothing more; a claim in flight completes (its jobs run)."""
@@ -81,8 +102,16 @@ class Producer:
                     break
             self._wake.clear()
             try:
+                await self._list_queues()
                 jobs = await self.conn.run(
-                    claim(self.settings, limit=free, worker=self.events.worker, queues=self.queues)
+                    claim(
+                        self.settings,
+                        limit=free,
+                        worker=self.events.worker,
+                        queues=self.known,
+                        turn=self._turn,
+                        sparse=self._sparse,
+                    )
                 )
             except WAIT_OUT as exc:
                 self._last_claim_full = True  # look again after the backoff
@@ -97,9 +126,22 @@ class Producer:
         """Since the last claim statement that worked (None: none yet)."""
         return None if self.last_claim_at is None else time.monotonic() - self.last_claim_at
 
+    async def _list_queues(self) -> None:
+        """A worker of every queue: at most once per poll interval, list the
+        queues that have jobs (hints add new ones in between)."""
+        if self.queues is not None or time.monotonic() < self._next_listing:
+            return
+        self._heard.clear()
+        listed = await self.conn.run(queues_with_jobs())
+        # A queue heard of while the list was read may have jobs it missed.
+        self.known = [*listed, *(name for name in self._heard if name not in listed)]
+        self._next_listing = time.monotonic() + self.settings.poll_interval_seconds
+
     def _claimed(self, jobs: list[Job], *, full: bool) -> None:
         self.stats["claims"] += 1
         self.last_claim_at = time.monotonic()
+        self._turn += 1
+        self._sparse = frozenset(self.known).difference(job.queue for job in jobs)
         self._last_claim_full = full
         if not jobs:
             return
@@ -124,15 +166,18 @@ class Producer:
         self._last_claim_full = True  # look once more
 
     async def _refresh_next_due(self) -> None:
-        """At most once per poll interval, ask when the next delayed job is due."""
+        """At most once per poll interval, ask when a job is next due (a
+        delayed job, a rate window) and which queues are concurrency-limited."""
         now = time.monotonic()
         if now < self._next_check_at:
             return
         self._next_check_at = now + self.settings.poll_interval_seconds
         try:
-            seconds = await self.conn.run(next_run_in(self.queues))
+            wake = await self.conn.run(next_wake(self.queues))
         except WAIT_OUT:
             return  # the next claim will meet the same error and back off
+        self._limited = wake.limited
+        seconds = wake.seconds
         if seconds is not None and seconds > 0:
             due = time.monotonic() + seconds
             self._next_due = due
@@ -152,6 +197,9 @@ class Producer:
                         backoff.succeeded()
                         self._wake.set()
                     elif not ours or queue in ours:
+                        self._heard.add(queue)
+                        if queue not in self.known:
+                            self.known.append(queue)
                         self._wake.set()
                 raise ConnectionError("the listening connection was closed")
             except WAIT_OUT as exc:  # ConnectionError is an OSError

@@ -211,7 +211,7 @@ class AsyncWorker:
         self.producer = Producer(
             claims, self.held, s, events, queues=self.queues, start=self._start
         )
-        self.completer = Completer(outcomes, self.held, s, events)
+        self.completer = Completer(outcomes, self.held, s, events, self.producer.jobs_ended)
         info = WorkerInfo(
             self.name, socket.gethostname(), os.getpid(), _version(), self.queues, self.concurrency
         )

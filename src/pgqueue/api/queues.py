@@ -1,0 +1,114 @@
+"""Queue controls over HTTP: pause, resume, limits (admin: every write is).
+
+    POST  /queues/{name}/pause    no job of the queue starts from now on
+    POST  /queues/{name}/resume   jobs start again; the workers are woken
+    PATCH /queues/{name}/limits   a JSON merge patch of the limits: a limit
+                                  given changes (null removes it), one not
+                                  given stays
+
+Each answers with the queue's controls. ``GET /queues`` shows them too. The
+values are judged by ``controls.change``, as in the library and the command
+line; a bad one is a 422 naming it, and nothing is written.
+"""
+
+# No "from __future__ import annotations": FastAPI reads the signatures at
+# run time, and the patch body's model is made at import.
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Annotated, Any
+
+from fastapi import APIRouter, Path, Request
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from ..controls import LIMITS
+from ..queue import AsyncQueue
+from .http_errors import ERROR_RESPONSES
+from .models import QUEUE_PATTERN, QueueControlsOut
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["queues"])
+
+QueueName = Annotated[str, Path(pattern=QUEUE_PATTERN, description="The queue's name.")]
+RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: ERROR_RESPONSES[status] for status in (400, 401, 403, 413, 422, 500, 503)
+}
+
+
+class _Patch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _patch_model() -> type[_Patch]:
+    # Any: the values are judged by controls.change, not by pydantic; the
+    # schema still says what each may be.
+    fields: dict[str, Any] = {
+        name: (
+            Any,
+            Field(
+                default=None,
+                description=f"{text} null removes it.",
+                json_schema_extra={"anyOf": [rule.json_schema(), {"type": "null"}]},
+            ),
+        )
+        for name, (rule, text) in LIMITS.items()
+    }
+    return create_model("QueueLimitsPatch", __base__=_Patch, **fields)
+
+
+if TYPE_CHECKING:
+    QueueLimitsPatch = _Patch
+else:
+    QueueLimitsPatch = _patch_model()
+
+
+def _queue(request: Request) -> AsyncQueue:
+    queue: AsyncQueue = request.app.state.queue
+    return queue
+
+
+def _pausing(paused: bool) -> Callable[[str, Request], Awaitable[QueueControlsOut]]:
+    """The route that pauses (or resumes) the queue it names."""
+
+    async def route(name: QueueName, request: Request) -> QueueControlsOut:
+        queue = _queue(request)
+        return QueueControlsOut.of(await (queue.pause(name) if paused else queue.resume(name)))
+
+    return route
+
+
+for _action, _paused, _summary, _description in (
+    (
+        "pause",
+        True,
+        "Pause a queue",
+        "No job of the queue starts from now on, on any worker; running jobs finish. "
+        "A queue may be paused before it has jobs.",
+    ),
+    ("resume", False, "Resume a queue", "Its jobs start again; idle workers are woken at once."),
+):
+    router.add_api_route(
+        f"/queues/{{name}}/{_action}",
+        _pausing(_paused),
+        methods=["POST"],
+        name=f"{_action}_queue",
+        response_model=QueueControlsOut,
+        responses=RESPONSES,
+        summary=_summary,
+        description=_description,
+    )
+
+
+@router.patch(
+    "/queues/{name}/limits",
+    response_model=QueueControlsOut,
+    responses=RESPONSES,
+    summary="Change a queue's limits",
+    description="A JSON merge patch: each limit given changes (null removes it), the others "
+    "stay. A rate limit needs rate_period_seconds (given now, or already set).",
+)
+async def set_queue_limits(
+    name: QueueName, body: QueueLimitsPatch, request: Request
+) -> QueueControlsOut:
+    limits = body.model_dump(exclude_unset=True)
+    return QueueControlsOut.of(await _queue(request).set_limits(name, **limits))

@@ -1,0 +1,58 @@
+"""What the two faces of the queue share about connections: which database
+to use, the psycopg connection behind what a caller passed, and the driver's
+errors as pgqueue's own."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+from psycopg_pool import PoolTimeout
+
+from .driver import SCHEMA_ERRORS
+from .embedded import EmbeddedPostgres
+from .errors import DatabaseUnavailable, SchemaNotMigrated
+from .settings import Settings
+
+__all__ = ["caller_connection", "errors_translated", "resolve_url"]
+
+
+def resolve_url(settings: Settings) -> str:
+    """The database to use: DATABASE_URL, or the embedded server (started if needed)."""
+    if settings.database_url:
+        return settings.database_url
+    return EmbeddedPostgres(settings.data_dir).ensure_running()
+
+
+def caller_connection(connection: Any) -> Any:
+    """The psycopg connection behind what the caller passed: a psycopg
+    (Async)Connection, or a SQLAlchemy Connection/Session on the psycopg driver.
+    (AsyncQueue also takes an asyncpg connection: driver.AsyncpgSession.)"""
+    if isinstance(connection, psycopg.Connection | psycopg.AsyncConnection):
+        return connection
+    if callable(getattr(connection, "connection", None)):  # SQLAlchemy Session
+        connection = connection.connection()
+    driver = getattr(getattr(connection, "connection", None), "driver_connection", None)
+    if isinstance(driver, psycopg.Connection | psycopg.AsyncConnection):
+        return driver
+    raise TypeError(
+        "connection must be a psycopg connection, a SQLAlchemy connection or session "
+        "using the psycopg driver, or (with AsyncQueue) an asyncpg connection; "
+        f"got {type(connection).__name__}"
+    )
+
+
+@contextlib.contextmanager
+def errors_translated() -> Iterator[None]:
+    """Raise the database being out of reach as DatabaseUnavailable, and a
+    missing schema as SchemaNotMigrated."""
+    try:
+        yield
+    except SCHEMA_ERRORS as exc:
+        raise SchemaNotMigrated() from exc
+    except PoolTimeout as exc:
+        raise DatabaseUnavailable(f"no database connection within the pool timeout: {exc}") from exc
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailable(str(exc).strip()) from exc
