@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -31,6 +34,16 @@ if os.environ.get("CI"):
 
 def _tmpfs_root() -> str:
     return "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
+
+
+@pytest.fixture
+def server_dir() -> Iterator[Path]:
+    """A fresh folder for a test's own embedded server's data. Not under
+    tmp_path: pytest takes o+x off its /tmp/pytest-of-<user> whenever a
+    pytest session starts, and the server's user must pass through it."""
+    folder = Path(tempfile.mkdtemp(prefix="pgqueue-server-", dir=_tmpfs_root()))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

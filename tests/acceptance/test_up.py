@@ -90,12 +90,14 @@ class Output:
         return "\n".join(self.lines)
 
 
-def _env(tmp_path: Path) -> dict[str, str]:
+def _env(server_dir: Path) -> dict[str, str]:
     env = {
         k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_") and k != "DATABASE_URL"
     }
     env.update(
-        PGQUEUE_DATA_DIR=str(tmp_path / "data"), PGQUEUE_SHUTDOWN_TIMEOUT_SECONDS="5", COLUMNS="200"
+        PGQUEUE_DATA_DIR=str(server_dir / "data"),
+        PGQUEUE_SHUTDOWN_TIMEOUT_SECONDS="5",
+        COLUMNS="200",
     )
     return env
 
@@ -127,11 +129,11 @@ def _echo_job_succeeds(port: int) -> None:
     assert seen["result"] == {"hello": "up"}
 
 
-def test_up_runs_a_job_and_one_sigint_stops_everything(tmp_path: Path) -> None:
+def test_up_runs_a_job_and_one_sigint_stops_everything(server_dir: Path) -> None:
     port = _free_port()
-    up = _up(ROOT, _env(tmp_path), "--port", str(port), "--workers", "2", "--concurrency", "4")
+    up = _up(ROOT, _env(server_dir), "--port", str(port), "--workers", "2", "--concurrency", "4")
     out = Output(up)
-    server = EmbeddedPostgres(tmp_path / "data")
+    server = EmbeddedPostgres(server_dir / "data")
     try:
         out.wait_for("ready: API on", timeout=45)
         _echo_job_succeeds(port)
@@ -163,11 +165,13 @@ def test_up_runs_a_job_and_one_sigint_stops_everything(tmp_path: Path) -> None:
     assert "killing" not in text  # nothing needed a SIGKILL
 
 
-def test_up_runs_the_demo_tasks_from_a_folder_outside_the_repository(tmp_path: Path) -> None:
+def test_up_runs_the_demo_tasks_from_a_folder_outside_the_repository(
+    tmp_path: Path, server_dir: Path
+) -> None:
     """The default handlers are part of the package: nothing needs the repository."""
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = _env(tmp_path)
+    env = _env(server_dir)
     env.pop("PYTHONPATH", None)
     port = _free_port()
     up = _up(elsewhere, env, "--port", str(port), "--workers", "1")
@@ -182,18 +186,18 @@ def test_up_runs_the_demo_tasks_from_a_folder_outside_the_repository(tmp_path: P
         if up.poll() is None:
             os.killpg(up.pid, signal.SIGKILL)
             up.wait()
-        EmbeddedPostgres(tmp_path / "data").destroy()
+        EmbeddedPostgres(server_dir / "data").destroy()
 
 
-def test_up_stops_everything_when_a_process_dies(tmp_path: Path) -> None:
+def test_up_stops_everything_when_a_process_dies(server_dir: Path) -> None:
     """The API cannot bind (the port is taken): up says so, stops the workers
     and the server it started, and exits 1."""
-    server = EmbeddedPostgres(tmp_path / "data")
+    server = EmbeddedPostgres(server_dir / "data")
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        up = _up(ROOT, _env(tmp_path), "--port", str(port), "--workers", "1")
+        up = _up(ROOT, _env(server_dir), "--port", str(port), "--workers", "1")
         out = Output(up)
         try:
             code = up.wait(timeout=45)

@@ -86,8 +86,8 @@ def test_a_bad_environment_variable_is_a_usage_error(project: Path) -> None:
     assert "PGQUEUE_CONCURRENCY" in result.stderr and "Traceback" not in result.output
 
 
-def test_db_start_status_url_stop(project: Path) -> None:
-    data = project / "pg"
+def test_db_start_status_url_stop(project: Path, server_dir: Path) -> None:
+    data = server_dir / "pg"
     status = json.loads(
         runner.invoke(app, ["--data-dir", str(data), "db", "status", "--json"]).stdout
     )

@@ -107,8 +107,8 @@ def test_every_named_query_is_used_and_no_sql_lives_elsewhere() -> None:
     assert "job_claim" in QUERIES and "job_finish" in QUERIES
 
 
-def test_embedded_server_keeps_committed_jobs_across_restarts(tmp_path: Path) -> None:
-    server = EmbeddedPostgres(tmp_path / "db")
+def test_embedded_server_keeps_committed_jobs_across_restarts(server_dir: Path) -> None:
+    server = EmbeddedPostgres(server_dir / "db")
     try:
         url = server.ensure_running()
         assert server.ensure_running() == url  # reused, not re-created
