@@ -6,9 +6,11 @@ On a fresh server on disk with fsync and synchronous_commit on:
 
 * throughput: JOBS no-op jobs enqueued in one transaction while the workers
   wait (so they are all ready at once, as if pre-loaded), drained by 1 worker
-  process, 2 worker processes, and 1 process with a sync (thread-pool) no-op
-  handler. Rate = jobs / (max(finished_at) - min(started_at)), database
-  clock. Workers are separate processes, started before the jobs commit.
+  process, 2 worker processes, 1 process with a sync (thread-pool) no-op
+  handler, and 1 process with the sync no-op handler isolated (in child
+  processes: each run pickles the job and its result). Rate = jobs /
+  (max(finished_at) - min(started_at)), database clock. Workers are separate
+  processes, started before the jobs commit.
 * reference: pgbench, 2 clients, each transaction claims 100 rows with
   pgqueue's own job_claim statement, then acks them with its own job_finish
   statement in a second transaction. Same rate formula. Also a bare variant
@@ -45,6 +47,14 @@ from pgqueue.sql import QUERIES
 ROOT = Path(__file__).resolve().parents[2]
 CLIENTS = 2
 BATCH = 100
+# --only's names for the scenarios.
+ONLY = {
+    "async1": "async_1_process",
+    "async2": "async_2_processes",
+    "sync1": "sync_1_process",
+    "isolated1": "isolated_1_process",
+    "reference": "reference_pgbench",
+}
 
 
 # -- worker processes ------------------------------------------------------------
@@ -74,10 +84,13 @@ def spawn_workers(
 
 def child(url: str, task: str, concurrency: int) -> None:
     """One worker process: a no-op handler, until SIGTERM."""
-    from pgqueue.worker import Worker
+    from pgqueue.worker import TaskRegistry, Worker
 
     settings = Settings(database_url=url, concurrency=concurrency)
-    sys.exit(Worker({task: HANDLERS[task]}, settings=settings).run())
+    registry = TaskRegistry()
+    isolated = task.endswith("_isolated")
+    registry.add(task, HANDLERS[task.removesuffix("_isolated")], isolated=isolated)
+    sys.exit(Worker(registry, settings=settings).run())
 
 
 def stop_workers(procs: list[subprocess.Popen[bytes]]) -> list[int]:
@@ -222,6 +235,14 @@ def latency(url: str, jobs: int, per_second: float) -> dict[str, float]:
 # -- main ------------------------------------------------------------------------------------
 
 
+def paired_ratio(runs: dict[str, list[float]], top: str, bottom: str) -> float | None:
+    """The median of one scenario's rate over another's, round by round
+    (None unless both ran)."""
+    if top not in runs or bottom not in runs:
+        return None
+    return statistics.median(a / b for a, b in zip(runs[top], runs[bottom], strict=True))
+
+
 def main(argv: list[str] | None = None) -> ResultRecord | None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=20_000)
@@ -229,7 +250,12 @@ def main(argv: list[str] | None = None) -> ResultRecord | None:
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--latency-jobs", type=int, default=1000)
     parser.add_argument("--skip-latency", action="store_true")
-    parser.add_argument("--only", choices=["async1", "async2", "sync1", "reference"], default=None)
+    parser.add_argument(
+        "--only",
+        type=lambda text: text.split(","),
+        default=None,
+        help=f"comma-separated: {','.join(ONLY)} (with the reference always)",
+    )
     parser.add_argument("--out", default=None)
     parser.add_argument("--child", nargs=3, metavar=("URL", "TASK", "CONCURRENCY"))
     args = parser.parse_args(argv)
@@ -243,17 +269,20 @@ def main(argv: list[str] | None = None) -> ResultRecord | None:
         "async_1_process": lambda url: drain(url, args.jobs, 1, "noop", args.concurrency),
         "async_2_processes": lambda url: drain(url, args.jobs, 2, "noop", args.concurrency),
         "sync_1_process": lambda url: drain(url, args.jobs, 1, "noop_sync", args.concurrency),
+        "isolated_1_process": lambda url: drain(
+            url, args.jobs, 1, "noop_sync_isolated", args.concurrency
+        ),
         "reference_pgbench": lambda url: reference(url, args.jobs, bare=False),
         "reference_pgbench_bare": lambda url: reference(url, args.jobs, bare=True),
     }
     if args.only:
-        keep = {
-            "async1": "async_1_process",
-            "async2": "async_2_processes",
-            "sync1": "sync_1_process",
-            "reference": "reference_pgbench",
-        }[args.only]
-        scenarios = {k: v for k, v in scenarios.items() if k in (keep, "reference_pgbench")}
+        unknown = set(args.only) - set(ONLY)
+        if unknown:
+            parser.error(
+                f"--only: unknown {', '.join(sorted(unknown))}; pick from {', '.join(ONLY)}"
+            )
+        keep = {ONLY[name] for name in args.only} | {"reference_pgbench"}
+        scenarios = {k: v for k, v in scenarios.items() if k in keep}
     runs: dict[str, list[float]] = {name: [] for name in scenarios}
     ratios: dict[str, list[float]] = {name: [] for name in scenarios}
     with bench_database("worker") as url:
@@ -269,22 +298,19 @@ def main(argv: list[str] | None = None) -> ResultRecord | None:
             for name in scenarios:
                 ratios[name].append(round_rates[name] / round_rates["reference_pgbench"])
         lat = None if args.skip_latency else latency(url, args.latency_jobs, 100.0)
-    sync_over_async = statistics.median(
-        s / a
-        for s, a in zip(
-            runs.get("sync_1_process", [0.0]), runs.get("async_1_process", [1.0]), strict=False
-        )
-    )
+    sync_over_async = paired_ratio(runs, "sync_1_process", "async_1_process")
+    isolated_over_sync = paired_ratio(runs, "isolated_1_process", "sync_1_process")
     results: dict[str, Any] = {
         "rates_jobs_per_second": {k: summary(v) | {"runs": v} for k, v in runs.items()},
         "ratio_to_reference": {k: summary(v) for k, v in ratios.items()},
         "targets": {"async_1_process": 0.4, "async_2_processes": 0.55, "sync_over_async": 0.5},
         "sync_over_async": sync_over_async,
+        "isolated_over_sync": isolated_over_sync,
     }
     if lat is not None:
         results["latency_idle_100_per_second"] = lat
     record = ResultRecord(
-        name="worker_throughput" if not args.only else f"worker_throughput_{args.only}",
+        name="worker_throughput" if not args.only else f"worker_throughput_{'_'.join(args.only)}",
         command=command_line(__spec__, argv),
         server=info,
         parameters={"jobs": args.jobs, "repeats": args.repeats, "concurrency": args.concurrency},
@@ -297,7 +323,12 @@ def main(argv: list[str] | None = None) -> ResultRecord | None:
             f"{k:>26}: {statistics.median(v):>9,.0f} jobs/s  "
             f"ratio {statistics.median(ratios[k]):.2f}"
         )
-    print(f"{'sync / async':>26}: {sync_over_async:.2f}")
+    for label, ratio in (
+        ("sync / async", sync_over_async),
+        ("isolated / sync", isolated_over_sync),
+    ):
+        if ratio is not None:
+            print(f"{label:>26}: {ratio:.2f}")
     if lat is not None:
         print(
             f"{'idle latency':>26}: p50 {lat['p50_ms']:.2f} ms, p95 {lat['p95_ms']:.2f} ms, "

@@ -61,6 +61,8 @@ class Settings:
     notify_finished: bool = True
     # Worker.
     concurrency: int = 100
+    # Child processes for isolated sync handlers (0: one per CPU).
+    handler_processes: int = 0
     poll_interval_seconds: float = 1.0
     shutdown_timeout_seconds: float = 30.0
     # HTTP API. Tokens: admin tokens may do everything, read tokens only GETs.
@@ -122,8 +124,9 @@ class Settings:
         ):
             if getattr(self, name) < 1:
                 raise InvalidSettings(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        if self.max_snoozes < 0:
-            raise InvalidSettings(f"max_snoozes must be >= 0, got {self.max_snoozes!r}")
+        for name in ("handler_processes", "max_snoozes"):
+            if getattr(self, name) < 0:
+                raise InvalidSettings(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if self.pool_min_size < 0 or self.pool_min_size > self.pool_max_size:
             raise InvalidSettings("pool_min_size must be between 0 and pool_max_size")
         if self.heartbeat_seconds >= self.lease_seconds:

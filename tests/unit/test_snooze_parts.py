@@ -21,6 +21,7 @@ from pgqueue.worker.completer import Completer
 from pgqueue.worker.executor import Executor
 from pgqueue.worker.faults import EventLog
 from pgqueue.worker.handlers import resolve_tasks
+from pgqueue.worker.isolation import HandlerProcesses
 from pgqueue.worker.registry import HeldJobs, Stage
 from tests.support import until
 from tests.unit.memory import MemoryConnection, MemoryDatabase
@@ -36,7 +37,8 @@ def claimed(db: MemoryDatabase, task: str = "t", **fields: Any) -> Job:
 
 
 def executor(handlers: Any) -> Executor:
-    return Executor(resolve_tasks(handlers), ThreadPool(2), EVENTS, max_snoozes=3)
+    tasks = resolve_tasks(handlers)
+    return Executor(tasks, ThreadPool(2), HandlerProcesses(tasks.values()), EVENTS, max_snoozes=3)
 
 
 # -- asking -------------------------------------------------------------------------------

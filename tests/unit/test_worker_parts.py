@@ -22,6 +22,7 @@ from pgqueue.worker.completer import Completer
 from pgqueue.worker.executor import Executor
 from pgqueue.worker.faults import EventLog
 from pgqueue.worker.handlers import resolve_tasks
+from pgqueue.worker.isolation import HandlerProcesses
 from pgqueue.worker.leases import LeaseKeeper
 from pgqueue.worker.producer import Producer
 from pgqueue.worker.registry import HeldJobs, Stage
@@ -72,8 +73,13 @@ def test_a_lease_being_written_is_not_lost_by_a_heartbeat() -> None:
 
 
 def executor(handlers: dict[str, Any], threads: ThreadPool | None = None) -> Executor:
+    tasks = resolve_tasks(handlers)
     return Executor(
-        resolve_tasks(handlers), threads or ThreadPool(2), EVENTS, max_snoozes=SETTINGS.max_snoozes
+        tasks,
+        threads or ThreadPool(2),
+        HandlerProcesses(tasks.values()),
+        EVENTS,
+        max_snoozes=SETTINGS.max_snoozes,
     )
 
 

@@ -1,7 +1,8 @@
 """Running one job's handler: one job in, one ``Outcome`` out.
 
 The executor writes nothing and knows no other job. ``async def`` handlers
-run on the worker's loop; plain functions on its thread pool. A handler that
+run on the worker's loop; plain functions on its thread pool, or in a child
+process if the task is isolated (isolation.py). A handler that
 raises, times out, or returns what PostgreSQL cannot store is a failed
 attempt; a task name without a handler too. A handler that raises ``Snooze``
 or ``CancelJob`` (pgqueue.control) gets what it asked for: a snooze (bounded
@@ -20,23 +21,31 @@ from ..transitions import Outcome
 from ._threads import ThreadPool
 from .faults import EventLog, describe
 from .handlers import Task
+from .isolation import HandlerProcesses, HandlerTimedOut
 
 __all__ = ["Executor"]
 
 
 class Executor:
     def __init__(
-        self, tasks: dict[str, Task], threads: ThreadPool, events: EventLog, *, max_snoozes: int
+        self,
+        tasks: dict[str, Task],
+        threads: ThreadPool,
+        processes: HandlerProcesses,
+        events: EventLog,
+        *,
+        max_snoozes: int,
     ) -> None:
         self.tasks = tasks
         self.threads = threads
+        self.processes = processes
         self.events = events
         self.max_snoozes = max_snoozes  # for tasks that do not set their own
 
     async def execute(self, job: Job) -> Outcome:
         """Run the job's handler and say how the attempt ended. Cancelling
-        the call cancels an async handler; a sync handler's thread runs on
-        and its result is dropped."""
+        the call cancels an async handler and kills an isolated one; a sync
+        handler's thread runs on and its result is dropped."""
         spec = self.tasks.get(job.task)
         if spec is None:
             known = ", ".join(sorted(self.tasks)) or "none"
@@ -47,11 +56,16 @@ class Executor:
             )
         timeout = job.timeout_seconds or spec.timeout_seconds
         try:
-            if timeout is None:  # most jobs: no timer to set up and cancel
+            if spec.isolated:
+                result = await self.processes.run(spec, job, timeout)
+            elif timeout is None:  # most jobs: no timer to set up and cancel
                 result = await self._invoke(spec, job)
             else:
                 async with asyncio.timeout(timeout) as deadline:
                     result = await self._invoke(spec, job)
+        except HandlerTimedOut:
+            assert timeout is not None
+            return self._timed_out(job, spec, timeout)
         except TimeoutError as exc:
             if timeout is not None and deadline.expired():
                 return self._timed_out(job, spec, timeout)
@@ -83,6 +97,8 @@ class Executor:
         )
         if spec.is_async:
             return Outcome.failure(job, f"timed out after {timeout:g} s; handler cancelled")
+        if spec.isolated:
+            return Outcome.failure(job, f"timed out after {timeout:g} s; handler process killed")
         return Outcome.failure(
             job,
             f"timed out after {timeout:g} s; handler abandoned (its thread runs on, "

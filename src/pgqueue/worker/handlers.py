@@ -13,6 +13,11 @@ per-task timeout and bound on snoozes::
     async def send_email(job: Job) -> dict[str, str]:
         ...
 
+A plain function registered with ``isolated=True`` runs in a child process
+instead of a thread (worker/isolation.py): its timeout kills the child, and a
+child that crashes fails its attempt without harming the worker. It must be
+importable by name (a module-level function), and so must what it returns.
+
 A registry also declares schedules (periodic jobs; ``pgqueue.schedules``):
 ``@registry.task(cron="30 2 * * *", tz="Europe/Berlin")`` enqueues the task
 at each tick, and ``registry.periodic(name, task=..., cron=... or every=...,
@@ -53,14 +58,16 @@ Handler = Callable[[Job], Any]
 @dataclass(frozen=True, slots=True)
 class Task:
     """One registered handler: its callable, whether it is a coroutine
-    function, its default timeout (a job's own timeout wins), and how many
-    times one job may snooze (None: the setting ``max_snoozes``)."""
+    function, its default timeout (a job's own timeout wins), how many
+    times one job may snooze (None: the setting ``max_snoozes``), and
+    whether it runs in a child process."""
 
     name: str
     fn: Handler
     is_async: bool
     timeout_seconds: float | None = None
     max_snoozes: int | None = None
+    isolated: bool = False
 
 
 def _is_async(fn: Any) -> bool:
@@ -72,7 +79,13 @@ def _is_async(fn: Any) -> bool:
     return call is not None and inspect.iscoroutinefunction(call)
 
 
-def _task(name: str, fn: Any, timeout: float | None = None, max_snoozes: int | None = None) -> Task:
+def _task(
+    name: str,
+    fn: Any,
+    timeout: float | None = None,
+    max_snoozes: int | None = None,
+    isolated: bool = False,
+) -> Task:
     if not callable(fn):
         raise TypeError(f"handler for task {name!r} is not callable: {fn!r}")
     if timeout is not None and not timeout > 0:
@@ -83,7 +96,13 @@ def _task(name: str, fn: Any, timeout: float | None = None, max_snoozes: int | N
         raise ValueError(
             f"max_snoozes of task {name!r} must be an integer >= 0, got {max_snoozes!r}"
         )
-    return Task(name, fn, _is_async(fn), timeout, max_snoozes)
+    is_async = _is_async(fn)
+    if isolated and is_async:
+        raise ValueError(
+            f"task {name!r}: isolated=True is for plain functions; an async handler "
+            "is cancelled on timeout already"
+        )
+    return Task(name, fn, is_async, timeout, max_snoozes, isolated)
 
 
 class TaskRegistry(Mapping[str, Handler]):
@@ -105,6 +124,7 @@ class TaskRegistry(Mapping[str, Handler]):
         name: str | None = None,
         timeout: float | None = None,
         max_snoozes: int | None = None,
+        isolated: bool = False,
         **schedule: Any,
     ) -> Callable[[Handler], Handler]: ...
 
@@ -116,11 +136,13 @@ class TaskRegistry(Mapping[str, Handler]):
         name: str | None = None,
         timeout: float | None = None,
         max_snoozes: int | None = None,
+        isolated: bool = False,
         **schedule: Any,
     ) -> Handler | Callable[[Handler], Handler]:
         """Register ``fn`` under ``name`` (default: the function's name).
         ``max_snoozes``: how many times one job may snooze (default: the
-        setting ``max_snoozes``). With ``cron=`` or ``every=`` (and any other
+        setting ``max_snoozes``). ``isolated``: run this plain function in
+        a child process, which its timeout kills. With ``cron=`` or ``every=`` (and any other
         argument of ``periodic``), also declare a schedule of the same name
         that runs it."""
 
@@ -130,7 +152,7 @@ class TaskRegistry(Mapping[str, Handler]):
                 raise ValueError(f"give a name for {fn!r}: it has no __name__")
             if key in self._tasks:
                 raise ValueError(f"task {key!r} is registered twice")
-            task = _task(key, fn, timeout, max_snoozes)
+            task = _task(key, fn, timeout, max_snoozes, isolated)
             if schedule:
                 self.periodic(key, task=key, **schedule)
             self._tasks[key] = task
@@ -157,8 +179,9 @@ class TaskRegistry(Mapping[str, Handler]):
         *,
         timeout: float | None = None,
         max_snoozes: int | None = None,
+        isolated: bool = False,
     ) -> None:
-        self.task(name=name, timeout=timeout, max_snoozes=max_snoozes)(fn)
+        self.task(name=name, timeout=timeout, max_snoozes=max_snoozes, isolated=isolated)(fn)
 
     def tasks(self) -> dict[str, Task]:
         return dict(self._tasks)

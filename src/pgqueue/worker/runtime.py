@@ -47,6 +47,7 @@ from .connection import Connection, FlowRunner, listen_for_hints
 from .executor import Executor
 from .faults import Backoff, EventLog
 from .handlers import Task, TaskRegistry, resolve_schedules, resolve_tasks
+from .isolation import HandlerProcesses
 from .leases import LeaseKeeper
 from .maintenance import Maintenance
 from .producer import Producer
@@ -112,8 +113,13 @@ class AsyncWorker:
         self.events = EventLog(self.name)
         self.threads = ThreadPool(self.concurrency, on_hung_return=self._hung_returned)
         self.held = HeldJobs(self.concurrency, hung_threads=lambda: self.threads.hung)
+        self.processes = HandlerProcesses(self.tasks.values(), self.settings.handler_processes)
         self.executor = Executor(
-            self.tasks, self.threads, self.events, max_snoozes=self.settings.max_snoozes
+            self.tasks,
+            self.threads,
+            self.processes,
+            self.events,
+            max_snoozes=self.settings.max_snoozes,
         )
         self._dropped = 0  # results discarded because the lease was lost
         self._hung_reported = 0
@@ -139,6 +145,7 @@ class AsyncWorker:
             self.url = await asyncio.to_thread(resolve_url, self.settings)
         connections = [self._connect(self.url) for _ in range(3)]
         self._build(*connections)
+        self.processes.start()
         self.events(
             logging.INFO,
             "start",
@@ -424,6 +431,7 @@ class AsyncWorker:
         for conn in connections:
             await conn.close()
         self.threads.shutdown()
+        self.processes.shutdown()
         assert self._finished is not None
         self._finished.set()
         self.events(logging.INFO, "stopped", "worker %s stopped", self.name)
