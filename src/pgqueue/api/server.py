@@ -148,15 +148,24 @@ def serve(
     port: int | None = None,
     allow_public: bool = False,
     access_log: bool = False,
+    own_logging: bool = False,
 ) -> None:
     """Serve the API in this process (one uvicorn worker); return after a
     graceful stop on SIGINT or SIGTERM. Raises InvalidSettings for a
-    non-loopback host without tokens, unless ``allow_public``."""
+    non-loopback host without tokens, unless ``allow_public``. With
+    ``own_logging``, uvicorn's records go to the root logger's handlers (the
+    caller's format) instead of uvicorn's own."""
     bind_host, bind_port = resolve_bind(settings, host, port, allow_public=allow_public)
     # The bound name is one the API answers to (when it checks Host).
     app = create_app(settings.replace(api_host=bind_host, api_port=bind_port))
+    logging_options: dict[str, Any] = {"log_config": None} if own_logging else {}
     config = uvicorn_config(
-        app, host=bind_host, port=bind_port, access_log=access_log, timeout_graceful_shutdown=10
+        app,
+        host=bind_host,
+        port=bind_port,
+        access_log=access_log,
+        timeout_graceful_shutdown=10,
+        **logging_options,
     )
     with _return_after_signals():
         uvicorn.Server(config).run()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -35,10 +36,11 @@ from ..errors import (
     InvalidSettings,
     PgQueueError,
 )
+from ..logs import ENV_LOG_FORMAT, stderr_handler
 from ..queue import Queue, resolve_url
 from ..settings import Settings
 from . import output
-from .options import JsonFlag
+from .options import JsonFlag, LogFormatChoice
 
 __all__ = [
     "State",
@@ -205,17 +207,15 @@ def wants_json(ctx: typer.Context, flag: bool) -> bool:
 _log_handler: logging.Handler | None = None
 
 
-def configure_logging(debug: bool, level: int = logging.WARNING) -> None:
-    """Log to stderr, unless the host program (or pytest) set up logging already."""
+def configure_logging(debug: bool, level: int = logging.WARNING, log_format: str = "text") -> None:
+    """Log to stderr, unless the host program (or pytest) set up logging
+    already; the first call chooses the format."""
     global _log_handler
     root = logging.getLogger()
     if _log_handler is None:
         if root.handlers:
             return
-        _log_handler = logging.StreamHandler(sys.stderr)
-        _log_handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-        )
+        _log_handler = stderr_handler(log_format)
         root.addHandler(_log_handler)
     root.setLevel(logging.DEBUG if debug else level)
     # The pool logs every failed connection attempt; the error line says it once.
@@ -252,6 +252,15 @@ def root(
     debug: Annotated[
         bool, typer.Option("--debug", help="Debug logs, and tracebacks on errors.")
     ] = False,
+    log_format: Annotated[
+        LogFormatChoice,
+        typer.Option(
+            "--log-format",
+            envvar=ENV_LOG_FORMAT,
+            help="Logs as plain text, or as one JSON object per line (with job_id, task, "
+            "queue, attempt and worker_id on every job line).",
+        ),
+    ] = LogFormatChoice.text,
     version: Annotated[
         bool,
         typer.Option(
@@ -265,7 +274,8 @@ def root(
     [tool.pgqueue] table in ./pyproject.toml, then defaults.
     """
     ctx.obj = State(database_url=database_url, data_dir=data_dir, json=json_out, debug=debug)
-    configure_logging(debug)
+    configure_logging(debug, log_format=log_format.value)
+    os.environ[ENV_LOG_FORMAT] = log_format.value  # for the processes it starts
 
 
 def main() -> None:

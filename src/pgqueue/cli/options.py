@@ -3,6 +3,7 @@ times, repeated lists."""
 
 from __future__ import annotations
 
+import enum
 import re
 from collections.abc import Callable
 from datetime import datetime
@@ -10,13 +11,29 @@ from typing import Annotated, TypeVar
 
 import typer
 
-__all__ = ["JsonFlag", "option", "parse_duration", "parse_time", "redact", "split"]
+__all__ = [
+    "JsonFlag",
+    "LogFormatChoice",
+    "option",
+    "parse_duration",
+    "parse_time",
+    "redact",
+    "split",
+]
 
 T = TypeVar("T")
 
 JsonFlag = Annotated[
     bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")
 ]
+
+
+class LogFormatChoice(enum.StrEnum):
+    """``--log-format``: pgqueue.logs.LOG_FORMATS, as Typer's choices."""
+
+    text = "text"
+    json = "json"
+
 
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)?", re.IGNORECASE)
 _UNIT = {"ms": 0.001, "s": 1.0, "": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}

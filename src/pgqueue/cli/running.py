@@ -19,6 +19,7 @@ from rich.text import Text
 
 from .. import worker
 from ..embedded import EmbeddedPostgres
+from ..logs import ENV_LOG_FORMAT
 from ..migrate import migrate
 from ..processes import Child, ProcessSupervisor
 from ..queue import resolve_url
@@ -80,6 +81,7 @@ def api_cmd(
         port=settings.api_port,
         allow_public=allow_public,
         access_log=access_log,
+        own_logging=os.environ.get(ENV_LOG_FORMAT) == "json",
     )
 
 

@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 
+from ..logs import ENV_LOG_FORMAT, stderr_handler
 from ..processes import Child, ProcessSupervisor
 from ..queue import resolve_url
 from ..settings import Settings
@@ -111,12 +112,10 @@ def _log_event(action: str, message: str, level: int) -> None:
 def child_main() -> None:
     """A worker process under the supervisor: its config comes on stdin."""
     config = pickle.loads(sys.stdin.buffer.read())
-    if not logging.getLogger().handlers:
-        logging.basicConfig(
-            level=config["log_level"],
-            stream=sys.stderr,
-            format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s",
-        )
+    root = logging.getLogger()
+    if not root.handlers:
+        root.addHandler(stderr_handler(os.environ.get(ENV_LOG_FORMAT, "text")))
+        root.setLevel(config["log_level"])
     threading.Thread(target=_watch_parent, args=(config["parent"],), daemon=True).start()
     code = run_worker(
         config["handlers"],
