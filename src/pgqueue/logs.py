@@ -26,8 +26,14 @@ ENV_LOG_FORMAT = "PGQUEUE_LOG_FORMAT"
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s"
 
-# What every LogRecord has: the rest of its __dict__ came from ``extra``.
-_STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "taskName"}
+# What every LogRecord has: the rest of its __dict__ came from ``extra``
+# (but uvicorn's terminal colours stay out of JSON).
+_LEFT_OUT = frozenset(logging.makeLogRecord({}).__dict__) | {
+    "message",
+    "asctime",
+    "taskName",
+    "color_message",
+}
 
 
 class JsonFormatter(logging.Formatter):
@@ -42,7 +48,7 @@ class JsonFormatter(logging.Formatter):
             "pid": record.process,
         }
         for key, value in record.__dict__.items():
-            if key not in _STANDARD and not key.startswith("_"):
+            if key not in _LEFT_OUT and not key.startswith("_"):
                 line[key] = value
         if record.exc_info:
             line["traceback"] = self.formatException(record.exc_info)

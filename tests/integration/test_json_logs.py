@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -99,3 +100,31 @@ def test_the_worker_command_logs_json_lines_naming_each_job(
         assert (line["task"], line["queue"], line["attempt"]) == ("fail", "mail", attempt)
         assert line["worker_id"] in started
         assert line["level"] == "WARNING" if line["action"] == "dead" else "INFO"
+
+
+def test_the_api_command_logs_json_lines_uvicorns_included(db_url: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
+    env.update(PGQUEUE_DATABASE_URL=db_url, PGQUEUE_LOG_FORMAT="json", PYTHONPATH=str(ROOT))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    api = subprocess.Popen(
+        [sys.executable, "-m", "pgqueue", "api", "--port", str(port)],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert api.stderr is not None
+    try:
+        lines = []
+        for text in api.stderr:  # until uvicorn says it serves
+            lines.append(json.loads(text))
+            if "Application startup complete" in lines[-1]["message"]:
+                break
+    finally:
+        api.send_signal(signal.SIGINT)
+        _, rest = api.communicate(timeout=30)
+    lines += [json.loads(text) for text in rest.splitlines()]
+    assert {line["logger"] for line in lines} >= {"pgqueue.api", "uvicorn.error"}
+    assert not any("color_message" in line for line in lines)
+    assert api.returncode == 0
