@@ -6,6 +6,7 @@ PY := $(VENV)/bin/python
 
 # The dashboard's test drives a real headless Chromium: Debian's package.
 CHROMIUM := /usr/bin/chromium
+PGBOUNCER := /usr/sbin/pgbouncer
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 $(VENV)/.installed: pyproject.toml
@@ -29,5 +30,9 @@ $(CHROMIUM):
 	$(SUDO) apt-get update -qq
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 
-test: setup lint $(CHROMIUM)
+$(PGBOUNCER):
+	$(SUDO) apt-get update -qq
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer >/dev/null
+
+test: setup lint $(CHROMIUM) $(PGBOUNCER)
 	$(VENV)/bin/pytest

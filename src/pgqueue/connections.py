@@ -16,7 +16,7 @@ from .embedded import EmbeddedPostgres
 from .errors import DatabaseUnavailable, SchemaNotMigrated
 from .settings import Settings
 
-__all__ = ["caller_connection", "errors_translated", "resolve_url"]
+__all__ = ["caller_connection", "errors_translated", "listen_url", "resolve_url"]
 
 
 def resolve_url(settings: Settings) -> str:
@@ -24,6 +24,15 @@ def resolve_url(settings: Settings) -> str:
     if settings.database_url:
         return settings.database_url
     return EmbeddedPostgres(settings.data_dir).ensure_running()
+
+
+def listen_url(settings: Settings, url: str) -> str | None:
+    """Where LISTEN goes: ``url``, unless that is a transaction-mode pooler,
+    which would hand the subscription to whichever session ran it; then the
+    direct URL, or None (nowhere: poll)."""
+    if not settings.transaction_pooler:
+        return url
+    return settings.direct_url or None
 
 
 def caller_connection(connection: Any) -> Any:

@@ -23,7 +23,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from . import controls, driver
 from . import transitions as t
 from .bulk import BulkAction, JobFilter, bulk, retry_dead
-from .connections import caller_connection, errors_translated, resolve_url
+from .connections import caller_connection, errors_translated, listen_url, resolve_url
 from .controls import QueueControls
 from .driver import is_asyncpg_connection
 from .errors import WaitTimeout
@@ -107,8 +107,10 @@ class _Common:
             "max_size": s.pool_max_size,
             "timeout": s.pool_timeout_seconds,
             # A server that accepts connections but never answers must not
-            # hold a pool slot for minutes.
-            "kwargs": {"autocommit": True, "connect_timeout": 5},
+            # hold a pool slot for minutes. Behind a transaction-mode pooler
+            # a statement prepared on one server session is unknown to the next.
+            "kwargs": {"autocommit": True, "connect_timeout": 5}
+            | ({"prepare_threshold": None} if s.transaction_pooler else {}),
             "name": "pgqueue",
         }
 
@@ -122,7 +124,7 @@ class Queue(_Common):
         self._pool = ConnectionPool(
             self.url, check=ConnectionPool.check_connection, open=True, **self._pool_kwargs()
         )
-        self._waiters = Waiters(self.url)
+        self._waiters = Waiters(listen_url(self.settings, self.url))
 
     def close(self) -> None:
         self._waiters.close()
@@ -314,7 +316,7 @@ class AsyncQueue(_Common):
                 )
                 await pool.open()
                 self._pool = pool
-                self._waiters = AsyncWaiters(self.url)
+                self._waiters = AsyncWaiters(listen_url(self.settings, self.url))
         return self
 
     async def close(self) -> None:

@@ -36,6 +36,12 @@ class Settings:
 
     database_url: str = ""
     data_dir: str = ".pgqueue"
+    # database_url goes through a transaction-mode pooler (PgBouncer): no
+    # prepared statements, and LISTEN only over direct_url (without one,
+    # workers and wait() poll every poll_interval_seconds).
+    transaction_pooler: bool = False
+    # The same database without the pooler, for LISTEN.
+    direct_url: str = ""
     # Claiming and leases.
     lease_seconds: float = 30.0
     heartbeat_seconds: float = 10.0

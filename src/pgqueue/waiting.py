@@ -89,9 +89,10 @@ class _Registry(Generic[E]):
 
 
 class Waiters:
-    """The sync registry and its listening thread (for ``Queue``)."""
+    """The sync registry and its listening thread (for ``Queue``). Without
+    a ``url`` to listen on, waiters only poll."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str | None) -> None:
         self.url = url
         self._registry: _Registry[threading.Event] = _Registry()
         self._thread: threading.Thread | None = None
@@ -105,8 +106,9 @@ class Waiters:
         caller first reads the job, so no ending is missed in between."""
         event = threading.Event()
         self._registry.add(job_id, event)
-        self._start()
-        self._ready.wait(CONNECT_KWARGS["connect_timeout"])
+        if self.url is not None:
+            self._start()
+            self._ready.wait(CONNECT_KWARGS["connect_timeout"])
         try:
             yield event
         finally:
@@ -121,6 +123,7 @@ class Waiters:
                 self._thread.start()
 
     def _listen(self) -> None:
+        assert self.url is not None
         delay = RECONNECT_MIN_SECONDS
         while not self._closed:
             try:
@@ -157,9 +160,10 @@ class Waiters:
 
 
 class AsyncWaiters:
-    """The asyncio registry and its listening task (for ``AsyncQueue``)."""
+    """The asyncio registry and its listening task (for ``AsyncQueue``).
+    Without a ``url`` to listen on, waiters only poll."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str | None) -> None:
         self.url = url
         self._registry: _Registry[asyncio.Event] = _Registry()
         self._task: asyncio.Task[None] | None = None
@@ -169,22 +173,21 @@ class AsyncWaiters:
     async def waiting(self, job_id: int) -> AsyncIterator[asyncio.Event]:
         event = asyncio.Event()
         self._registry.add(job_id, event)
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._listen(), name="pgqueue-wait")
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._ready.wait(), CONNECT_KWARGS["connect_timeout"])
+        if self.url is not None:
+            if self._task is None or self._task.done():
+                self._task = asyncio.create_task(self._listen(self.url), name="pgqueue-wait")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ready.wait(), CONNECT_KWARGS["connect_timeout"])
         try:
             yield event
         finally:
             self._registry.remove(job_id, event)
 
-    async def _listen(self) -> None:
+    async def _listen(self, url: str) -> None:
         delay = RECONNECT_MIN_SECONDS
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(
-                    self.url, **CONNECT_KWARGS
-                ) as conn:
+                async with await psycopg.AsyncConnection.connect(url, **CONNECT_KWARGS) as conn:
                     await conn.execute(QUERIES["listen_finished"])
                     self._ready.set()
                     delay = RECONNECT_MIN_SECONDS

@@ -866,12 +866,10 @@ LISTEN pgqueue_jobs;
 LISTEN pgqueue_finished;
 
 -- name: migration_lock
--- Serialise concurrent migrators (session-level advisory lock).
-SELECT pg_advisory_lock(hashtext('pgqueue.migrate'));
-
--- name: migration_unlock
--- Release the migrators' lock.
-SELECT pg_advisory_unlock(hashtext('pgqueue.migrate'));
+-- Serialise concurrent migrators, one migration at a time. Held until the
+-- transaction ends, not by the session, so that it also works through a
+-- transaction-mode pooler (where a session is not the client's own).
+SELECT pg_advisory_xact_lock(hashtext('pgqueue.migrate'));
 
 -- name: migration_table
 -- The record of applied migrations.

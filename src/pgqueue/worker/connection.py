@@ -46,10 +46,14 @@ class FlowRunner(Protocol):
 
 
 class Connection:
-    """One long-lived psycopg connection; flows run one at a time."""
+    """One long-lived psycopg connection; flows run one at a time. Its
+    statements are prepared, unless ``prepare`` is False (behind a
+    transaction-mode pooler, a statement prepared on one server session is
+    unknown to the next)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, prepare: bool = True) -> None:
         self.url = url
+        self.prepare = prepare
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._session: driver.AsyncCursorSession | None = None
         self._lock = asyncio.Lock()
@@ -66,9 +70,11 @@ class Connection:
                 raise
 
     async def _connect(self) -> None:
-        conn = await psycopg.AsyncConnection.connect(self.url, **CONNECT_KWARGS)
+        options = CONNECT_KWARGS if self.prepare else CONNECT_KWARGS | {"prepare_threshold": None}
+        conn = await psycopg.AsyncConnection.connect(self.url, **options)
         self._conn = conn
-        self._session = driver.AsyncCursorSession(driver.async_tuple_cursor(conn), prepare=True)
+        cursor = driver.async_tuple_cursor(conn)
+        self._session = driver.AsyncCursorSession(cursor, prepare=self.prepare)
 
     async def _drop(self) -> None:
         conn, self._conn, self._session = self._conn, None, None

@@ -34,11 +34,11 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequenc
 from typing import Any
 
 from .. import presence
+from ..connections import listen_url, resolve_url
 from ..driver import RETRYABLE_ERRORS
 from ..errors import WorkerFailed
 from ..jobs import Job
 from ..presence import WorkerInfo, WorkerLoad
-from ..queue import resolve_url
 from ..settings import Settings
 from ..transitions import Outcome, schema_pending
 from ._threads import ThreadPool
@@ -79,8 +79,10 @@ class AsyncWorker:
     ``handlers``: a mapping of task name to callable, or a TaskRegistry
     (whose schedules the worker writes to the database when it starts).
     ``queues``: claim only from these queues (default: every queue).
-    ``listen``: False skips LISTEN (e.g. behind a transaction-pooling proxy,
-    where notifications do not arrive); the poll interval then sets latency.
+    ``listen``: False skips LISTEN; the poll interval then sets latency.
+    Behind a transaction-mode pooler (``Settings.transaction_pooler``) the
+    worker prepares no statement and listens over ``Settings.direct_url``,
+    or not at all without one.
     ``connect`` and ``hints`` replace the database connections and the
     LISTEN stream (the unit tests give scripted ones).
     """
@@ -95,7 +97,7 @@ class AsyncWorker:
         concurrency: int | None = None,
         name: str | None = None,
         listen: bool = True,
-        connect: Callable[[str], FlowRunner] = Connection,
+        connect: Callable[[str], FlowRunner] | None = None,
         hints: Hints = listen_for_hints,
     ) -> None:
         self.settings = settings or Settings.load()
@@ -108,7 +110,9 @@ class AsyncWorker:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
         self.name = name or default_worker_name()
         self.listen = listen
-        self._connect = connect
+        self._connect = connect or functools.partial(
+            Connection, prepare=not self.settings.transaction_pooler
+        )
         self._hints = hints
         self.events = EventLog(self.name)
         self.threads = ThreadPool(self.concurrency, on_hung_return=self._hung_returned)
@@ -237,7 +241,7 @@ class AsyncWorker:
         )
 
     def _start_parts(self) -> None:
-        url = self.url
+        hints_url = listen_url(self.settings, self.url)
         parts: dict[str, Coroutine[Any, Any, None]] = {
             "outcomes": self.completer.write_loop(),
             "heartbeats": self.lease_keeper.heartbeat_loop(),
@@ -245,8 +249,8 @@ class AsyncWorker:
             "maintenance": self.maintenance.maintenance_loop(),
             "schedules": self.scheduler.schedule_loop(),
         }
-        if self.listen:
-            parts["wake-ups"] = self.producer.listen_loop(lambda: self._hints(url))
+        if self.listen and hints_url is not None:
+            parts["wake-ups"] = self.producer.listen_loop(lambda: self._hints(hints_url))
         for name, coro in parts.items():
             task = asyncio.create_task(coro, name=f"pgqueue-{name}")
             task.add_done_callback(functools.partial(self._part_ended, name))
