@@ -6,7 +6,9 @@ PY := $(VENV)/bin/python
 
 # The dashboard's test drives a real headless Chromium: Debian's package.
 CHROMIUM := /usr/bin/chromium
+# The scale-out tests run a real PgBouncer, and hosts in network namespaces.
 PGBOUNCER := /usr/sbin/pgbouncer
+IPROUTE := /usr/sbin/ip
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 $(VENV)/.installed: pyproject.toml
@@ -30,9 +32,9 @@ $(CHROMIUM):
 	$(SUDO) apt-get update -qq
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 
-$(PGBOUNCER):
+$(PGBOUNCER) $(IPROUTE):
 	$(SUDO) apt-get update -qq
-	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer >/dev/null
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer iproute2 >/dev/null
 
-test: setup lint $(CHROMIUM) $(PGBOUNCER)
+test: setup lint $(CHROMIUM) $(PGBOUNCER) $(IPROUTE)
 	$(VENV)/bin/pytest
