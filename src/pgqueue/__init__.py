@@ -41,6 +41,7 @@ from .bulk import BulkAction, JobFilter
 from .control import CancelJob, Snooze
 from .controls import QueueControls
 from .errors import (
+    DatabaseReadOnly,
     DatabaseUnavailable,
     InvalidJob,
     InvalidQueueControl,
@@ -68,6 +69,7 @@ __all__ = [
     "AsyncQueue",
     "BulkAction",
     "CancelJob",
+    "DatabaseReadOnly",
     "DatabaseUnavailable",
     "Enqueued",
     "InvalidJob",

@@ -13,7 +13,7 @@ from psycopg_pool import PoolTimeout
 
 from .driver import SCHEMA_ERRORS
 from .embedded import EmbeddedPostgres
-from .errors import DatabaseUnavailable, SchemaNotMigrated
+from .errors import DatabaseReadOnly, DatabaseUnavailable, SchemaNotMigrated
 from .settings import Settings
 
 __all__ = ["caller_connection", "errors_translated", "listen_url", "resolve_url"]
@@ -55,13 +55,16 @@ def caller_connection(connection: Any) -> Any:
 
 @contextlib.contextmanager
 def errors_translated() -> Iterator[None]:
-    """Raise the database being out of reach as DatabaseUnavailable, and a
-    missing schema as SchemaNotMigrated."""
+    """Raise the database being out of reach as DatabaseUnavailable (or
+    refusing writes, as DatabaseReadOnly), and a missing schema as
+    SchemaNotMigrated."""
     try:
         yield
     except SCHEMA_ERRORS as exc:
         raise SchemaNotMigrated() from exc
     except PoolTimeout as exc:
         raise DatabaseUnavailable(f"no database connection within the pool timeout: {exc}") from exc
+    except psycopg.errors.ReadOnlySqlTransaction as exc:
+        raise DatabaseReadOnly() from exc
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(str(exc).strip()) from exc

@@ -22,6 +22,7 @@ PgQueueError
 from __future__ import annotations
 
 __all__ = [
+    "DatabaseReadOnly",
     "DatabaseUnavailable",
     "InvalidJob",
     "InvalidQueueControl",
@@ -145,6 +146,18 @@ class WaitTimeout(PgQueueError, TimeoutError):
 
 class DatabaseUnavailable(PgQueueError, ConnectionError):
     """The database could not be reached within the configured wait."""
+
+
+class DatabaseReadOnly(DatabaseUnavailable):
+    """The database answers but refuses writes: a standby, or a primary
+    being demoted in a failover. Retry: a multi-host URL with
+    ``target_session_attrs=read-write`` finds the new primary."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the database refuses writes: it is read-only (a standby, or a primary being "
+            "demoted in a failover)"
+        )
 
 
 class SchemaNotMigrated(PgQueueError):

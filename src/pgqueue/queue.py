@@ -146,8 +146,12 @@ class Queue(_Common):
                     return driver.run(flow, driver.CursorSession(cur))
             with self._pool.connection() as conn:
                 tx = conn.transaction() if transaction else contextlib.nullcontext()
-                with tx, driver.tuple_cursor(conn) as cur:
-                    return driver.run(flow, driver.CursorSession(cur))
+                try:
+                    with tx, driver.tuple_cursor(conn) as cur:
+                        return driver.run(flow, driver.CursorSession(cur))
+                except psycopg.errors.ReadOnlySqlTransaction:
+                    conn.close()  # see AsyncQueue.run
+                    raise
 
     # -- producers ----------------------------------------------------------------
 
@@ -355,8 +359,15 @@ class AsyncQueue(_Common):
                     return await driver.run_async(flow, driver.AsyncCursorSession(cur))
             async with self._connection() as conn:
                 tx = conn.transaction() if transaction else contextlib.nullcontext()
-                async with tx, driver.async_tuple_cursor(conn) as cur:
-                    return await driver.run_async(flow, driver.AsyncCursorSession(cur))
+                try:
+                    async with tx, driver.async_tuple_cursor(conn) as cur:
+                        return await driver.run_async(flow, driver.AsyncCursorSession(cur))
+                except psycopg.errors.ReadOnlySqlTransaction:
+                    # The session of a demoted primary stays read-only: closed,
+                    # the pool replaces it, and a multi-host URL with
+                    # target_session_attrs=read-write finds the new primary.
+                    await conn.close()
+                    raise
 
     async def enqueue(
         self, task: str, payload: Any = None, *, connection: Any = None, **fields: Any

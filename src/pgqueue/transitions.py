@@ -52,6 +52,7 @@ __all__ = [
     "finish",
     "finish_groups",
     "get",
+    "health",
     "heartbeat",
     "list_jobs",
     "next_wake",
@@ -386,6 +387,14 @@ def read(name: str, **params: Any) -> Flow[list[Row]]:
     """Run a read-only named query and return its rows (stats, metrics)."""
     rows = yield Statement(name, params)
     return rows
+
+
+def health() -> Flow[tuple[list[str], bool]]:
+    """What a health check asks: the migrations pending (schema_pending),
+    and whether the database refuses writes."""
+    pending = yield from schema_pending()
+    rows = yield Statement("server_read_only", {})
+    return pending, bool(rows[0]["read_only"])
 
 
 def schema_pending() -> Flow[list[str]]:

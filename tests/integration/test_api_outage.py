@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
 import httpx
+import psycopg
 import pytest
 
 from pgqueue import Settings
@@ -169,3 +170,53 @@ def test_serve_refuses_a_public_address_without_tokens(host: str) -> None:
 
     with pytest.raises(InvalidSettings, match="--allow-public"):
         serve(Settings(database_url="postgresql://unused"), host=host, port=free_port())
+
+
+async def test_a_read_only_database_gives_503_read_only_and_writes_nothing(db_url: str) -> None:
+    """As on a primary being demoted in a failover: every write is a 503
+    that says why, never a 500; reads go on; /healthz fails; and once the
+    database takes writes again the API does too, by itself (it drops the
+    read-only sessions it pooled)."""
+    database = urlsplit(db_url).path.lstrip("/")
+    async with client_for(db_url) as api:
+        first = (await api.post("/jobs", json={"task": "before"})).json()["id"]
+        with psycopg.connect(db_url, autocommit=True) as admin:
+            admin.execute(f"ALTER DATABASE {database} SET default_transaction_read_only = on")
+            # The pool's sessions end; the new ones are read-only.
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        deadline = time.monotonic() + 10
+        # A request on a session that was ended fails first (503 unavailable).
+        while (answer := await api.post("/jobs", json={"task": "during"})).json()[
+            "error"
+        ] != "database_read_only":
+            assert answer.status_code == 503 and time.monotonic() < deadline, answer.text
+            await asyncio.sleep(0.05)
+        writes = {
+            "/jobs": {"task": "during"},
+            "/jobs/batch": {"jobs": [{"task": "during"}]},
+            f"/jobs/{first}/cancel": {},
+            "/queues/default/pause": {},
+            "/jobs/bulk/cancel?dry_run=false": {"queue": "default"},
+        }
+        for path, body in writes.items():
+            answer = await api.post(path, json=body)
+            assert answer.status_code == 503, (path, answer.text)
+            assert answer.json()["error"] == "database_read_only", (path, answer.text)
+            assert "read-only" in answer.json()["message"]
+            assert answer.headers["retry-after"] == "1"
+        health = await api.get("/healthz")
+        assert health.status_code == 503 and health.json()["error"] == "database_read_only"
+        assert (await api.get(f"/jobs/{first}")).json()["state"] == "queued"  # reads go on
+        with psycopg.connect(db_url, autocommit=True) as admin:
+            admin.execute("SET default_transaction_read_only = off")  # this session only
+            admin.execute(f"ALTER DATABASE {database} RESET default_transaction_read_only")
+        deadline = time.monotonic() + 10
+        while (await api.post("/jobs", json={"task": "after"})).status_code != 201:
+            assert time.monotonic() < deadline, "the API still refuses writes"
+            await asyncio.sleep(0.1)
+        assert (await api.get("/healthz")).status_code == 200
+        tasks = {j["task"] for j in (await api.get("/jobs")).json()["jobs"]}
+        assert tasks == {"before", "after"}  # the refused writes wrote nothing

@@ -22,7 +22,7 @@ from starlette.convertors import StringConvertor, register_url_convertor
 
 from .. import stats
 from .. import transitions as t
-from ..errors import DatabaseUnavailable, SchemaNotMigrated
+from ..errors import DatabaseReadOnly, DatabaseUnavailable, SchemaNotMigrated
 from ..jobs import JobState
 from ..queue import AsyncQueue
 from ..settings import Settings
@@ -32,6 +32,7 @@ from .http_errors import (
     documented_errors,
     error_response,
     install_handlers,
+    read_only,
     schema_not_migrated,
 )
 from .middleware import BearerAuth, BodyLimit, HeadAsGet, SameOrigin, TokenSet
@@ -310,13 +311,13 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
         tags=["monitoring"],
         response_model=Health,
         responses={503: ERROR_RESPONSES[503], 500: ERROR_RESPONSES[500]},
-        summary="200 when the database answers and its schema is up to date; "
-        "503 (within 2 s) when it does not answer or is not migrated",
+        summary="200 when the database answers, takes writes and its schema is up to date; "
+        "503 (within 2 s) when it does not answer, is read-only or is not migrated",
     )
     async def healthz() -> Health | JSONResponse:
         try:
             async with asyncio.timeout(HEALTH_TIMEOUT_SECONDS):
-                pending = await queue.run(t.schema_pending())
+                pending, refuses_writes = await queue.run(t.health())
         except (TimeoutError, DatabaseUnavailable) as exc:
             log.warning(
                 "health check failed: %s", exc or "timed out", extra={"action": "api_health_failed"}
@@ -329,6 +330,8 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
             )
         if pending:
             return schema_not_migrated(SchemaNotMigrated(pending))
+        if refuses_writes:
+            return read_only(DatabaseReadOnly())
         return Health(status="ok")
 
     app.include_router(workers.router)

@@ -9,6 +9,7 @@ psycopg.DataError                    422 invalid_input  (the database refused a 
 JobNotFound                          404 not_found
 JobStateConflict                     409 conflict
 DatabaseUnavailable                  503 database_unavailable  (Retry-After: 1)
+DatabaseReadOnly                     503 database_read_only    (Retry-After: 1; failover)
 SchemaNotMigrated                    503 schema_not_migrated   (run `pgqueue migrate`)
 HTTPException (404 route, 405, ...)  its status
 anything else                        500 internal_error, logged, no traceback sent
@@ -28,6 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route
 
 from ..errors import (
+    DatabaseReadOnly,
     DatabaseUnavailable,
     InvalidJob,
     InvalidQueueControl,
@@ -42,6 +44,7 @@ __all__ = [
     "documented_errors",
     "error_response",
     "install_handlers",
+    "read_only",
     "schema_not_migrated",
 ]
 
@@ -157,12 +160,20 @@ async def _conflict(request: Request, exc: Exception) -> JSONResponse:
 
 async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
     log.warning("database unavailable: %s", exc, extra={"action": "api_database_unavailable"})
+    if isinstance(exc, DatabaseReadOnly):
+        return read_only(exc)
     return error_response(
         503,
         "database_unavailable",
         "the database did not answer in time",
         headers={"Retry-After": "1"},
     )
+
+
+def read_only(exc: DatabaseReadOnly) -> JSONResponse:
+    """503: the database answers but takes no writes (a failover is under
+    way, or the URL names a standby). Nothing was written."""
+    return error_response(503, "database_read_only", str(exc), headers={"Retry-After": "1"})
 
 
 def schema_not_migrated(exc: SchemaNotMigrated) -> JSONResponse:

@@ -882,6 +882,12 @@ CREATE TABLE IF NOT EXISTS pgqueue_migrations (
 -- Whether the record of applied migrations exists (false: never migrated).
 SELECT to_regclass('pgqueue_migrations') IS NOT NULL AS present;
 
+-- name: server_read_only
+-- Whether this session cannot write: the server is a standby, or writes are
+-- refused by default (default_transaction_read_only, as on a primary being
+-- demoted).
+SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::boolean AS read_only;
+
 -- name: migration_applied
 -- Versions already applied.
 SELECT version FROM pgqueue_migrations ORDER BY version;
