@@ -31,11 +31,13 @@ from ..settings import Settings
 from .blocking import Worker
 from .handlers import Task, TaskRegistry, load_handlers, load_target, task, tasks
 from .runtime import AsyncWorker
+from .typed import TypedTask
 
 __all__ = [
     "AsyncWorker",
     "Task",
     "TaskRegistry",
+    "TypedTask",
     "Worker",
     "child_main",
     "load_handlers",

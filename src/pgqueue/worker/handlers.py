@@ -35,10 +35,11 @@ import importlib
 import inspect
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any, ParamSpec, Protocol, TypeVar, overload
 
 from ..jobs import Job
 from ..schedules import Schedule
+from .typed import TypedTask, is_job_handler
 
 __all__ = [
     "Handler",
@@ -53,6 +54,8 @@ __all__ = [
 ]
 
 Handler = Callable[[Job], Any]
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +116,10 @@ class TaskRegistry(Mapping[str, Handler]):
         self._schedules: dict[str, Schedule] = {}
 
     @overload
-    def task(self, fn: Handler, /) -> Handler: ...
+    def task(self, fn: Callable[[Job], R], /) -> Callable[[Job], R]: ...
+
+    @overload
+    def task(self, fn: Callable[P, R], /) -> TypedTask[P, R]: ...
 
     @overload
     def task(
@@ -125,38 +131,41 @@ class TaskRegistry(Mapping[str, Handler]):
         timeout: float | None = None,
         max_snoozes: int | None = None,
         isolated: bool = False,
-        **schedule: Any,
-    ) -> Callable[[Handler], Handler]: ...
+        **options: Any,
+    ) -> Register: ...
 
     def task(
         self,
-        fn: Handler | None = None,
+        fn: Callable[..., Any] | None = None,
         /,
         *,
         name: str | None = None,
         timeout: float | None = None,
         max_snoozes: int | None = None,
         isolated: bool = False,
-        **schedule: Any,
-    ) -> Handler | Callable[[Handler], Handler]:
+        **options: Any,
+    ) -> Any:
         """Register ``fn`` under ``name`` (default: the function's name).
         ``max_snoozes``: how many times one job may snooze (default: the
         setting ``max_snoozes``). ``isolated``: run this plain function in
-        a child process, which its timeout kills. With ``cron=`` or ``every=`` (and any other
-        argument of ``periodic``), also declare a schedule of the same name
-        that runs it."""
+        a child process, which its timeout kills. A function whose
+        parameters are the payload becomes a TypedTask (worker/typed.py):
+        ``queue``, ``priority`` and ``max_attempts`` are then its jobs'
+        fields. With ``cron=`` or ``every=`` (and any other argument of
+        ``periodic``), also declare a schedule of the same name that runs it."""
 
-        def register(fn: Handler) -> Handler:
+        def register(fn: Callable[..., Any]) -> Any:
             key = name or getattr(fn, "__name__", None)
             if not key:
                 raise ValueError(f"give a name for {fn!r}: it has no __name__")
             if key in self._tasks:
                 raise ValueError(f"task {key!r} is registered twice")
-            task = _task(key, fn, timeout, max_snoozes, isolated)
-            if schedule:
-                self.periodic(key, task=key, **schedule)
+            typed = None if is_job_handler(fn) else _typed(key, fn, options, isolated)
+            task = _task(key, typed.handler() if typed else fn, timeout, max_snoozes, isolated)
+            if options:
+                self.periodic(key, task=key, **options)
             self._tasks[key] = task
-            return fn
+            return typed or fn
 
         return register(fn) if fn is not None else register
 
@@ -199,6 +208,32 @@ class TaskRegistry(Mapping[str, Handler]):
 #: The default registry, for ``@task``-decorated functions.
 tasks = TaskRegistry()
 task = tasks.task
+
+
+# A typed task's job fields, which a schedule of it shares.
+_JOB_FIELDS = ("queue", "priority", "max_attempts")
+
+
+def _typed(
+    name: str, fn: Callable[..., Any], options: dict[str, Any], isolated: bool
+) -> TypedTask[Any, Any]:
+    if isolated:
+        raise ValueError(f"task {name!r}: a typed task cannot be isolated (yet)")
+    fields = {key: options[key] for key in _JOB_FIELDS if key in options}
+    if not {"cron", "every"} & options.keys():
+        for key in fields:  # not a schedule's: the task's own
+            del options[key]
+    return TypedTask(name, fn, fields)
+
+
+class Register(Protocol):
+    """What ``TaskRegistry.task(...)`` with options returns."""
+
+    @overload
+    def __call__(self, fn: Callable[[Job], R], /) -> Callable[[Job], R]: ...
+
+    @overload
+    def __call__(self, fn: Callable[P, R], /) -> TypedTask[P, R]: ...
 
 
 def resolve_tasks(handlers: Mapping[str, Any] | TaskRegistry) -> dict[str, Task]:
