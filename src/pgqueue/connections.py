@@ -11,12 +11,18 @@ from typing import Any
 import psycopg
 from psycopg_pool import PoolTimeout
 
-from .driver import SCHEMA_ERRORS
+from .driver import SCHEMA_ERRORS, is_asyncpg_connection
 from .embedded import EmbeddedPostgres
 from .errors import DatabaseReadOnly, DatabaseUnavailable, SchemaNotMigrated
 from .settings import Settings
 
-__all__ = ["caller_connection", "errors_translated", "listen_url", "resolve_url"]
+__all__ = [
+    "async_caller_connection",
+    "caller_connection",
+    "errors_translated",
+    "listen_url",
+    "resolve_url",
+]
 
 
 def resolve_url(settings: Settings) -> str:
@@ -51,6 +57,25 @@ def caller_connection(connection: Any) -> Any:
         "using the psycopg driver, or (with AsyncQueue) an asyncpg connection; "
         f"got {type(connection).__name__}"
     )
+
+
+async def async_caller_connection(connection: Any) -> Any:
+    """As ``caller_connection``, also for SQLAlchemy's asyncio AsyncSession
+    and AsyncConnection, which hand out their driver connection through
+    awaitables: the psycopg AsyncConnection, or the asyncpg connection,
+    inside the session's transaction."""
+    if hasattr(connection, "sync_session"):  # an AsyncSession
+        connection = await connection.connection()
+    if not hasattr(connection, "sync_connection"):  # not an AsyncConnection
+        return (
+            caller_connection(connection) if not is_asyncpg_connection(connection) else connection
+        )
+    raw = (await connection.get_raw_connection()).driver_connection
+    if is_asyncpg_connection(raw) and not raw.is_in_transaction():
+        # SQLAlchemy begins asyncpg's transaction with its first statement:
+        # ours must not run before it, in autocommit.
+        await connection.exec_driver_sql("SELECT 1")
+    return raw
 
 
 @contextlib.contextmanager

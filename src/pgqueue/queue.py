@@ -23,7 +23,13 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from . import controls, driver
 from . import transitions as t
 from .bulk import BulkAction, JobFilter, bulk, retry_dead
-from .connections import caller_connection, errors_translated, listen_url, resolve_url
+from .connections import (
+    async_caller_connection,
+    caller_connection,
+    errors_translated,
+    listen_url,
+    resolve_url,
+)
 from .controls import QueueControls
 from .driver import is_asyncpg_connection
 from .errors import WaitTimeout
@@ -352,10 +358,12 @@ class AsyncQueue(_Common):
     async def run(self, flow: Flow[T], connection: Any = None, *, transaction: bool = False) -> T:
         """Run a transition on the caller's connection, or on a pooled one."""
         with errors_translated():
+            if connection is not None:
+                connection = await async_caller_connection(connection)
             if connection is not None and is_asyncpg_connection(connection):
                 return await driver.run_async(flow, driver.AsyncpgSession(connection))
             if connection is not None:
-                async with driver.async_tuple_cursor(caller_connection(connection)) as cur:
+                async with driver.async_tuple_cursor(connection) as cur:
                     return await driver.run_async(flow, driver.AsyncCursorSession(cur))
             async with self._connection() as conn:
                 tx = conn.transaction() if transaction else contextlib.nullcontext()
@@ -381,6 +389,9 @@ class AsyncQueue(_Common):
         specs = self._specs(jobs)
         if not specs:
             return []
+        if connection is not None:  # which driver is behind it decides COPY or INSERT
+            with errors_translated():
+                connection = await async_caller_connection(connection)
         flow = t.enqueue_many(specs, copy=not is_asyncpg_connection(connection))
         return await self.run(flow, connection, transaction=True)
 

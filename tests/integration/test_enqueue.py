@@ -9,6 +9,7 @@ import asyncpg
 import psycopg
 import pytest
 from sqlalchemy import create_engine, text
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 from pgqueue import AsyncQueue, JobState, Queue
@@ -212,3 +213,25 @@ def test_one_transaction_of_single_enqueues_delivers_one_notification_per_queue(
                 queue.enqueue("t", {"i": i}, queue="a" if i % 2 else "b", connection=conn)
         payloads = [n.payload for n in listener.notifies(timeout=0.5)]
     assert sorted(payloads) == ["a", "b"]
+
+
+@pytest.mark.parametrize("driver", ["psycopg", "asyncpg"])
+async def test_sqlalchemy_async_session_commits_and_rolls_back_with_the_job(
+    aqueue: AsyncQueue, db_url: str, sql: psycopg.Connection, driver: str
+) -> None:
+    sql.execute("CREATE TABLE orders (id serial PRIMARY KEY)")
+    engine = create_async_engine(db_url.replace("postgresql://", f"postgresql+{driver}://"))
+    async with AsyncSession(engine) as session:
+        # The job first: it must still be inside the session's transaction.
+        await aqueue.enqueue("receipt", connection=session)
+        await session.execute(text("INSERT INTO orders DEFAULT VALUES"))
+        await session.rollback()
+        await session.execute(text("INSERT INTO orders DEFAULT VALUES"))
+        await aqueue.enqueue_many([{"task": "receipt"}] * 2, connection=session)
+        async with engine.connect() as connection:  # an AsyncConnection
+            await aqueue.enqueue("other", connection=connection)
+            await connection.rollback()
+        await session.commit()
+    await engine.dispose()
+    assert sql.execute("SELECT count(*) FROM orders").fetchone()[0] == 1
+    assert sql.execute("SELECT task FROM pgqueue_jobs").fetchall() == [("receipt",)] * 2
