@@ -1,0 +1,1 @@
+"""pgqueue inside other frameworks: ``pgqueue.integrations.fastapi``."""
