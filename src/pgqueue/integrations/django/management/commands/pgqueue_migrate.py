@@ -1,0 +1,18 @@
+"""``python manage.py pgqueue_migrate``: create or update pgqueue's tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from pgqueue.integrations import django as integration
+from pgqueue.migrate import migrate
+
+
+class Command(BaseCommand):  # type: ignore[misc]  # django has no type hints
+    help = "Create or update pgqueue's tables in the project's database."
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        applied = migrate(integration.settings().database_url)
+        self.stdout.write(f"applied: {', '.join(applied)}" if applied else "up to date")
