@@ -9,8 +9,10 @@ a *session* says how one statement runs on one kind of connection:
     AsyncpgSession       a caller's asyncpg connection (transactional enqueue)
 
 A statement that meets a key another job took at the same moment (a unique
-violation of pgqueue_jobs_key) is raised into the flow as ``KeyTaken``, so
-that the flow can look again and decide; any other error ends the flow.
+violation of pgqueue_jobs_key), or the key of an enqueue call that an
+earlier attempt of the call committed (pgqueue_jobs_enqueue_key), is raised
+into the flow as ``KeyTaken``, so that the flow can look again and decide;
+any other error ends the flow.
 
 The unit tests add a scripted in-memory session of their own. Rows come back
 as dicts, or as ``Job`` objects for a statement marked ``jobs=True``: the
@@ -86,8 +88,9 @@ class AsyncSession(Protocol):
     async def execute(self, statement: Statement) -> list[Any]: ...
 
 
-# The unique index of job keys (migrations/0004_unique_jobs.sql).
-KEY_INDEX = "pgqueue_jobs_key"
+# The unique indexes of job keys (migrations/0004_unique_jobs.sql) and of
+# the keys of enqueue calls (0009_enqueue_retry.sql).
+KEY_INDEXES = ("pgqueue_jobs_key", "pgqueue_jobs_enqueue_key")
 
 
 def run(flow: Flow[T], session: Session) -> T:
@@ -126,7 +129,7 @@ def _key_taken(exc: psycopg.errors.UniqueViolation | KeyTaken) -> KeyTaken:
     (A session may also raise KeyTaken itself: the unit tier's do.)"""
     if isinstance(exc, KeyTaken):
         return exc
-    if exc.diag.constraint_name != KEY_INDEX:
+    if exc.diag.constraint_name not in KEY_INDEXES:
         raise exc
     taken = KeyTaken(str(exc).strip().splitlines()[0])
     taken.__cause__ = exc

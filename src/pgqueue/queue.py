@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -26,8 +26,10 @@ from .bulk import BulkAction, JobFilter, bulk, retry_dead
 from .connections import caller_connection, errors_translated, resolve_url
 from .controls import QueueControls
 from .driver import is_asyncpg_connection
+from .enqueue import CallKey
 from .errors import WaitTimeout
 from .jobs import Job, JobSpec, JobState, build_specs
+from .retrying import retried, retried_async
 from .settings import Settings
 from .transitions import Enqueued, Flow, Outcome
 from .waiting import WAIT_POLL_SECONDS, AsyncWaiters, Waiters
@@ -100,6 +102,10 @@ class _Common:
             raise TypeError("give a JobFilter or its fields as keywords, not both")
         return bulk(BulkAction(action), where or JobFilter.from_fields(filters), dry_run=dry_run)
 
+    def _wait(self, remaining: float) -> float:
+        """How long an attempt of a retried call may wait for a pooled connection."""
+        return min(self.settings.pool_timeout_seconds, remaining)
+
     def _pool_kwargs(self) -> dict[str, Any]:
         s = self.settings
         return {
@@ -142,10 +148,24 @@ class Queue(_Common):
             if connection is not None:
                 with driver.tuple_cursor(caller_connection(connection)) as cur:
                     return driver.run(flow, driver.CursorSession(cur))
-            with self._pool.connection() as conn:
-                tx = conn.transaction() if transaction else contextlib.nullcontext()
-                with tx, driver.tuple_cursor(conn) as cur:
-                    return driver.run(flow, driver.CursorSession(cur))
+            return self._pooled(flow, transaction, self.settings.pool_timeout_seconds)
+
+    def _pooled(self, flow: Flow[T], transaction: bool, wait: float) -> T:
+        """Run a transition on a pooled connection, waiting ``wait`` s for one."""
+        with self._pool.connection(timeout=wait) as conn:
+            tx = conn.transaction() if transaction else contextlib.nullcontext()
+            with tx, driver.tuple_cursor(conn) as cur:
+                return driver.run(flow, driver.CursorSession(cur))
+
+    def _retried(self, flow: Callable[[], Flow[T]], what: str, *, transaction: bool = False) -> T:
+        """Run a new ``flow()`` on a pooled connection until one attempt
+        ends, across lost connections, within enqueue_retry_seconds."""
+        with errors_translated():
+            return retried(
+                lambda remaining: self._pooled(flow(), transaction, self._wait(remaining)),
+                self.settings.enqueue_retry_seconds,
+                what,
+            )
 
     # -- producers ----------------------------------------------------------------
 
@@ -156,18 +176,32 @@ class Queue(_Common):
         max_attempts, timeout_seconds (or timeout), idempotency_key; see
         ``jobs.JOB_FIELDS``. A bad or unknown field raises InvalidJob naming
         it. With ``connection``, the job is part of the caller's transaction.
-        ``job.duplicate`` says the key already existed."""
-        return self.run(t.enqueue(self._spec(task, payload, **fields)), connection)
+        ``job.duplicate`` says the key already existed.
+
+        Without ``connection``, a lost connection is retried (within
+        ``enqueue_retry_seconds``) without ever adding the job twice; with
+        it, the caller owns the transaction, and nothing is retried."""
+        spec = self._spec(task, payload, **fields)
+        if connection is not None:
+            return self.run(t.enqueue(spec), connection)
+        call = CallKey.new()
+        return self._retried(lambda: t.enqueue(spec, call), "enqueue")
 
     def enqueue_many(
         self, jobs: Iterable[JobSpec | Mapping[str, Any]], *, connection: Any = None
     ) -> list[Enqueued]:
         """Add many jobs (mappings of the same fields as ``enqueue``, task
-        and payload included) in one transaction; one result per job, in order."""
+        and payload included) in one transaction; one result per job, in order.
+        Retried as ``enqueue`` is, unless given a ``connection``."""
         specs = self._specs(jobs)
         if not specs:
             return []
-        return self.run(t.enqueue_many(specs), connection, transaction=True)
+        if connection is not None:
+            return self.run(t.enqueue_many(specs), connection)
+        call = CallKey()
+        return self._retried(
+            lambda: t.enqueue_many(specs, call=call), "enqueue_many", transaction=True
+        )
 
     def wait(self, job_id: int, timeout: float) -> Job:
         """Block until the job succeeds, dies or is cancelled; raise WaitTimeout."""
@@ -337,10 +371,10 @@ class AsyncQueue(_Common):
         await self.close()
 
     @contextlib.asynccontextmanager
-    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    async def _connection(self, wait: float) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         await self.open()
         assert self._pool is not None
-        async with self._pool.connection() as conn:
+        async with self._pool.connection(timeout=wait) as conn:
             yield conn
 
     async def run(self, flow: Flow[T], connection: Any = None, *, transaction: bool = False) -> T:
@@ -351,16 +385,34 @@ class AsyncQueue(_Common):
             if connection is not None:
                 async with driver.async_tuple_cursor(caller_connection(connection)) as cur:
                     return await driver.run_async(flow, driver.AsyncCursorSession(cur))
-            async with self._connection() as conn:
-                tx = conn.transaction() if transaction else contextlib.nullcontext()
-                async with tx, driver.async_tuple_cursor(conn) as cur:
-                    return await driver.run_async(flow, driver.AsyncCursorSession(cur))
+            return await self._pooled(flow, transaction, self.settings.pool_timeout_seconds)
+
+    async def _pooled(self, flow: Flow[T], transaction: bool, wait: float) -> T:
+        async with self._connection(wait) as conn:
+            tx = conn.transaction() if transaction else contextlib.nullcontext()
+            async with tx, driver.async_tuple_cursor(conn) as cur:
+                return await driver.run_async(flow, driver.AsyncCursorSession(cur))
+
+    async def _retried(
+        self, flow: Callable[[], Flow[T]], what: str, *, transaction: bool = False
+    ) -> T:
+        """As Queue._retried."""
+        with errors_translated():
+            return await retried_async(
+                lambda remaining: self._pooled(flow(), transaction, self._wait(remaining)),
+                self.settings.enqueue_retry_seconds,
+                what,
+            )
 
     async def enqueue(
         self, task: str, payload: Any = None, *, connection: Any = None, **fields: Any
     ) -> Job:
-        """As Queue.enqueue."""
-        return await self.run(t.enqueue(self._spec(task, payload, **fields)), connection)
+        """As Queue.enqueue (retried without ``connection``)."""
+        spec = self._spec(task, payload, **fields)
+        if connection is not None:
+            return await self.run(t.enqueue(spec), connection)
+        call = CallKey.new()
+        return await self._retried(lambda: t.enqueue(spec, call), "enqueue")
 
     async def enqueue_many(
         self, jobs: Iterable[JobSpec | Mapping[str, Any]], *, connection: Any = None
@@ -368,8 +420,13 @@ class AsyncQueue(_Common):
         specs = self._specs(jobs)
         if not specs:
             return []
-        flow = t.enqueue_many(specs, copy=not is_asyncpg_connection(connection))
-        return await self.run(flow, connection, transaction=True)
+        if connection is not None:
+            flow = t.enqueue_many(specs, copy=not is_asyncpg_connection(connection))
+            return await self.run(flow, connection)
+        call = CallKey()
+        return await self._retried(
+            lambda: t.enqueue_many(specs, call=call), "enqueue_many", transaction=True
+        )
 
     async def wait(self, job_id: int, timeout: float) -> Job:  # noqa: ASYNC109
         """As Queue.wait, without blocking the event loop."""
