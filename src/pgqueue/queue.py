@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -29,7 +29,7 @@ from .driver import is_asyncpg_connection
 from .enqueue import CallKey
 from .errors import WaitTimeout
 from .jobs import Job, JobSpec, JobState, build_specs
-from .retrying import retried, retried_async
+from .retrying import Retries, Retrying
 from .settings import Settings
 from .transitions import Enqueued, Flow, Outcome
 from .waiting import WAIT_POLL_SECONDS, AsyncWaiters, Waiters
@@ -77,6 +77,7 @@ class _Common:
         self.settings = settings or Settings.load()
         self._url = url
         self._every_queue = EveryQueue(self.settings.poll_interval_seconds)
+        self._retrying = Retrying(self.settings.enqueue_retry_seconds)
 
     def _spec(self, task: Any, payload: Any, **fields: Any) -> JobSpec:
         return JobSpec.from_fields(
@@ -102,9 +103,16 @@ class _Common:
             raise TypeError("give a JobFilter or its fields as keywords, not both")
         return bulk(BulkAction(action), where or JobFilter.from_fields(filters), dry_run=dry_run)
 
-    def _wait(self, remaining: float) -> float:
-        """How long an attempt of a retried call may wait for a pooled connection."""
-        return min(self.settings.pool_timeout_seconds, remaining)
+    def _pool_wait(self, remaining: float) -> float:
+        """How long the first attempt of a retried call may wait for a pooled
+        connection: half of what is left at most, so that retries on new
+        connections have the other half."""
+        return min(self.settings.pool_timeout_seconds, remaining / 2)
+
+    def _connect_kwargs(self, remaining: float) -> dict[str, Any]:
+        """A retry's own connection: it gives up by the call's deadline
+        (libpq counts whole seconds, 2 at least)."""
+        return {"autocommit": True, "connect_timeout": max(2, math.ceil(remaining))}
 
     def _pool_kwargs(self) -> dict[str, Any]:
         s = self.settings
@@ -148,24 +156,35 @@ class Queue(_Common):
             if connection is not None:
                 with driver.tuple_cursor(caller_connection(connection)) as cur:
                     return driver.run(flow, driver.CursorSession(cur))
-            return self._pooled(flow, transaction, self.settings.pool_timeout_seconds)
+            with self._pool.connection() as conn:
+                return self._on(conn, flow, transaction)
 
-    def _pooled(self, flow: Flow[T], transaction: bool, wait: float) -> T:
-        """Run a transition on a pooled connection, waiting ``wait`` s for one."""
-        with self._pool.connection(timeout=wait) as conn:
-            tx = conn.transaction() if transaction else contextlib.nullcontext()
-            with tx, driver.tuple_cursor(conn) as cur:
-                return driver.run(flow, driver.CursorSession(cur))
+    @staticmethod
+    def _on(conn: psycopg.Connection[Any], flow: Flow[T], transaction: bool) -> T:
+        tx = conn.transaction() if transaction else contextlib.nullcontext()
+        with tx, driver.tuple_cursor(conn) as cur:
+            return driver.run(flow, driver.CursorSession(cur))
 
     def _retried(self, flow: Callable[[], Flow[T]], what: str, *, transaction: bool = False) -> T:
-        """Run a new ``flow()`` on a pooled connection until one attempt
-        ends, across lost connections, within enqueue_retry_seconds."""
+        """Run a new ``flow()`` until one attempt ends, across lost
+        connections, within enqueue_retry_seconds (retrying.py)."""
+
+        def attempt(retries: Retries) -> T:
+            with self._attempt_connection(retries) as conn:
+                return self._on(conn, flow(), transaction)
+
         with errors_translated():
-            return retried(
-                lambda remaining: self._pooled(flow(), transaction, self._wait(remaining)),
-                self.settings.enqueue_retry_seconds,
-                what,
-            )
+            return self._retrying.call(attempt, what)
+
+    @contextlib.contextmanager
+    def _attempt_connection(self, retries: Retries) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection or a new one, as ``Retrying`` says."""
+        if self._retrying.new_connection(retries):
+            with psycopg.connect(self.url, **self._connect_kwargs(retries.remaining())) as conn:
+                yield conn
+        else:
+            with self._pool.connection(timeout=self._pool_wait(retries.remaining())) as conn:
+                yield conn
 
     # -- producers ----------------------------------------------------------------
 
@@ -371,11 +390,26 @@ class AsyncQueue(_Common):
         await self.close()
 
     @contextlib.asynccontextmanager
-    async def _connection(self, wait: float) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         await self.open()
         assert self._pool is not None
-        async with self._pool.connection(timeout=wait) as conn:
+        async with self._pool.connection() as conn:
             yield conn
+
+    @contextlib.asynccontextmanager
+    async def _attempt_connection(
+        self, retries: Retries
+    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """As Queue._attempt_connection."""
+        await self.open()
+        assert self._pool is not None
+        if self._retrying.new_connection(retries):
+            kwargs = self._connect_kwargs(retries.remaining())
+            async with await psycopg.AsyncConnection.connect(self.url, **kwargs) as conn:
+                yield conn
+        else:
+            async with self._pool.connection(timeout=self._pool_wait(retries.remaining())) as conn:
+                yield conn
 
     async def run(self, flow: Flow[T], connection: Any = None, *, transaction: bool = False) -> T:
         """Run a transition on the caller's connection, or on a pooled one."""
@@ -385,24 +419,26 @@ class AsyncQueue(_Common):
             if connection is not None:
                 async with driver.async_tuple_cursor(caller_connection(connection)) as cur:
                     return await driver.run_async(flow, driver.AsyncCursorSession(cur))
-            return await self._pooled(flow, transaction, self.settings.pool_timeout_seconds)
+            async with self._connection() as conn:
+                return await self._on(conn, flow, transaction)
 
-    async def _pooled(self, flow: Flow[T], transaction: bool, wait: float) -> T:
-        async with self._connection(wait) as conn:
-            tx = conn.transaction() if transaction else contextlib.nullcontext()
-            async with tx, driver.async_tuple_cursor(conn) as cur:
-                return await driver.run_async(flow, driver.AsyncCursorSession(cur))
+    @staticmethod
+    async def _on(conn: psycopg.AsyncConnection[Any], flow: Flow[T], transaction: bool) -> T:
+        tx = conn.transaction() if transaction else contextlib.nullcontext()
+        async with tx, driver.async_tuple_cursor(conn) as cur:
+            return await driver.run_async(flow, driver.AsyncCursorSession(cur))
 
     async def _retried(
         self, flow: Callable[[], Flow[T]], what: str, *, transaction: bool = False
     ) -> T:
         """As Queue._retried."""
+
+        async def attempt(retries: Retries) -> T:
+            async with self._attempt_connection(retries) as conn:
+                return await self._on(conn, flow(), transaction)
+
         with errors_translated():
-            return await retried_async(
-                lambda remaining: self._pooled(flow(), transaction, self._wait(remaining)),
-                self.settings.enqueue_retry_seconds,
-                what,
-            )
+            return await self._retrying.call_async(attempt, what)
 
     async def enqueue(
         self, task: str, payload: Any = None, *, connection: Any = None, **fields: Any

@@ -23,7 +23,12 @@ from pgqueue.api import create_app
 
 @contextlib.asynccontextmanager
 async def client_for(url: str, **overrides: object) -> AsyncIterator[httpx.AsyncClient]:
-    settings = Settings(database_url=url, pool_timeout_seconds=1.0, **overrides)  # type: ignore[arg-type]
+    settings = Settings(
+        database_url=url,
+        pool_timeout_seconds=1.0,
+        enqueue_retry_seconds=1.0,  # writes retry across lost connections for this long
+        **overrides,  # type: ignore[arg-type]
+    )
     app = create_app(settings, url=url)
     async with (
         app.router.lifespan_context(app),

@@ -16,7 +16,7 @@ from pgqueue import transitions as t
 from pgqueue.enqueue import CallKey, Enqueued, time_ordered_uuid
 from pgqueue.errors import DatabaseUnavailable, KeyTaken
 from pgqueue.jobs import JobSpec
-from pgqueue.retrying import retried, retried_async
+from pgqueue.retrying import Retries, Retrying
 from pgqueue.transitions import Statement
 from tests.unit.memory import MemoryDatabase
 
@@ -164,8 +164,9 @@ class Flaky:
         self.errors = list(errors)
         self.waits: list[float] = []
 
-    def __call__(self, remaining: float) -> str:
-        self.waits.append(remaining)
+    def __call__(self, retries: Retries) -> str:
+        assert retries.failures == len(self.waits)
+        self.waits.append(retries.remaining())
         if self.errors:
             raise self.errors.pop(0)
         return "done"
@@ -175,7 +176,7 @@ def test_lost_connections_are_retried_within_the_deadline() -> None:
     attempt = Flaky(
         psycopg.OperationalError("server closed the connection"), psycopg.InterfaceError()
     )
-    assert retried(attempt, 5.0, "enqueue") == "done"
+    assert Retrying(5.0).call(attempt, "enqueue") == "done"
     assert len(attempt.waits) == 3
     assert all(0 < wait <= 5.0 for wait in attempt.waits)
     assert attempt.waits == sorted(attempt.waits, reverse=True)  # one deadline for all
@@ -184,11 +185,11 @@ def test_lost_connections_are_retried_within_the_deadline() -> None:
 async def test_the_async_loop_retries_the_same_errors() -> None:
     attempt = Flaky(psycopg.errors.AdminShutdown("terminating connection"))
 
-    async def run(remaining: float) -> str:
+    async def run(retries: Retries) -> str:
         await asyncio.sleep(0)
-        return attempt(remaining)
+        return attempt(retries)
 
-    assert await retried_async(run, 5.0, "enqueue") == "done"
+    assert await Retrying(5.0).call_async(run, "enqueue") == "done"
     assert len(attempt.waits) == 2
 
 
@@ -205,7 +206,7 @@ async def test_the_async_loop_retries_the_same_errors() -> None:
 def test_what_is_not_a_lost_connection_is_not_retried(error: BaseException) -> None:
     attempt = Flaky(error)
     with pytest.raises(type(error)):
-        retried(attempt, 5.0, "enqueue")
+        Retrying(5.0).call(attempt, "enqueue")
     assert len(attempt.waits) == 1
 
 
@@ -213,6 +214,17 @@ def test_past_the_deadline_the_call_fails_with_database_unavailable() -> None:
     attempt = Flaky(*[psycopg.OperationalError("connection refused")] * 1000)
     started = time.monotonic()
     with pytest.raises(DatabaseUnavailable, match=r"within 0\.3 s.*connection refused"):
-        retried(attempt, 0.3, "enqueue")
+        Retrying(0.3).call(attempt, "enqueue")
     assert time.monotonic() - started < 0.3 + 0.2
-    assert len(attempt.waits) > 2
+    assert len(attempt.waits) >= 10  # the back-off is capped at a tenth of the deadline
+
+
+def test_after_a_lost_connection_first_attempts_connect_anew_for_a_while() -> None:
+    """The pool replaces lost connections with a back-off of its own: for
+    one deadline after a loss, calls do not wait for it."""
+    retrying = Retrying(0.2)
+    assert not retrying.new_connection(Retries(0.2, "enqueue"))
+    retrying.call(Flaky(psycopg.OperationalError("lost")), "enqueue")
+    assert retrying.new_connection(Retries(0.2, "enqueue"))
+    time.sleep(0.25)
+    assert not retrying.new_connection(Retries(0.2, "enqueue"))
