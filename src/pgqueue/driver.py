@@ -9,9 +9,9 @@ a *session* says how one statement runs on one kind of connection:
     AsyncpgSession       a caller's asyncpg connection (transactional enqueue)
 
 A statement that meets a key another job took at the same moment (a unique
-violation of pgqueue_jobs_key), or the key of an enqueue call that an
-earlier attempt of the call committed (pgqueue_jobs_enqueue_key), is raised
-into the flow as ``KeyTaken``, so that the flow can look again and decide;
+violation of pgqueue_jobs_key), or an id that an earlier attempt of a
+retried enqueue committed (the primary key), is raised into the flow as
+``KeyTaken``, so that the flow can look again and decide;
 any other error ends the flow.
 
 The unit tests add a scripted in-memory session of their own. Rows come back
@@ -88,9 +88,10 @@ class AsyncSession(Protocol):
     async def execute(self, statement: Statement) -> list[Any]: ...
 
 
-# The unique indexes of job keys (migrations/0004_unique_jobs.sql) and of
-# the keys of enqueue calls (0009_enqueue_retry.sql).
-KEY_INDEXES = ("pgqueue_jobs_key", "pgqueue_jobs_enqueue_key")
+# The unique index of job keys (migrations/0004_unique_jobs.sql), and the
+# primary key, met by a retried enqueue whose earlier attempt committed the
+# id that the call reserved.
+KEY_INDEXES = ("pgqueue_jobs_key", "pgqueue_jobs_pkey")
 
 
 def run(flow: Flow[T], session: Session) -> T:

@@ -3,19 +3,16 @@
 
 A call that the queue retries across a lost connection (retrying.py) keeps a
 ``CallKey`` across its attempts, so that an attempt finds what an earlier one
-committed instead of adding it again (migrations/0009_enqueue_retry.sql)."""
+committed instead of adding it again."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-from uuid import UUID
 
 from .errors import KeyTaken
 from .flows import Flow, Statement, db_now
@@ -68,19 +65,14 @@ def _in_period(spec: JobSpec, now: float) -> JobSpec:
 
 @dataclass(slots=True)
 class CallKey:
-    """What one enqueue call keeps across its attempts. One job: ``key``,
-    stored in the row (enqueue_key), since the row's id is only known from
-    the reply that may be lost. Many jobs: ``ids``, reserved by the first
-    attempt that got them, so that the rows' own primary keys are the key
-    and cost nothing more. ``attempts``: the attempts that began."""
+    """What one enqueue call keeps across its attempts: the ids of its jobs,
+    reserved from the sequence by the first attempt that got them (None
+    until then). An id is never handed out twice, so the primary key finds
+    a job that an earlier attempt committed, at no cost to the table.
+    ``attempts``: the attempts that began."""
 
-    key: UUID | None = None
     ids: list[int] | None = None
     attempts: int = 0
-
-    @classmethod
-    def new(cls) -> CallKey:
-        return cls(time_ordered_uuid())
 
     def begin(self) -> bool:
         """Count an attempt; whether an earlier one began (and may have committed)."""
@@ -88,25 +80,22 @@ class CallKey:
         return self.attempts > 1
 
 
-def time_ordered_uuid() -> UUID:
-    """A random UUID whose first 48 bits are the time in milliseconds (the
-    layout of UUIDv7), so that the keys of new jobs go to the right end of
-    their index instead of a random page of it. The time only orders the
-    index; nothing compares it."""
-    ms = time.time_ns() // 1_000_000
-    value = (ms << 80) | int.from_bytes(os.urandom(10), "big")
-    value = (value & ~(0xF << 76)) | (0x7 << 76)  # version 7
-    value = (value & ~(0x3 << 62)) | (0x2 << 62)  # the RFC 9562 variant
-    return UUID(int=value)
+def _reserve(call: CallKey, count: int) -> Flow[list[int]]:
+    """The call's ids, reserved now if no earlier attempt got them."""
+    if call.ids is None:
+        rows = yield Statement("job_reserve_ids", {"count": count})
+        call.ids = rows[0]["ids"]
+    return call.ids
 
 
 def enqueue(spec: JobSpec, call: CallKey | None = None) -> Flow[Job]:
     """Insert a job, or return the one that holds its key now. With
-    ``call``, an attempt after the first returns the job that an earlier
-    attempt committed, if one did."""
+    ``call``, the job's id is reserved first, and an attempt after the
+    first returns the job that an earlier attempt committed, if one did."""
     retry = call is not None and call.begin()
+    job_id = (yield from _reserve(call, 1))[0] if call is not None else None
     [spec] = yield from _in_periods([spec])
-    params = _spec_params(spec) | {"enqueue_key": call.key if call else None}
+    params = _spec_params(spec) | {"id": job_id}
     # A conflicting insert may be in flight in another transaction: ON
     # CONFLICT waits for it, and if it rolled back our insert goes ahead. The
     # holder may also let the key go (start, end) between the two
@@ -114,13 +103,12 @@ def enqueue(spec: JobSpec, call: CallKey | None = None) -> Flow[Job]:
     for _ in range(KEY_ROUNDS):
         try:
             jobs: list[Job] = yield Statement("job_enqueue", params, jobs=True)
-        except KeyTaken:  # the call's own key: an earlier attempt committed the job
+        except KeyTaken:  # its id: an earlier attempt committed the job
             jobs = []
         if jobs:
             return jobs[0]
         if retry:
-            key = {"enqueue_key": params["enqueue_key"]}
-            jobs = yield Statement("job_get_by_enqueue_key", key, jobs=True)
+            jobs = yield Statement("job_get", {"id": job_id}, jobs=True)
             if jobs:
                 return jobs[0]
         jobs = yield Statement(
@@ -150,10 +138,7 @@ def enqueue_many(
     committed count as created by this call."""
     call = call or CallKey()
     fresh = call.ids is None
-    if call.ids is None:
-        rows = yield Statement("job_reserve_ids", {"count": len(specs)})
-        call.ids = rows[0]["ids"]
-    ids = call.ids
+    ids = yield from _reserve(call, len(specs))
     if copy and fresh and all(_plain(spec) for spec in specs):
         return (yield from _copy_many(specs, ids))
     specs = yield from _in_periods(specs)

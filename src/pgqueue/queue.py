@@ -203,7 +203,7 @@ class Queue(_Common):
         spec = self._spec(task, payload, **fields)
         if connection is not None:
             return self.run(t.enqueue(spec), connection)
-        call = CallKey.new()
+        call = CallKey()
         return self._retried(lambda: t.enqueue(spec, call), "enqueue")
 
     def enqueue_many(
@@ -447,7 +447,7 @@ class AsyncQueue(_Common):
         spec = self._spec(task, payload, **fields)
         if connection is not None:
             return await self.run(t.enqueue(spec), connection)
-        call = CallKey.new()
+        call = CallKey()
         return await self._retried(lambda: t.enqueue(spec, call), "enqueue")
 
     async def enqueue_many(

@@ -6,21 +6,23 @@
 
 -- name: job_enqueue
 -- Insert one job; when another job holds its key (pgqueue_jobs_key: the
--- predicate is the index's), insert nothing. A retry of the same call whose
--- earlier attempt committed the job meets the call's key (enqueue_key) in
--- pgqueue_jobs_enqueue_key: a unique violation, which the driver raises
--- into the flow as KeyTaken.
+-- predicate is the index's), insert nothing. `id` is the one the call
+-- reserved (job_reserve_ids), or NULL for the column's default (a caller's
+-- transaction, which is not retried): a retry whose earlier attempt
+-- committed the job meets its id in the primary key, a unique violation
+-- that the driver raises into the flow as KeyTaken.
 -- A run_at in the past means now: run_at is when the job became runnable,
 -- which the lag gauge and the start-latency histogram measure from.
 -- Returns the new row (created = true) or nothing on a conflict.
 WITH inserted AS (
-    INSERT INTO pgqueue_jobs (queue, task, payload, priority, run_at, max_attempts,
+    INSERT INTO pgqueue_jobs (id, queue, task, payload, priority, run_at, max_attempts,
                               timeout_seconds, idempotency_key, unique_scope,
-                              concurrency_key, enqueue_key)
-    VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s,
+                              concurrency_key)
+    VALUES (coalesce(%(id)s::bigint, nextval('pgqueue_jobs_id_seq')),
+            %(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s,
             greatest(coalesce(%(run_at)s, now() + make_interval(secs => %(delay)s)), now()),
             %(max_attempts)s, %(timeout_seconds)s, %(idempotency_key)s, %(unique_scope)s,
-            %(concurrency_key)s, %(enqueue_key)s)
+            %(concurrency_key)s)
     ON CONFLICT (idempotency_key)
         WHERE idempotency_key IS NOT NULL AND pgqueue_key_held(unique_scope, state, started_at)
         DO NOTHING
@@ -30,10 +32,6 @@ WITH inserted AS (
     SELECT pg_notify('pgqueue_jobs', queue) FROM inserted WHERE run_at <= now()
 )
 SELECT inserted.* FROM inserted, (SELECT count(*) FROM woken) w;
-
--- name: job_get_by_enqueue_key
--- The job an earlier attempt of the same enqueue call committed.
-SELECT * FROM pgqueue_jobs WHERE enqueue_key = %(enqueue_key)s;
 
 -- name: job_get_by_idempotency_key
 -- The job holding a key now (jobs that held it before may share it).
@@ -83,8 +81,9 @@ WHERE id = ANY(%(ids)s::bigint[])
        AND pgqueue_key_held(unique_scope, state, started_at));
 
 -- name: job_reserve_ids
--- Take `count` ids from the jobs' identity sequence, for a bulk enqueue
--- that must know the ids it writes (its key across retries).
+-- Take `count` ids from the jobs' identity sequence, for an enqueue that
+-- must know the ids it writes: a COPY, and a call that may be retried (its
+-- ids are its key across attempts).
 -- (The identity sequence's name is fixed by the migration.)
 SELECT array_agg(nextval('pgqueue_jobs_id_seq')) AS ids FROM generate_series(1, %(count)s);
 

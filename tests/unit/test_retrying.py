@@ -13,7 +13,7 @@ import pytest
 
 from pgqueue import driver
 from pgqueue import transitions as t
-from pgqueue.enqueue import CallKey, Enqueued, time_ordered_uuid
+from pgqueue.enqueue import CallKey, Enqueued
 from pgqueue.errors import DatabaseUnavailable, KeyTaken
 from pgqueue.jobs import JobSpec
 from pgqueue.retrying import Retries, Retrying
@@ -37,67 +37,56 @@ def taken(params: dict[str, Any]) -> list[Any]:
     raise KeyTaken("duplicate key value violates unique constraint")
 
 
-def test_a_first_attempt_stores_the_calls_key_and_sends_one_statement() -> None:
+def test_a_first_attempt_reserves_the_jobs_id_and_inserts_with_it() -> None:
     db = MemoryDatabase()
     session = Scripted(
-        job_enqueue=lambda p: db.execute(Statement("job_get", {"id": db.add()}, jobs=True))
+        job_reserve_ids=lambda p: [{"ids": [41]}],
+        job_enqueue=lambda p: db.execute(Statement("job_get", {"id": db.add()}, jobs=True)),
     )
-    call = CallKey.new()
+    call = CallKey()
     driver.run(t.enqueue(JobSpec.build("t"), call), session)
-    assert [s.name for s in session.sent] == ["job_enqueue"]
-    assert session.sent[0].params["enqueue_key"] == call.key
+    assert [s.name for s in session.sent] == ["job_reserve_ids", "job_enqueue"]
+    assert session.sent[1].params["id"] == 41 and call.ids == [41]
 
 
-def test_a_retry_that_meets_its_own_key_returns_the_job_an_earlier_attempt_committed() -> None:
+def test_a_retry_that_meets_its_own_id_returns_the_job_an_earlier_attempt_committed() -> None:
     db = MemoryDatabase()
     earlier = db.add()
     session = Scripted(
         job_enqueue=taken,
-        job_get_by_enqueue_key=lambda p: db.execute(
-            Statement("job_get", {"id": earlier}, jobs=True)
-        ),
+        job_get=lambda p: db.execute(Statement("job_get", p, jobs=True)),
     )
-    call = CallKey.new()
+    call = CallKey(ids=[earlier])
     call.begin()  # the attempt whose reply was lost
     job = driver.run(t.enqueue(JobSpec.build("t"), call), session)
     assert (job.id, job.duplicate) == (earlier, False)
-    assert session.sent[1].params == {"enqueue_key": call.key}
+    assert [s.name for s in session.sent] == ["job_enqueue", "job_get"]  # no new reservation
 
 
 def test_a_retry_of_a_keyed_job_prefers_its_own_job_to_a_duplicate() -> None:
     """The caller's key is ON CONFLICT's target: the insert returns nothing,
-    and the job found by the call's key is this call's, not a duplicate."""
+    and the job found by the call's id is this call's, not a duplicate."""
     db = MemoryDatabase()
     earlier = db.add(idempotency_key="k")
     session = Scripted(
         job_enqueue=lambda p: [],
-        job_get_by_enqueue_key=lambda p: db.execute(
-            Statement("job_get", {"id": earlier}, jobs=True)
-        ),
+        job_get=lambda p: db.execute(Statement("job_get", p, jobs=True)),
     )
-    call = CallKey.new()
+    call = CallKey(ids=[earlier])
     call.begin()
     job = driver.run(t.enqueue(JobSpec.build("t", idempotency_key="k"), call), session)
     assert (job.id, job.duplicate) == (earlier, False)
-    assert [s.name for s in session.sent] == ["job_enqueue", "job_get_by_enqueue_key"]
+    assert [s.name for s in session.sent] == ["job_enqueue", "job_get"]
 
 
-def test_a_transactional_enqueue_stores_no_key() -> None:
+def test_a_transactional_enqueue_reserves_no_id() -> None:
     db = MemoryDatabase()
     session = Scripted(
         job_enqueue=lambda p: db.execute(Statement("job_get", {"id": db.add()}, jobs=True))
     )
     driver.run(t.enqueue(JobSpec.build("t")), session)
-    assert session.sent[0].params["enqueue_key"] is None
-
-
-def test_call_keys_are_unique_and_ordered_by_time() -> None:
-    keys = []
-    for _ in range(3):
-        keys.append(time_ordered_uuid())
-        time.sleep(0.002)
-    assert keys == sorted(keys) and len(set(keys)) == 3
-    assert {key.version for key in keys} == {7}
+    assert [s.name for s in session.sent] == ["job_enqueue"]
+    assert session.sent[0].params["id"] is None
 
 
 def test_a_bulk_retry_inserts_with_the_ids_the_first_attempt_reserved() -> None:
