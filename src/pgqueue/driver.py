@@ -24,6 +24,7 @@ Internal: the session classes may change between releases.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import re
@@ -182,6 +183,23 @@ class AsyncCursorSession:
         if cur.description is None:
             return []
         return _shaped(statement, [c.name for c in cur.description], await cur.fetchall())
+
+
+def run_on(connection: psycopg.Connection[Any], flow: Flow[T], *, transaction: bool) -> T:
+    """Run a flow on a pooled (or the queue's own) connection; with
+    ``transaction``, in one transaction."""
+    tx = connection.transaction() if transaction else contextlib.nullcontext()
+    with tx, tuple_cursor(connection) as cur:
+        return run(flow, CursorSession(cur))
+
+
+async def run_on_async(
+    connection: psycopg.AsyncConnection[Any], flow: Flow[T], *, transaction: bool
+) -> T:
+    """``run_on`` for an async connection."""
+    tx = connection.transaction() if transaction else contextlib.nullcontext()
+    async with tx, async_tuple_cursor(connection) as cur:
+        return await run_async(flow, AsyncCursorSession(cur))
 
 
 def tuple_cursor(connection: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:

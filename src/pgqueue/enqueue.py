@@ -9,16 +9,27 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from .errors import KeyTaken
 from .flows import Flow, Statement, db_now
 from .jobs import Job, JobSpec
 
-__all__ = ["ENQUEUE_CHUNK", "KEY_ROUNDS", "CallKey", "Enqueued", "enqueue", "enqueue_many"]
+__all__ = [
+    "ENQUEUE_CHUNK",
+    "KEY_ROUNDS",
+    "CallKey",
+    "Enqueued",
+    "enqueue",
+    "enqueue_many",
+    "per_attempt",
+]
+
+A = TypeVar("A")
+T = TypeVar("T")
 
 # Chunk of a bulk enqueue sent as one statement: large enough to amortise the
 # round trip, small enough to keep the parameter arrays in a few MB.
@@ -80,6 +91,13 @@ class CallKey:
         return self.attempts > 1
 
 
+def per_attempt(make: Callable[[A, CallKey], Flow[T]], jobs: A) -> Callable[[], Flow[T]]:
+    """A new flow for each attempt of one call (``make(jobs, key)``: enqueue
+    or enqueue_many), all with the call's key."""
+    call = CallKey()
+    return lambda: make(jobs, call)
+
+
 def _reserve(call: CallKey, count: int) -> Flow[list[int]]:
     """The call's ids, reserved now if no earlier attempt got them."""
     if call.ids is None:
@@ -128,7 +146,7 @@ class Enqueued:
 
 
 def enqueue_many(
-    specs: Sequence[JobSpec], *, copy: bool = True, call: CallKey | None = None
+    specs: Sequence[JobSpec], call: CallKey | None = None, *, copy: bool = True
 ) -> Flow[list[Enqueued]]:
     """Insert many jobs; results in input order. Plain jobs (runnable now, no
     key) go in by COPY when ``copy``; others by INSERT, a few thousand per

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -26,10 +26,10 @@ from .bulk import BulkAction, JobFilter, bulk, retry_dead
 from .connections import caller_connection, errors_translated, resolve_url
 from .controls import QueueControls
 from .driver import is_asyncpg_connection
-from .enqueue import CallKey
+from .enqueue import per_attempt
 from .errors import WaitTimeout
 from .jobs import Job, JobSpec, JobState, build_specs
-from .retrying import Retries, Retrying
+from .retrying import Retrying
 from .settings import Settings
 from .transitions import Enqueued, Flow, Outcome
 from .waiting import WAIT_POLL_SECONDS, AsyncWaiters, Waiters
@@ -77,7 +77,7 @@ class _Common:
         self.settings = settings or Settings.load()
         self._url = url
         self._every_queue = EveryQueue(self.settings.poll_interval_seconds)
-        self._retrying = Retrying(self.settings.enqueue_retry_seconds)
+        self._retrying = Retrying(self.settings)
 
     def _spec(self, task: Any, payload: Any, **fields: Any) -> JobSpec:
         return JobSpec.from_fields(
@@ -102,17 +102,6 @@ class _Common:
         if where is not None and filters:
             raise TypeError("give a JobFilter or its fields as keywords, not both")
         return bulk(BulkAction(action), where or JobFilter.from_fields(filters), dry_run=dry_run)
-
-    def _pool_wait(self, remaining: float) -> float:
-        """How long the first attempt of a retried call may wait for a pooled
-        connection: half of what is left at most, so that retries on new
-        connections have the other half."""
-        return min(self.settings.pool_timeout_seconds, remaining / 2)
-
-    def _connect_kwargs(self, remaining: float) -> dict[str, Any]:
-        """A retry's own connection: it gives up by the call's deadline
-        (libpq counts whole seconds, 2 at least)."""
-        return {"autocommit": True, "connect_timeout": max(2, math.ceil(remaining))}
 
     def _pool_kwargs(self) -> dict[str, Any]:
         s = self.settings
@@ -157,34 +146,12 @@ class Queue(_Common):
                 with driver.tuple_cursor(caller_connection(connection)) as cur:
                     return driver.run(flow, driver.CursorSession(cur))
             with self._pool.connection() as conn:
-                return self._on(conn, flow, transaction)
-
-    @staticmethod
-    def _on(conn: psycopg.Connection[Any], flow: Flow[T], transaction: bool) -> T:
-        tx = conn.transaction() if transaction else contextlib.nullcontext()
-        with tx, driver.tuple_cursor(conn) as cur:
-            return driver.run(flow, driver.CursorSession(cur))
+                return driver.run_on(conn, flow, transaction=transaction)
 
     def _retried(self, flow: Callable[[], Flow[T]], what: str, *, transaction: bool = False) -> T:
-        """Run a new ``flow()`` until one attempt ends, across lost
-        connections, within enqueue_retry_seconds (retrying.py)."""
-
-        def attempt(retries: Retries) -> T:
-            with self._attempt_connection(retries) as conn:
-                return self._on(conn, flow(), transaction)
-
+        """Run a new ``flow()`` until one attempt ends (retrying.py)."""
         with errors_translated():
-            return self._retrying.call(attempt, what)
-
-    @contextlib.contextmanager
-    def _attempt_connection(self, retries: Retries) -> Iterator[psycopg.Connection[Any]]:
-        """A pooled connection or a new one, as ``Retrying`` says."""
-        if self._retrying.new_connection(retries):
-            with psycopg.connect(self.url, **self._connect_kwargs(retries.remaining())) as conn:
-                yield conn
-        else:
-            with self._pool.connection(timeout=self._pool_wait(retries.remaining())) as conn:
-                yield conn
+            return self._retrying.run(self._pool, self.url, flow, what, transaction)
 
     # -- producers ----------------------------------------------------------------
 
@@ -195,16 +162,12 @@ class Queue(_Common):
         max_attempts, timeout_seconds (or timeout), idempotency_key; see
         ``jobs.JOB_FIELDS``. A bad or unknown field raises InvalidJob naming
         it. With ``connection``, the job is part of the caller's transaction.
-        ``job.duplicate`` says the key already existed.
-
-        Without ``connection``, a lost connection is retried (within
-        ``enqueue_retry_seconds``) without ever adding the job twice; with
-        it, the caller owns the transaction, and nothing is retried."""
+        ``job.duplicate`` says the key already existed. Lost connections are
+        retried, never adding the job twice, unless given ``connection``."""
         spec = self._spec(task, payload, **fields)
         if connection is not None:
             return self.run(t.enqueue(spec), connection)
-        call = CallKey()
-        return self._retried(lambda: t.enqueue(spec, call), "enqueue")
+        return self._retried(per_attempt(t.enqueue, spec), "enqueue")
 
     def enqueue_many(
         self, jobs: Iterable[JobSpec | Mapping[str, Any]], *, connection: Any = None
@@ -217,10 +180,8 @@ class Queue(_Common):
             return []
         if connection is not None:
             return self.run(t.enqueue_many(specs), connection)
-        call = CallKey()
-        return self._retried(
-            lambda: t.enqueue_many(specs, call=call), "enqueue_many", transaction=True
-        )
+        attempts = per_attempt(t.enqueue_many, specs)
+        return self._retried(attempts, "enqueue_many", transaction=True)
 
     def wait(self, job_id: int, timeout: float) -> Job:
         """Block until the job succeeds, dies or is cancelled; raise WaitTimeout."""
@@ -396,21 +357,6 @@ class AsyncQueue(_Common):
         async with self._pool.connection() as conn:
             yield conn
 
-    @contextlib.asynccontextmanager
-    async def _attempt_connection(
-        self, retries: Retries
-    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        """As Queue._attempt_connection."""
-        await self.open()
-        assert self._pool is not None
-        if self._retrying.new_connection(retries):
-            kwargs = self._connect_kwargs(retries.remaining())
-            async with await psycopg.AsyncConnection.connect(self.url, **kwargs) as conn:
-                yield conn
-        else:
-            async with self._pool.connection(timeout=self._pool_wait(retries.remaining())) as conn:
-                yield conn
-
     async def run(self, flow: Flow[T], connection: Any = None, *, transaction: bool = False) -> T:
         """Run a transition on the caller's connection, or on a pooled one."""
         with errors_translated():
@@ -420,25 +366,16 @@ class AsyncQueue(_Common):
                 async with driver.async_tuple_cursor(caller_connection(connection)) as cur:
                     return await driver.run_async(flow, driver.AsyncCursorSession(cur))
             async with self._connection() as conn:
-                return await self._on(conn, flow, transaction)
-
-    @staticmethod
-    async def _on(conn: psycopg.AsyncConnection[Any], flow: Flow[T], transaction: bool) -> T:
-        tx = conn.transaction() if transaction else contextlib.nullcontext()
-        async with tx, driver.async_tuple_cursor(conn) as cur:
-            return await driver.run_async(flow, driver.AsyncCursorSession(cur))
+                return await driver.run_on_async(conn, flow, transaction=transaction)
 
     async def _retried(
         self, flow: Callable[[], Flow[T]], what: str, *, transaction: bool = False
     ) -> T:
         """As Queue._retried."""
-
-        async def attempt(retries: Retries) -> T:
-            async with self._attempt_connection(retries) as conn:
-                return await self._on(conn, flow(), transaction)
-
+        await self.open()
+        assert self._pool is not None
         with errors_translated():
-            return await self._retrying.call_async(attempt, what)
+            return await self._retrying.run_async(self._pool, self.url, flow, what, transaction)
 
     async def enqueue(
         self, task: str, payload: Any = None, *, connection: Any = None, **fields: Any
@@ -447,8 +384,7 @@ class AsyncQueue(_Common):
         spec = self._spec(task, payload, **fields)
         if connection is not None:
             return await self.run(t.enqueue(spec), connection)
-        call = CallKey()
-        return await self._retried(lambda: t.enqueue(spec, call), "enqueue")
+        return await self._retried(per_attempt(t.enqueue, spec), "enqueue")
 
     async def enqueue_many(
         self, jobs: Iterable[JobSpec | Mapping[str, Any]], *, connection: Any = None
@@ -459,10 +395,8 @@ class AsyncQueue(_Common):
         if connection is not None:
             flow = t.enqueue_many(specs, copy=not is_asyncpg_connection(connection))
             return await self.run(flow, connection)
-        call = CallKey()
-        return await self._retried(
-            lambda: t.enqueue_many(specs, call=call), "enqueue_many", transaction=True
-        )
+        attempts = per_attempt(t.enqueue_many, specs)
+        return await self._retried(attempts, "enqueue_many", transaction=True)
 
     async def wait(self, job_id: int, timeout: float) -> Job:  # noqa: ASYNC109
         """As Queue.wait, without blocking the event loop."""

@@ -22,17 +22,22 @@ missing schema ends the call at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any, TypeVar
 
-from psycopg_pool import PoolTimeout
+import psycopg
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
+from . import driver
 from .driver import RETRYABLE_ERRORS
 from .errors import DatabaseUnavailable
+from .flows import Flow
+from .settings import Settings
 
 __all__ = ["RETRIED", "Retries", "Retrying", "backoff_delay"]
 
@@ -93,21 +98,88 @@ class Retries:
 
 
 class Retrying:
-    """A queue's retried calls: each within ``seconds``, and on which
-    connection. A first attempt takes a pooled connection (waiting half the
-    deadline at most), unless a call of the queue lost one within the last
-    ``seconds``: then, as for every retry, a new connection of its own,
-    because the pool replaces lost connections with a back-off of its own
-    (psycopg_pool sleeps 1 s after a failed check, and 1 s, 2 s, 4 s...
-    between failed reconnections) that would spend the call's deadline."""
+    """A queue's retried calls: each within ``enqueue_retry_seconds``, and on
+    which connection. A first attempt takes a pooled connection (waiting
+    half the deadline at most, so that retries have the other half), unless
+    a call of the queue lost one within the last deadline: then, as for
+    every retry, a new connection of its own, because the pool replaces
+    lost connections with a back-off of its own (psycopg_pool sleeps 1 s
+    after a failed check, and 1 s, 2 s, 4 s... between failed
+    reconnections) that would spend the call's deadline."""
 
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
+    def __init__(self, settings: Settings) -> None:
+        self.seconds = settings.enqueue_retry_seconds
+        self.pool_timeout = settings.pool_timeout_seconds
         self._lost_at = -math.inf  # monotonic
 
     def new_connection(self, retries: Retries) -> bool:
         """Whether this attempt connects anew rather than use the pool."""
         return bool(retries.failures) or time.monotonic() - self._lost_at < self.seconds
+
+    def _pool_wait(self, retries: Retries) -> float:
+        return min(self.pool_timeout, retries.remaining() / 2)
+
+    @staticmethod
+    def _connect_kwargs(retries: Retries) -> dict[str, Any]:
+        # libpq counts the connect timeout in whole seconds, 2 at least.
+        return {"autocommit": True, "connect_timeout": max(2, math.ceil(retries.remaining()))}
+
+    def run(
+        self,
+        pool: ConnectionPool,
+        url: str,
+        flow: Callable[[], Flow[T]],
+        what: str,
+        transaction: bool,
+    ) -> T:
+        """Run a new ``flow()`` per attempt until one ends (``call``)."""
+
+        def attempt(retries: Retries) -> T:
+            with self._connection(pool, url, retries) as conn:
+                return driver.run_on(conn, flow(), transaction=transaction)
+
+        return self.call(attempt, what)
+
+    async def run_async(
+        self,
+        pool: AsyncConnectionPool,
+        url: str,
+        flow: Callable[[], Flow[T]],
+        what: str,
+        transaction: bool,
+    ) -> T:
+        """``run`` for asyncio."""
+
+        async def attempt(retries: Retries) -> T:
+            async with self._connection_async(pool, url, retries) as conn:
+                return await driver.run_on_async(conn, flow(), transaction=transaction)
+
+        return await self.call_async(attempt, what)
+
+    @contextlib.contextmanager
+    def _connection(
+        self, pool: ConnectionPool, url: str, retries: Retries
+    ) -> Iterator[psycopg.Connection[Any]]:
+        """The attempt's connection: pooled, or new (``new_connection``)."""
+        if self.new_connection(retries):
+            with psycopg.connect(url, **self._connect_kwargs(retries)) as conn:
+                yield conn
+        else:
+            with pool.connection(timeout=self._pool_wait(retries)) as conn:
+                yield conn
+
+    @contextlib.asynccontextmanager
+    async def _connection_async(
+        self, pool: AsyncConnectionPool, url: str, retries: Retries
+    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """``_connection`` for asyncio."""
+        if self.new_connection(retries):
+            kwargs = self._connect_kwargs(retries)
+            async with await psycopg.AsyncConnection.connect(url, **kwargs) as conn:
+                yield conn
+        else:
+            async with pool.connection(timeout=self._pool_wait(retries)) as conn:
+                yield conn
 
     def call(self, attempt: Callable[[Retries], T], what: str) -> T:
         """``attempt(retries)`` until it returns, retrying RETRIED errors

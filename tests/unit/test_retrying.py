@@ -17,6 +17,7 @@ from pgqueue.enqueue import CallKey, Enqueued
 from pgqueue.errors import DatabaseUnavailable, KeyTaken
 from pgqueue.jobs import JobSpec
 from pgqueue.retrying import Retries, Retrying
+from pgqueue.settings import Settings
 from pgqueue.transitions import Statement
 from tests.unit.memory import MemoryDatabase
 
@@ -165,7 +166,7 @@ def test_lost_connections_are_retried_within_the_deadline() -> None:
     attempt = Flaky(
         psycopg.OperationalError("server closed the connection"), psycopg.InterfaceError()
     )
-    assert Retrying(5.0).call(attempt, "enqueue") == "done"
+    assert Retrying(Settings(enqueue_retry_seconds=5.0)).call(attempt, "enqueue") == "done"
     assert len(attempt.waits) == 3
     assert all(0 < wait <= 5.0 for wait in attempt.waits)
     assert attempt.waits == sorted(attempt.waits, reverse=True)  # one deadline for all
@@ -178,7 +179,7 @@ async def test_the_async_loop_retries_the_same_errors() -> None:
         await asyncio.sleep(0)
         return attempt(retries)
 
-    assert await Retrying(5.0).call_async(run, "enqueue") == "done"
+    assert await Retrying(Settings(enqueue_retry_seconds=5.0)).call_async(run, "enqueue") == "done"
     assert len(attempt.waits) == 2
 
 
@@ -195,7 +196,7 @@ async def test_the_async_loop_retries_the_same_errors() -> None:
 def test_what_is_not_a_lost_connection_is_not_retried(error: BaseException) -> None:
     attempt = Flaky(error)
     with pytest.raises(type(error)):
-        Retrying(5.0).call(attempt, "enqueue")
+        Retrying(Settings(enqueue_retry_seconds=5.0)).call(attempt, "enqueue")
     assert len(attempt.waits) == 1
 
 
@@ -203,7 +204,7 @@ def test_past_the_deadline_the_call_fails_with_database_unavailable() -> None:
     attempt = Flaky(*[psycopg.OperationalError("connection refused")] * 1000)
     started = time.monotonic()
     with pytest.raises(DatabaseUnavailable, match=r"within 0\.3 s.*connection refused"):
-        Retrying(0.3).call(attempt, "enqueue")
+        Retrying(Settings(enqueue_retry_seconds=0.3)).call(attempt, "enqueue")
     assert time.monotonic() - started < 0.3 + 0.2
     assert len(attempt.waits) >= 10  # the back-off is capped at a tenth of the deadline
 
@@ -211,7 +212,7 @@ def test_past_the_deadline_the_call_fails_with_database_unavailable() -> None:
 def test_after_a_lost_connection_first_attempts_connect_anew_for_a_while() -> None:
     """The pool replaces lost connections with a back-off of its own: for
     one deadline after a loss, calls do not wait for it."""
-    retrying = Retrying(0.2)
+    retrying = Retrying(Settings(enqueue_retry_seconds=0.2))
     assert not retrying.new_connection(Retries(0.2, "enqueue"))
     retrying.call(Flaky(psycopg.OperationalError("lost")), "enqueue")
     assert retrying.new_connection(Retries(0.2, "enqueue"))
