@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from typing import Any
 
 import psycopg
 
@@ -25,8 +26,9 @@ from bench.record import ResultRecord, command_line, server_info, write_result
 from pgqueue import AsyncQueue, Outcome, Queue, Settings
 
 
-def enqueue_many_rate(queue: Queue, jobs: int) -> float:
-    specs = [{"task": "noop", "payload": {"i": i}} for i in range(jobs)]
+def enqueue_many_rate(queue: Queue, jobs: int, **fields: Any) -> float:
+    """``fields`` go in every job (a delay: the INSERT path, not COPY)."""
+    specs = [{"task": "noop", "payload": {"i": i}, **fields} for i in range(jobs)]
     started = time.perf_counter()
     queue.enqueue_many(specs)
     return jobs / (time.perf_counter() - started)

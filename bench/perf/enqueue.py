@@ -6,6 +6,7 @@ On a fresh server on disk (fsync and synchronous_commit on), each repeat runs,
 with the table emptied before each:
   * single: ``Queue.enqueue``, one job per call (one commit each), 1 producer;
   * enqueue_many: ``Queue.enqueue_many`` of MANY_JOBS jobs (COPY, one commit);
+  * enqueue_many_delayed: the same, delayed jobs (INSERT, 5,000 a statement);
   * transactional: a business row and its job in the caller's transaction
     (``enqueue(..., connection=conn)``), one commit per pair;
   * http_single: POST /jobs, one job per request, one request in flight;
@@ -32,6 +33,7 @@ from pgqueue import Queue, Settings
 ROWS = (
     "single",
     "enqueue_many",
+    "enqueue_many_delayed",
     "transactional",
     "http_single",
     "http_single_4_clients_x8_in_flight",
@@ -64,6 +66,9 @@ def main(argv: list[str] | None = None) -> ResultRecord:
                 note("single", single_enqueue_rate(queue, args.jobs))
                 clear(url)
                 note("enqueue_many", enqueue_many_rate(queue, args.many_jobs))
+                clear(url)
+                delayed = enqueue_many_rate(queue, args.many_jobs, delay_seconds=3600)
+                note("enqueue_many_delayed", delayed)
                 clear(url)
                 note("transactional", transactional_enqueue_rate(queue, url, args.jobs))
                 clear(url)

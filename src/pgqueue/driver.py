@@ -9,8 +9,10 @@ a *session* says how one statement runs on one kind of connection:
     AsyncpgSession       a caller's asyncpg connection (transactional enqueue)
 
 A statement that meets a key another job took at the same moment (a unique
-violation of pgqueue_jobs_key) is raised into the flow as ``KeyTaken``, so
-that the flow can look again and decide; any other error ends the flow.
+violation of pgqueue_jobs_key), or an id that an earlier attempt of a
+retried enqueue committed (the primary key), is raised into the flow as
+``KeyTaken``, so that the flow can look again and decide;
+any other error ends the flow.
 
 The unit tests add a scripted in-memory session of their own. Rows come back
 as dicts, or as ``Job`` objects for a statement marked ``jobs=True``: the
@@ -22,6 +24,7 @@ Internal: the session classes may change between releases.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import re
@@ -86,8 +89,10 @@ class AsyncSession(Protocol):
     async def execute(self, statement: Statement) -> list[Any]: ...
 
 
-# The unique index of job keys (migrations/0004_unique_jobs.sql).
-KEY_INDEX = "pgqueue_jobs_key"
+# The unique index of job keys (migrations/0004_unique_jobs.sql), and the
+# primary key, met by a retried enqueue whose earlier attempt committed the
+# id that the call reserved.
+KEY_INDEXES = ("pgqueue_jobs_key", "pgqueue_jobs_pkey")
 
 
 def run(flow: Flow[T], session: Session) -> T:
@@ -126,7 +131,7 @@ def _key_taken(exc: psycopg.errors.UniqueViolation | KeyTaken) -> KeyTaken:
     (A session may also raise KeyTaken itself: the unit tier's do.)"""
     if isinstance(exc, KeyTaken):
         return exc
-    if exc.diag.constraint_name != KEY_INDEX:
+    if exc.diag.constraint_name not in KEY_INDEXES:
         raise exc
     taken = KeyTaken(str(exc).strip().splitlines()[0])
     taken.__cause__ = exc
@@ -178,6 +183,35 @@ class AsyncCursorSession:
         if cur.description is None:
             return []
         return _shaped(statement, [c.name for c in cur.description], await cur.fetchall())
+
+
+def run_on(connection: psycopg.Connection[Any], flow: Flow[T], *, transaction: bool) -> T:
+    """Run a flow on a pooled (or the queue's own) connection; with
+    ``transaction``, in one transaction. A session found read-only is closed
+    (see run_on_async)."""
+    tx = connection.transaction() if transaction else contextlib.nullcontext()
+    try:
+        with tx, tuple_cursor(connection) as cur:
+            return run(flow, CursorSession(cur))
+    except psycopg.errors.ReadOnlySqlTransaction:
+        connection.close()
+        raise
+
+
+async def run_on_async(
+    connection: psycopg.AsyncConnection[Any], flow: Flow[T], *, transaction: bool
+) -> T:
+    """``run_on`` for an async connection."""
+    tx = connection.transaction() if transaction else contextlib.nullcontext()
+    try:
+        async with tx, async_tuple_cursor(connection) as cur:
+            return await run_async(flow, AsyncCursorSession(cur))
+    except psycopg.errors.ReadOnlySqlTransaction:
+        # The session of a demoted primary stays read-only: closed, the pool
+        # replaces it, and a multi-host URL with target_session_attrs=read-write
+        # finds the new primary.
+        await connection.close()
+        raise
 
 
 def tuple_cursor(connection: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:

@@ -1,19 +1,35 @@
 """The producers' transitions: enqueue one job, or many in one statement
-(COPY for plain jobs), returning the existing job when a key is taken."""
+(COPY for plain jobs), returning the existing job when a key is taken.
+
+A call that the queue retries across a lost connection (retrying.py) keeps a
+``CallKey`` across its attempts, so that an attempt finds what an earlier one
+committed instead of adding it again."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
-from .flows import Flow, Row, Statement, db_now
+from .errors import KeyTaken
+from .flows import Flow, Statement, db_now
 from .jobs import Job, JobSpec
 
-__all__ = ["ENQUEUE_CHUNK", "KEY_ROUNDS", "Enqueued", "enqueue", "enqueue_many"]
+__all__ = [
+    "ENQUEUE_CHUNK",
+    "KEY_ROUNDS",
+    "CallKey",
+    "Enqueued",
+    "enqueue",
+    "enqueue_many",
+    "per_attempt",
+]
+
+A = TypeVar("A")
+T = TypeVar("T")
 
 # Chunk of a bulk enqueue sent as one statement: large enough to amortise the
 # round trip, small enough to keep the parameter arrays in a few MB.
@@ -58,18 +74,61 @@ def _in_period(spec: JobSpec, now: float) -> JobSpec:
     return spec._replace(idempotency_key=f"{spec.idempotency_key}@{start.isoformat()}")
 
 
-def enqueue(spec: JobSpec) -> Flow[Job]:
-    """Insert a job, or return the one that holds its key now."""
+@dataclass(slots=True)
+class CallKey:
+    """What one enqueue call keeps across its attempts: the ids of its jobs,
+    reserved from the sequence by the first attempt that got them (None
+    until then). An id is never handed out twice, so the primary key finds
+    a job that an earlier attempt committed, at no cost to the table.
+    ``attempts``: the attempts that began."""
+
+    ids: list[int] | None = None
+    attempts: int = 0
+
+    def begin(self) -> bool:
+        """Count an attempt; whether an earlier one began (and may have committed)."""
+        self.attempts += 1
+        return self.attempts > 1
+
+
+def per_attempt(make: Callable[[A, CallKey], Flow[T]], jobs: A) -> Callable[[], Flow[T]]:
+    """A new flow for each attempt of one call (``make(jobs, key)``: enqueue
+    or enqueue_many), all with the call's key."""
+    call = CallKey()
+    return lambda: make(jobs, call)
+
+
+def _reserve(call: CallKey, count: int) -> Flow[list[int]]:
+    """The call's ids, reserved now if no earlier attempt got them."""
+    if call.ids is None:
+        rows = yield Statement("job_reserve_ids", {"count": count})
+        call.ids = rows[0]["ids"]
+    return call.ids
+
+
+def enqueue(spec: JobSpec, call: CallKey | None = None) -> Flow[Job]:
+    """Insert a job, or return the one that holds its key now. With
+    ``call``, the job's id is reserved first, and an attempt after the
+    first returns the job that an earlier attempt committed, if one did."""
+    retry = call is not None and call.begin()
+    job_id = (yield from _reserve(call, 1))[0] if call is not None else None
     [spec] = yield from _in_periods([spec])
-    params = _spec_params(spec)
+    params = _spec_params(spec) | {"id": job_id}
     # A conflicting insert may be in flight in another transaction: ON
     # CONFLICT waits for it, and if it rolled back our insert goes ahead. The
     # holder may also let the key go (start, end) between the two
     # statements: then the next round inserts.
     for _ in range(KEY_ROUNDS):
-        jobs: list[Job] = yield Statement("job_enqueue", params, jobs=True)
+        try:
+            jobs: list[Job] = yield Statement("job_enqueue", params, jobs=True)
+        except KeyTaken:  # its id: an earlier attempt committed the job
+            jobs = []
         if jobs:
             return jobs[0]
+        if retry:
+            jobs = yield Statement("job_get", {"id": job_id}, jobs=True)
+            if jobs:
+                return jobs[0]
         jobs = yield Statement(
             "job_get_by_idempotency_key", {"idempotency_key": spec.idempotency_key}, jobs=True
         )
@@ -86,55 +145,70 @@ class Enqueued:
     created: bool
 
 
-def enqueue_many(specs: Sequence[JobSpec], *, copy: bool = True) -> Flow[list[Enqueued]]:
+def enqueue_many(
+    specs: Sequence[JobSpec], call: CallKey | None = None, *, copy: bool = True
+) -> Flow[list[Enqueued]]:
     """Insert many jobs; results in input order. Plain jobs (runnable now, no
     key) go in by COPY when ``copy``; others by INSERT, a few thousand per
-    statement, skipping held keys."""
-    if copy and all(_plain(spec) for spec in specs):
-        return (yield from _copy_many(specs))
+    statement, skipping held keys. With ``call``, an attempt after one that
+    reserved the ids inserts only the jobs that are not there yet (by
+    INSERT: a COPY cannot skip a row), and the jobs an earlier attempt
+    committed count as created by this call."""
+    call = call or CallKey()
+    fresh = call.ids is None
+    ids = yield from _reserve(call, len(specs))
+    if copy and fresh and all(_plain(spec) for spec in specs):
+        return (yield from _copy_many(specs, ids))
     specs = yield from _in_periods(specs)
     results: list[Enqueued] = []
     for start in range(0, len(specs), ENQUEUE_CHUNK):
-        results += yield from _insert_chunk(specs[start : start + ENQUEUE_CHUNK])
+        end = start + ENQUEUE_CHUNK
+        results += yield from _insert_chunk(specs[start:end], ids[start:end])
     return results
 
 
-def _insert_chunk(chunk: Sequence[JobSpec]) -> Flow[list[Enqueued]]:
-    """One INSERT of a chunk; the jobs whose key was held get the holder's
-    id. A holder that let its key go meanwhile means another round."""
-    results = [Enqueued(-1, False)] * len(chunk)
+def _insert_chunk(chunk: Sequence[JobSpec], ids: Sequence[int]) -> Flow[list[Enqueued]]:
+    """One INSERT of a chunk with its ids. A job skipped is either there
+    already (an earlier attempt of the call committed it) or skipped for a
+    key another job holds: it gets the holder's id. A holder that let its
+    key go meanwhile means another round."""
+    results: dict[int, Enqueued] = {}
     todo = list(range(len(chunk)))
     for _ in range(KEY_ROUNDS):
-        part = [chunk[i] for i in todo]
-        columns: dict[str, list[Any]] = {name: [] for name in _spec_params(part[0])}
-        for spec in part:
-            for name, value in _spec_params(spec).items():
-                columns[name].append(value)
-        rows = yield Statement("job_enqueue_many", columns)
-        for i, result in zip(todo, _match_inserted(part, rows), strict=True):
-            results[i] = result
-        todo = [i for i in todo if results[i].id < 0]
-        if not todo:
-            return results
-        keys = sorted({str(chunk[i].idempotency_key) for i in todo})
-        found = yield Statement("job_ids_by_idempotency_keys", {"idempotency_keys": keys})
-        holders = {row["idempotency_key"]: row["id"] for row in found}
+        columns: dict[str, list[Any]] = {"id": [ids[i] for i in todo]}
         for i in todo:
-            if chunk[i].idempotency_key in holders:
-                results[i] = Enqueued(holders[chunk[i].idempotency_key], False)
-        todo = [i for i in todo if results[i].id < 0]
+            for name, value in _spec_params(chunk[i]).items():
+                columns.setdefault(name, []).append(value)
+        rows = yield Statement("job_enqueue_many", columns)
+        inserted = {row["id"] for row in rows}
+        results |= {i: Enqueued(ids[i], True) for i in todo if ids[i] in inserted}
+        todo = [i for i in todo if i not in results]
         if not todo:
-            return results
-    raise RuntimeError(f"{len(todo)} key(s) kept changing hands")
+            break
+        keys = sorted({str(chunk[i].idempotency_key) for i in todo if chunk[i].idempotency_key})
+        found = yield Statement(
+            "job_enqueue_found", {"ids": [ids[i] for i in todo], "idempotency_keys": keys}
+        )
+        ours = {row["id"] for row in found if row["ours"]}
+        holders = {row["holds_key"]: row["id"] for row in found if row["holds_key"]}
+        for i in todo:
+            if ids[i] in ours:
+                results[i] = Enqueued(ids[i], True)
+            elif chunk[i].idempotency_key in holders:
+                results[i] = Enqueued(holders[chunk[i].idempotency_key], False)
+        todo = [i for i in todo if i not in results]
+        if not todo:
+            break
+    else:
+        raise RuntimeError(f"{len(todo)} key(s) kept changing hands")
+    return [results[i] for i in range(len(chunk))]
 
 
 def _plain(spec: JobSpec) -> bool:
     return spec.idempotency_key is None and spec.run_at is None and not spec.delay_seconds
 
 
-def _copy_many(specs: Sequence[JobSpec]) -> Flow[list[Enqueued]]:
-    rows = yield Statement("job_reserve_ids", {"count": len(specs)})
-    ids: list[int] = rows[0]["ids"]
+def _copy_many(specs: Sequence[JobSpec], ids: Sequence[int]) -> Flow[list[Enqueued]]:
     yield Statement(
         "job_copy",
         {},
@@ -154,30 +228,3 @@ def _copy_many(specs: Sequence[JobSpec]) -> Flow[list[Enqueued]]:
     )
     yield Statement("job_notify_queues", {"queues": sorted({s.queue for s in specs})})
     return [Enqueued(job_id, True) for job_id in ids]
-
-
-def _match_inserted(chunk: Sequence[JobSpec], rows: list[Row]) -> list[Enqueued]:
-    """Pair inserted rows with the specs they came from. Rows come back in
-    insertion order (ids increase with it); a spec whose key was taken gets a
-    placeholder id -1, resolved by key afterwards."""
-    inserted = iter(rows)
-    keyed = {row["idempotency_key"]: row["id"] for row in rows if row["idempotency_key"]}
-    taken: set[str] = set()
-    matched = []
-    for spec in chunk:
-        key = spec.idempotency_key
-        if key is None:
-            matched.append(Enqueued(_next_unkeyed(inserted), True))
-        elif key in keyed and key not in taken:
-            taken.add(key)
-            matched.append(Enqueued(keyed[key], True))
-        else:
-            matched.append(Enqueued(-1, False))
-    return matched
-
-
-def _next_unkeyed(rows: Iterable[Row]) -> int:
-    for row in rows:
-        if row["idempotency_key"] is None:
-            return int(row["id"])
-    raise RuntimeError("bulk insert returned fewer rows than it was given")

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -32,8 +32,10 @@ from .connections import (
 )
 from .controls import QueueControls
 from .driver import is_asyncpg_connection
+from .enqueue import per_attempt
 from .errors import WaitTimeout
 from .jobs import Job, JobSpec, JobState, build_specs
+from .retrying import Retrying
 from .settings import Settings
 from .transitions import Enqueued, Flow, Outcome
 from .waiting import WAIT_POLL_SECONDS, AsyncWaiters, Waiters
@@ -81,6 +83,7 @@ class _Common:
         self.settings = settings or Settings.load()
         self._url = url
         self._every_queue = EveryQueue(self.settings.poll_interval_seconds)
+        self._retrying = Retrying(self.settings)
 
     def _spec(self, task: Any, payload: Any, **fields: Any) -> JobSpec:
         return JobSpec.from_fields(
@@ -151,13 +154,12 @@ class Queue(_Common):
                 with driver.tuple_cursor(caller_connection(connection)) as cur:
                     return driver.run(flow, driver.CursorSession(cur))
             with self._pool.connection() as conn:
-                tx = conn.transaction() if transaction else contextlib.nullcontext()
-                try:
-                    with tx, driver.tuple_cursor(conn) as cur:
-                        return driver.run(flow, driver.CursorSession(cur))
-                except psycopg.errors.ReadOnlySqlTransaction:
-                    conn.close()  # see AsyncQueue.run
-                    raise
+                return driver.run_on(conn, flow, transaction=transaction)
+
+    def _retried(self, flow: Callable[[], Flow[T]], what: str, *, transaction: bool = False) -> T:
+        """Run a new ``flow()`` until one attempt ends (retrying.py)."""
+        with errors_translated():
+            return self._retrying.run(self._pool, self.url, flow, what, transaction)
 
     # -- producers ----------------------------------------------------------------
 
@@ -168,18 +170,26 @@ class Queue(_Common):
         max_attempts, timeout_seconds (or timeout), idempotency_key; see
         ``jobs.JOB_FIELDS``. A bad or unknown field raises InvalidJob naming
         it. With ``connection``, the job is part of the caller's transaction.
-        ``job.duplicate`` says the key already existed."""
-        return self.run(t.enqueue(self._spec(task, payload, **fields)), connection)
+        ``job.duplicate`` says the key already existed. Lost connections are
+        retried, never adding the job twice, unless given ``connection``."""
+        spec = self._spec(task, payload, **fields)
+        if connection is not None:
+            return self.run(t.enqueue(spec), connection)
+        return self._retried(per_attempt(t.enqueue, spec), "enqueue")
 
     def enqueue_many(
         self, jobs: Iterable[JobSpec | Mapping[str, Any]], *, connection: Any = None
     ) -> list[Enqueued]:
         """Add many jobs (mappings of the same fields as ``enqueue``, task
-        and payload included) in one transaction; one result per job, in order."""
+        and payload included) in one transaction; one result per job, in order.
+        Retried as ``enqueue`` is, unless given a ``connection``."""
         specs = self._specs(jobs)
         if not specs:
             return []
-        return self.run(t.enqueue_many(specs), connection, transaction=True)
+        if connection is not None:
+            return self.run(t.enqueue_many(specs), connection)
+        attempts = per_attempt(t.enqueue_many, specs)
+        return self._retried(attempts, "enqueue_many", transaction=True)
 
     def wait(self, job_id: int, timeout: float) -> Job:
         """Block until the job succeeds, dies or is cancelled; raise WaitTimeout."""
@@ -366,22 +376,25 @@ class AsyncQueue(_Common):
                 async with driver.async_tuple_cursor(connection) as cur:
                     return await driver.run_async(flow, driver.AsyncCursorSession(cur))
             async with self._connection() as conn:
-                tx = conn.transaction() if transaction else contextlib.nullcontext()
-                try:
-                    async with tx, driver.async_tuple_cursor(conn) as cur:
-                        return await driver.run_async(flow, driver.AsyncCursorSession(cur))
-                except psycopg.errors.ReadOnlySqlTransaction:
-                    # The session of a demoted primary stays read-only: closed,
-                    # the pool replaces it, and a multi-host URL with
-                    # target_session_attrs=read-write finds the new primary.
-                    await conn.close()
-                    raise
+                return await driver.run_on_async(conn, flow, transaction=transaction)
+
+    async def _retried(
+        self, flow: Callable[[], Flow[T]], what: str, *, transaction: bool = False
+    ) -> T:
+        """As Queue._retried."""
+        await self.open()
+        assert self._pool is not None
+        with errors_translated():
+            return await self._retrying.run_async(self._pool, self.url, flow, what, transaction)
 
     async def enqueue(
         self, task: str, payload: Any = None, *, connection: Any = None, **fields: Any
     ) -> Job:
-        """As Queue.enqueue."""
-        return await self.run(t.enqueue(self._spec(task, payload, **fields)), connection)
+        """As Queue.enqueue (retried without ``connection``)."""
+        spec = self._spec(task, payload, **fields)
+        if connection is not None:
+            return await self.run(t.enqueue(spec), connection)
+        return await self._retried(per_attempt(t.enqueue, spec), "enqueue")
 
     async def enqueue_many(
         self, jobs: Iterable[JobSpec | Mapping[str, Any]], *, connection: Any = None
@@ -392,8 +405,10 @@ class AsyncQueue(_Common):
         if connection is not None:  # which driver is behind it decides COPY or INSERT
             with errors_translated():
                 connection = await async_caller_connection(connection)
-        flow = t.enqueue_many(specs, copy=not is_asyncpg_connection(connection))
-        return await self.run(flow, connection, transaction=True)
+            flow = t.enqueue_many(specs, copy=not is_asyncpg_connection(connection))
+            return await self.run(flow, connection)
+        attempts = per_attempt(t.enqueue_many, specs)
+        return await self._retried(attempts, "enqueue_many", transaction=True)
 
     async def wait(self, job_id: int, timeout: float) -> Job:  # noqa: ASYNC109
         """As Queue.wait, without blocking the event loop."""

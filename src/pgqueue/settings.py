@@ -64,6 +64,10 @@ class Settings:
     pool_min_size: int = 1
     pool_max_size: int = 10
     pool_timeout_seconds: float = 5.0
+    # A producer's call (enqueue, enqueue_many; POST /jobs, /jobs/batch)
+    # retries across lost connections for this long in all, the waits for a
+    # pooled connection included; then DatabaseUnavailable.
+    enqueue_retry_seconds: float = 5.0
     notify_finished: bool = True
     # Worker.
     concurrency: int = 100
@@ -115,6 +119,7 @@ class Settings:
             "prune_interval_seconds",
             "worker_retention_seconds",
             "pool_timeout_seconds",
+            "enqueue_retry_seconds",
             "poll_interval_seconds",
         ):
             if not getattr(self, name) > 0:

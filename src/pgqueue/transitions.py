@@ -389,12 +389,14 @@ def read(name: str, **params: Any) -> Flow[list[Row]]:
     return rows
 
 
-def health() -> Flow[tuple[list[str], bool]]:
-    """What a health check asks: the migrations pending (schema_pending),
-    and whether the database refuses writes."""
+def health() -> Flow[list[str]]:
+    """What a health check asks: the migrations pending (schema_pending);
+    once there are none, whether the session can write (a read-only one
+    raises, and the driver drops it from its pool)."""
     pending = yield from schema_pending()
-    rows = yield Statement("server_read_only", {})
-    return pending, bool(rows[0]["read_only"])
+    if not pending:
+        yield Statement("health_write_check", {})
+    return pending
 
 
 def schema_pending() -> Flow[list[str]]:

@@ -434,6 +434,7 @@ def test_the_key_is_found_and_guarded_by_its_index(
         "max_attempts": 5,
         "idempotency_key": "k",
         "unique_scope": "active",
+        "id": None,
     }
     assert "Conflict Arbiter Indexes: pgqueue_jobs_key" in query_plan(sql, "job_enqueue", enqueue)
     lookup = query_plan(sql, "job_get_by_idempotency_key", {"idempotency_key": "k"})

@@ -317,7 +317,9 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
     async def healthz() -> Health | JSONResponse:
         try:
             async with asyncio.timeout(HEALTH_TIMEOUT_SECONDS):
-                pending, refuses_writes = await queue.run(t.health())
+                pending = await queue.run(t.health())
+        except DatabaseReadOnly as exc:
+            return read_only(exc)
         except (TimeoutError, DatabaseUnavailable) as exc:
             log.warning(
                 "health check failed: %s", exc or "timed out", extra={"action": "api_health_failed"}
@@ -330,8 +332,6 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
             )
         if pending:
             return schema_not_migrated(SchemaNotMigrated(pending))
-        if refuses_writes:
-            return read_only(DatabaseReadOnly())
         return Health(status="ok")
 
     app.include_router(workers.router)

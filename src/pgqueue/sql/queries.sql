@@ -6,15 +6,20 @@
 
 -- name: job_enqueue
 -- Insert one job; when another job holds its key (pgqueue_jobs_key: the
--- predicate is the index's), insert nothing.
+-- predicate is the index's), insert nothing. `id` is the one the call
+-- reserved (job_reserve_ids), or NULL for the column's default (a caller's
+-- transaction, which is not retried): a retry whose earlier attempt
+-- committed the job meets its id in the primary key, a unique violation
+-- that the driver raises into the flow as KeyTaken.
 -- A run_at in the past means now: run_at is when the job became runnable,
 -- which the lag gauge and the start-latency histogram measure from.
--- Returns the new row (created = true) or nothing on a key conflict.
+-- Returns the new row (created = true) or nothing on a conflict.
 WITH inserted AS (
-    INSERT INTO pgqueue_jobs (queue, task, payload, priority, run_at, max_attempts,
+    INSERT INTO pgqueue_jobs (id, queue, task, payload, priority, run_at, max_attempts,
                               timeout_seconds, idempotency_key, unique_scope,
                               concurrency_key)
-    VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s,
+    VALUES (coalesce(%(id)s::bigint, nextval('pgqueue_jobs_id_seq')),
+            %(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s,
             greatest(coalesce(%(run_at)s, now() + make_interval(secs => %(delay)s)), now()),
             %(max_attempts)s, %(timeout_seconds)s, %(idempotency_key)s, %(unique_scope)s,
             %(concurrency_key)s)
@@ -35,42 +40,50 @@ WHERE idempotency_key = %(idempotency_key)s
   AND pgqueue_key_held(unique_scope, state, started_at);
 
 -- name: job_enqueue_many
--- Insert many jobs in one statement from parallel arrays. Rows whose key is
--- held (by another job, or by an earlier row of the same array) are skipped.
+-- Insert many jobs in one statement from parallel arrays, with the ids the
+-- call reserved (job_reserve_ids). Rows whose key is held (by another job,
+-- or by an earlier row of the same array) are skipped, and so are rows an
+-- earlier attempt of the same call committed (their id exists): no conflict
+-- target, so that the primary key is an arbiter too.
 -- One notification per queue, not per job.
 WITH inserted AS (
-    INSERT INTO pgqueue_jobs (queue, task, payload, priority, run_at, max_attempts,
+    INSERT INTO pgqueue_jobs (id, queue, task, payload, priority, run_at, max_attempts,
                               timeout_seconds, idempotency_key, unique_scope,
                               concurrency_key)
-    SELECT queue, task, payload, priority,
+    SELECT id, queue, task, payload, priority,
            greatest(coalesce(run_at, now() + make_interval(secs => delay)), now()),
            max_attempts, timeout_seconds, idempotency_key, unique_scope, concurrency_key
-    FROM unnest(%(queue)s::text[], %(task)s::text[], %(payload)s::jsonb[],
+    FROM unnest(%(id)s::bigint[], %(queue)s::text[], %(task)s::text[], %(payload)s::jsonb[],
                 %(priority)s::integer[], %(run_at)s::timestamptz[],
                 %(delay)s::double precision[], %(max_attempts)s::integer[],
                 %(timeout_seconds)s::double precision[], %(idempotency_key)s::text[],
                 %(unique_scope)s::text[], %(concurrency_key)s::text[])
-         AS t(queue, task, payload, priority, run_at, delay, max_attempts,
+         AS t(id, queue, task, payload, priority, run_at, delay, max_attempts,
               timeout_seconds, idempotency_key, unique_scope, concurrency_key)
-    ON CONFLICT (idempotency_key)
-        WHERE idempotency_key IS NOT NULL AND pgqueue_key_held(unique_scope, state, started_at)
-        DO NOTHING
-    RETURNING id, idempotency_key, queue, run_at
+    ON CONFLICT DO NOTHING
+    RETURNING id, queue, run_at
 ), woken AS (
     SELECT pg_notify('pgqueue_jobs', queue)
     FROM (SELECT DISTINCT queue FROM inserted WHERE run_at <= now()) q
 )
-SELECT id, idempotency_key FROM inserted, (SELECT count(*) FROM woken) w ORDER BY id;
+SELECT id FROM inserted, (SELECT count(*) FROM woken) w;
 
--- name: job_ids_by_idempotency_keys
--- The ids of the jobs holding these keys now.
-SELECT id, idempotency_key FROM pgqueue_jobs
-WHERE idempotency_key = ANY(%(idempotency_keys)s::text[])
-  AND pgqueue_key_held(unique_scope, state, started_at);
+-- name: job_enqueue_found
+-- For the rows job_enqueue_many skipped: which of their ids exist (an
+-- earlier attempt of the same call committed them: `ours`), and the jobs
+-- holding their keys now (`holds_key`: the key a row holds, else NULL).
+SELECT id, id = ANY(%(ids)s::bigint[]) AS ours,
+       CASE WHEN pgqueue_key_held(unique_scope, state, started_at)
+            THEN idempotency_key END AS holds_key
+FROM pgqueue_jobs
+WHERE id = ANY(%(ids)s::bigint[])
+   OR (idempotency_key = ANY(%(idempotency_keys)s::text[])
+       AND pgqueue_key_held(unique_scope, state, started_at));
 
 -- name: job_reserve_ids
--- Take `count` ids from the jobs' identity sequence, for a COPY that must
--- know the ids it writes.
+-- Take `count` ids from the jobs' identity sequence, for an enqueue that
+-- must know the ids it writes: a COPY, and a call that may be retried (its
+-- ids are its key across attempts).
 -- (The identity sequence's name is fixed by the migration.)
 SELECT array_agg(nextval('pgqueue_jobs_id_seq')) AS ids FROM generate_series(1, %(count)s);
 
@@ -882,11 +895,12 @@ CREATE TABLE IF NOT EXISTS pgqueue_migrations (
 -- Whether the record of applied migrations exists (false: never migrated).
 SELECT to_regclass('pgqueue_migrations') IS NOT NULL AS present;
 
--- name: server_read_only
--- Whether this session cannot write: the server is a standby, or writes are
--- refused by default (default_transaction_read_only, as on a primary being
--- demoted).
-SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::boolean AS read_only;
+-- name: health_write_check
+-- Fails (ReadOnlySqlTransaction) when this session cannot write: the
+-- server is a standby, or writes are refused by default
+-- (default_transaction_read_only, as on a primary being demoted). A
+-- sequence step is the cheapest write; a fencing token skipped is harmless.
+SELECT nextval('pgqueue_lease_token_seq');
 
 -- name: migration_applied
 -- Versions already applied.

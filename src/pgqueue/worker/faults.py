@@ -11,30 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import traceback
 from typing import Any
 
 from ..driver import RETRYABLE_ERRORS, SCHEMA_ERRORS
 from ..jobs import Job
+from ..retrying import backoff_delay
 
 __all__ = ["WAIT_OUT", "Backoff", "EventLog", "backoff_delay", "describe", "short"]
 
 # Everything a part waits out rather than dies of.
 WAIT_OUT = (*RETRYABLE_ERRORS, *SCHEMA_ERRORS)
-# Back-off after a failure: base * 2^n, capped, jittered down to half.
-BACKOFF_BASE_SECONDS = 0.05
-BACKOFF_CAP_SECONDS = 5.0
 # Longest error text kept in last_error (a traceback's tail).
 MAX_ERROR_CHARS = 4000
 
 log = logging.getLogger("pgqueue.worker")
-
-
-def backoff_delay(attempt: int) -> float:
-    """Seconds to wait after ``attempt`` consecutive failures (0-based)."""
-    ceiling = min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2.0 ** min(attempt, 30))
-    return ceiling * (0.5 + random.random() / 2)
 
 
 def short(exc: BaseException) -> str:

@@ -1,0 +1,223 @@
+"""Retrying a producer's call across a lost connection, within one deadline.
+
+``Queue.enqueue`` and ``enqueue_many`` (and ``AsyncQueue``'s, so the HTTP
+API's) run their attempts through the queue's ``Retrying``. An attempt that
+fails with an error of ``RETRIED`` is tried again, on a new connection,
+after a jittered back-off, until the call's deadline
+(``Settings.enqueue_retry_seconds``) has passed; then the call raises
+``DatabaseUnavailable``. The waits for a connection are part of the same
+deadline, so a call never waits much longer than it for a database that is
+down.
+
+Retrying is safe only because each call carries a key that lets a second
+attempt find what a first attempt committed (``enqueue.CallKey``): a lost
+connection leaves the outcome of a COMMIT unknown. The errors retried are
+those after which the attempt's transaction committed or not, and nothing
+else: the connection was lost (or never made), the server is shutting down
+or read-only (a failover), or it rolled the transaction back to break a
+deadlock or a serialization conflict. A constraint violation, bad data or a
+missing schema ends the call at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
+
+from . import driver
+from .driver import RETRYABLE_ERRORS
+from .errors import DatabaseReadOnly, DatabaseUnavailable
+from .flows import Flow
+from .settings import Settings
+
+__all__ = ["RETRIED", "Retries", "Retrying", "backoff_delay"]
+
+# Back-off after a failure: base * 2^n, capped, jittered down to half.
+BACKOFF_BASE_SECONDS = 0.05
+BACKOFF_CAP_SECONDS = 5.0
+
+# (psycopg_pool's PoolTimeout is an OperationalError: a pool that found no
+# connection in time is in RETRYABLE_ERRORS too.)
+RETRIED = RETRYABLE_ERRORS
+
+T = TypeVar("T")
+
+log = logging.getLogger("pgqueue.queue")
+
+
+def backoff_delay(attempt: int, cap: float = BACKOFF_CAP_SECONDS) -> float:
+    """Seconds to wait after ``attempt`` consecutive failures (0-based)."""
+    ceiling = min(cap, BACKOFF_BASE_SECONDS * 2.0 ** min(attempt, 30))
+    return ceiling * (0.5 + random.random() / 2)
+
+
+class Retries:
+    """One call's attempts against its deadline (monotonic: a duration, not
+    a time stored anywhere)."""
+
+    def __init__(self, seconds: float, what: str) -> None:
+        self.seconds = seconds
+        self.what = what
+        self.failures = 0
+        self._deadline = time.monotonic() + seconds
+        # At least ten attempts fit in the deadline, however long the run of
+        # failures: a lost connection is usually back within milliseconds.
+        self._cap = min(BACKOFF_CAP_SECONDS, seconds / 10)
+
+    def remaining(self) -> float:
+        return max(0.0, self._deadline - time.monotonic())
+
+    def after(self, exc: BaseException) -> float:
+        """The wait before the next attempt; DatabaseUnavailable (from
+        ``exc``) when the next attempt would start past the deadline."""
+        delay = backoff_delay(self.failures, self._cap)
+        self.failures += 1
+        if delay >= self.remaining():
+            if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
+                raise DatabaseReadOnly() from exc  # still no primary: say so
+            raise DatabaseUnavailable(
+                f"{self.what}: the database did not answer within {self.seconds:g} s "
+                f"(enqueue_retry_seconds; {self.failures} attempt(s)): {_first_line(exc)}"
+            ) from exc
+        log.warning(
+            "%s: attempt %d failed (%s); retrying in %.2f s",
+            self.what,
+            self.failures,
+            _first_line(exc),
+            delay,
+            extra={"action": "enqueue_retry", "attempt": self.failures},
+        )
+        return delay
+
+
+class Retrying:
+    """A queue's retried calls: each within ``enqueue_retry_seconds``, and on
+    which connection. A first attempt takes a pooled connection (waiting
+    half the deadline at most, so that retries have the other half), unless
+    a call of the queue lost one within the last deadline: then, as for
+    every retry, a new connection of its own, because the pool replaces
+    lost connections with a back-off of its own (psycopg_pool sleeps 1 s
+    after a failed check, and 1 s, 2 s, 4 s... between failed
+    reconnections) that would spend the call's deadline."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.seconds = settings.enqueue_retry_seconds
+        self.pool_timeout = settings.pool_timeout_seconds
+        self.prepare = not settings.transaction_pooler
+        self._lost_at = -math.inf  # monotonic
+
+    def new_connection(self, retries: Retries) -> bool:
+        """Whether this attempt connects anew rather than use the pool."""
+        return bool(retries.failures) or time.monotonic() - self._lost_at < self.seconds
+
+    def _pool_wait(self, retries: Retries) -> float:
+        return min(self.pool_timeout, retries.remaining() / 2)
+
+    def _connect_kwargs(self, retries: Retries) -> dict[str, Any]:
+        # libpq counts the connect timeout in whole seconds, 2 at least.
+        kwargs: dict[str, Any] = {
+            "autocommit": True,
+            "connect_timeout": max(2, math.ceil(retries.remaining())),
+        }
+        if not self.prepare:  # behind a transaction-mode pooler, as the pool's
+            kwargs["prepare_threshold"] = None
+        return kwargs
+
+    def run(
+        self,
+        pool: ConnectionPool,
+        url: str,
+        flow: Callable[[], Flow[T]],
+        what: str,
+        transaction: bool,
+    ) -> T:
+        """Run a new ``flow()`` per attempt until one ends (``call``)."""
+
+        def attempt(retries: Retries) -> T:
+            with self._connection(pool, url, retries) as conn:
+                return driver.run_on(conn, flow(), transaction=transaction)
+
+        return self.call(attempt, what)
+
+    async def run_async(
+        self,
+        pool: AsyncConnectionPool,
+        url: str,
+        flow: Callable[[], Flow[T]],
+        what: str,
+        transaction: bool,
+    ) -> T:
+        """``run`` for asyncio."""
+
+        async def attempt(retries: Retries) -> T:
+            async with self._connection_async(pool, url, retries) as conn:
+                return await driver.run_on_async(conn, flow(), transaction=transaction)
+
+        return await self.call_async(attempt, what)
+
+    @contextlib.contextmanager
+    def _connection(
+        self, pool: ConnectionPool, url: str, retries: Retries
+    ) -> Iterator[psycopg.Connection[Any]]:
+        """The attempt's connection: pooled, or new (``new_connection``)."""
+        if self.new_connection(retries):
+            with psycopg.connect(url, **self._connect_kwargs(retries)) as conn:
+                yield conn
+        else:
+            with pool.connection(timeout=self._pool_wait(retries)) as conn:
+                yield conn
+
+    @contextlib.asynccontextmanager
+    async def _connection_async(
+        self, pool: AsyncConnectionPool, url: str, retries: Retries
+    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """``_connection`` for asyncio."""
+        if self.new_connection(retries):
+            kwargs = self._connect_kwargs(retries)
+            async with await psycopg.AsyncConnection.connect(url, **kwargs) as conn:
+                yield conn
+        else:
+            async with pool.connection(timeout=self._pool_wait(retries)) as conn:
+                yield conn
+
+    def call(self, attempt: Callable[[Retries], T], what: str) -> T:
+        """``attempt(retries)`` until it returns, retrying RETRIED errors
+        within ``seconds`` in all (``retries`` says how long is left, and
+        how many attempts failed before)."""
+        retries = Retries(self.seconds, what)
+        while True:
+            try:
+                return attempt(retries)
+            except RETRIED as exc:
+                self._failed(exc)
+                time.sleep(retries.after(exc))
+
+    async def call_async(self, attempt: Callable[[Retries], Awaitable[T]], what: str) -> T:
+        """``call`` for a coroutine."""
+        retries = Retries(self.seconds, what)
+        while True:
+            try:
+                return await attempt(retries)
+            except RETRIED as exc:
+                self._failed(exc)
+                await asyncio.sleep(retries.after(exc))
+
+    def _failed(self, exc: BaseException) -> None:
+        # A pool that gave no connection in time may only be busy: the calls
+        # that follow keep waiting for it (its size bounds the connections),
+        # though this call's retries connect anew.
+        if not isinstance(exc, PoolTimeout):
+            self._lost_at = time.monotonic()
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]

@@ -1,0 +1,220 @@
+"""The flow and loop logic of retried enqueues (no database: what PostgreSQL
+does with the keys is proven in tests/integration/test_enqueue_retry.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgqueue import driver
+from pgqueue import transitions as t
+from pgqueue.enqueue import CallKey, Enqueued
+from pgqueue.errors import DatabaseUnavailable, KeyTaken
+from pgqueue.jobs import JobSpec
+from pgqueue.retrying import Retries, Retrying
+from pgqueue.settings import Settings
+from pgqueue.transitions import Statement
+from tests.unit.memory import MemoryDatabase
+
+
+class Scripted:
+    """A session that answers each statement by name, and records them."""
+
+    def __init__(self, **answers: Callable[[dict[str, Any]], list[Any]]) -> None:
+        self.answers = answers
+        self.sent: list[Statement] = []
+
+    def execute(self, statement: Statement) -> list[Any]:
+        self.sent.append(statement)
+        return self.answers[statement.name](statement.params)
+
+
+def taken(params: dict[str, Any]) -> list[Any]:
+    raise KeyTaken("duplicate key value violates unique constraint")
+
+
+def test_a_first_attempt_reserves_the_jobs_id_and_inserts_with_it() -> None:
+    db = MemoryDatabase()
+    session = Scripted(
+        job_reserve_ids=lambda p: [{"ids": [41]}],
+        job_enqueue=lambda p: db.execute(Statement("job_get", {"id": db.add()}, jobs=True)),
+    )
+    call = CallKey()
+    driver.run(t.enqueue(JobSpec.build("t"), call), session)
+    assert [s.name for s in session.sent] == ["job_reserve_ids", "job_enqueue"]
+    assert session.sent[1].params["id"] == 41 and call.ids == [41]
+
+
+def test_a_retry_that_meets_its_own_id_returns_the_job_an_earlier_attempt_committed() -> None:
+    db = MemoryDatabase()
+    earlier = db.add()
+    session = Scripted(
+        job_enqueue=taken,
+        job_get=lambda p: db.execute(Statement("job_get", p, jobs=True)),
+    )
+    call = CallKey(ids=[earlier])
+    call.begin()  # the attempt whose reply was lost
+    job = driver.run(t.enqueue(JobSpec.build("t"), call), session)
+    assert (job.id, job.duplicate) == (earlier, False)
+    assert [s.name for s in session.sent] == ["job_enqueue", "job_get"]  # no new reservation
+
+
+def test_a_retry_of_a_keyed_job_prefers_its_own_job_to_a_duplicate() -> None:
+    """The caller's key is ON CONFLICT's target: the insert returns nothing,
+    and the job found by the call's id is this call's, not a duplicate."""
+    db = MemoryDatabase()
+    earlier = db.add(idempotency_key="k")
+    session = Scripted(
+        job_enqueue=lambda p: [],
+        job_get=lambda p: db.execute(Statement("job_get", p, jobs=True)),
+    )
+    call = CallKey(ids=[earlier])
+    call.begin()
+    job = driver.run(t.enqueue(JobSpec.build("t", idempotency_key="k"), call), session)
+    assert (job.id, job.duplicate) == (earlier, False)
+    assert [s.name for s in session.sent] == ["job_enqueue", "job_get"]
+
+
+def test_a_transactional_enqueue_reserves_no_id() -> None:
+    db = MemoryDatabase()
+    session = Scripted(
+        job_enqueue=lambda p: db.execute(Statement("job_get", {"id": db.add()}, jobs=True))
+    )
+    driver.run(t.enqueue(JobSpec.build("t")), session)
+    assert [s.name for s in session.sent] == ["job_enqueue"]
+    assert session.sent[0].params["id"] is None
+
+
+def test_a_bulk_retry_inserts_with_the_ids_the_first_attempt_reserved() -> None:
+    """The first attempt reserved ids and sent its COPY (whose outcome is
+    unknown); the retry skips the reservation and the COPY, inserts with the
+    same ids, and counts the rows found under them as created by the call."""
+    specs = [JobSpec.build("t", {"n": n}) for n in range(3)]
+    call = CallKey()
+    first = Scripted(
+        job_reserve_ids=lambda p: [{"ids": [7, 8, 9]}],
+        job_copy=lambda p: [],
+        job_notify_queues=lambda p: [],
+    )
+    assert driver.run(t.enqueue_many(specs, call=call), first) == [
+        Enqueued(7, True),
+        Enqueued(8, True),
+        Enqueued(9, True),
+    ]
+    retry = Scripted(
+        job_enqueue_many=lambda p: [{"id": 9}],  # 7 and 8 committed by the first attempt
+        job_enqueue_found=lambda p: [{"id": i, "ours": True, "holds_key": None} for i in p["ids"]],
+    )
+    results = driver.run(t.enqueue_many(specs, call=call), retry)
+    assert results == [Enqueued(7, True), Enqueued(8, True), Enqueued(9, True)]
+    assert [s.name for s in retry.sent] == ["job_enqueue_many", "job_enqueue_found"]
+    assert retry.sent[0].params["id"] == [7, 8, 9]
+    assert retry.sent[1].params == {"ids": [7, 8], "idempotency_keys": []}
+
+
+def test_a_bulk_enqueue_gives_a_held_key_its_holders_id() -> None:
+    specs = [JobSpec.build("t", idempotency_key="k"), JobSpec.build("t", idempotency_key="new")]
+    session = Scripted(
+        job_reserve_ids=lambda p: [{"ids": [1, 2]}],
+        job_enqueue_many=lambda p: [{"id": 2}],
+        job_enqueue_found=lambda p: [{"id": 50, "ours": False, "holds_key": "k"}],
+    )
+    results = driver.run(t.enqueue_many(specs), session)
+    assert results == [Enqueued(50, False), Enqueued(2, True)]
+    assert session.sent[2].params == {"ids": [1], "idempotency_keys": ["k"]}
+
+
+def test_a_bulk_attempt_whose_reservation_was_lost_reserves_again_and_copies() -> None:
+    specs = [JobSpec.build("t")]
+    call = CallKey()
+    lost = Scripted(job_reserve_ids=lambda p: (_ for _ in ()).throw(psycopg.OperationalError()))
+    with pytest.raises(psycopg.OperationalError):
+        driver.run(t.enqueue_many(specs, call=call), lost)
+    again = Scripted(
+        job_reserve_ids=lambda p: [{"ids": [4]}],
+        job_copy=lambda p: [],
+        job_notify_queues=lambda p: [],
+    )
+    assert driver.run(t.enqueue_many(specs, call=call), again) == [Enqueued(4, True)]
+    assert [s.name for s in again.sent] == ["job_reserve_ids", "job_copy", "job_notify_queues"]
+
+
+# -- the loop ---------------------------------------------------------------------
+
+
+class Flaky:
+    """An attempt that raises ``errors`` in turn, then returns "done"."""
+
+    def __init__(self, *errors: BaseException) -> None:
+        self.errors = list(errors)
+        self.waits: list[float] = []
+
+    def __call__(self, retries: Retries) -> str:
+        assert retries.failures == len(self.waits)
+        self.waits.append(retries.remaining())
+        if self.errors:
+            raise self.errors.pop(0)
+        return "done"
+
+
+def test_lost_connections_are_retried_within_the_deadline() -> None:
+    attempt = Flaky(
+        psycopg.OperationalError("server closed the connection"), psycopg.InterfaceError()
+    )
+    assert Retrying(Settings(enqueue_retry_seconds=5.0)).call(attempt, "enqueue") == "done"
+    assert len(attempt.waits) == 3
+    assert all(0 < wait <= 5.0 for wait in attempt.waits)
+    assert attempt.waits == sorted(attempt.waits, reverse=True)  # one deadline for all
+
+
+async def test_the_async_loop_retries_the_same_errors() -> None:
+    attempt = Flaky(psycopg.errors.AdminShutdown("terminating connection"))
+
+    async def run(retries: Retries) -> str:
+        await asyncio.sleep(0)
+        return attempt(retries)
+
+    assert await Retrying(Settings(enqueue_retry_seconds=5.0)).call_async(run, "enqueue") == "done"
+    assert len(attempt.waits) == 2
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        psycopg.errors.UniqueViolation("duplicate key"),
+        psycopg.errors.CheckViolation("check"),
+        psycopg.errors.InvalidTextRepresentation("bad input"),
+        psycopg.errors.UndefinedColumn("enqueue_key"),
+        ValueError("a bug"),
+    ],
+)
+def test_what_is_not_a_lost_connection_is_not_retried(error: BaseException) -> None:
+    attempt = Flaky(error)
+    with pytest.raises(type(error)):
+        Retrying(Settings(enqueue_retry_seconds=5.0)).call(attempt, "enqueue")
+    assert len(attempt.waits) == 1
+
+
+def test_past_the_deadline_the_call_fails_with_database_unavailable() -> None:
+    attempt = Flaky(*[psycopg.OperationalError("connection refused")] * 1000)
+    started = time.monotonic()
+    with pytest.raises(DatabaseUnavailable, match=r"within 0\.3 s.*connection refused"):
+        Retrying(Settings(enqueue_retry_seconds=0.3)).call(attempt, "enqueue")
+    assert time.monotonic() - started < 0.3 + 0.2
+    assert len(attempt.waits) >= 10  # the back-off is capped at a tenth of the deadline
+
+
+def test_after_a_lost_connection_first_attempts_connect_anew_for_a_while() -> None:
+    """The pool replaces lost connections with a back-off of its own: for
+    one deadline after a loss, calls do not wait for it."""
+    retrying = Retrying(Settings(enqueue_retry_seconds=0.2))
+    assert not retrying.new_connection(Retries(0.2, "enqueue"))
+    retrying.call(Flaky(psycopg.OperationalError("lost")), "enqueue")
+    assert retrying.new_connection(Retries(0.2, "enqueue"))
+    time.sleep(0.25)
+    assert not retrying.new_connection(Retries(0.2, "enqueue"))
