@@ -5,6 +5,7 @@ grouped (``scanned`` says how many), and ``limit`` groups returned."""
 
 # No "from __future__ import annotations": FastAPI reads the signatures at run time.
 
+from dataclasses import asdict
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -55,19 +56,7 @@ async def dead_letters(
 ) -> DeadLettersOut:
     found = await request.app.state.queue.run(bulk.dead_letters(limit=limit))
     return DeadLettersOut(
-        groups=[
-            DeadGroupOut(
-                task=g.task,
-                error=g.error,
-                jobs=g.jobs,
-                queues=g.queues,
-                first_at=g.first_at,
-                last_at=g.last_at,
-                latest_id=g.latest_id,
-                filter=_body(g.where()),
-            )
-            for g in found.groups
-        ],
+        groups=[DeadGroupOut(**asdict(g), filter=_body(g.where())) for g in found.groups],
         scanned=found.scanned,
         group_count=found.group_count,
     )
