@@ -5,6 +5,7 @@ without it the tests fail, they do not skip."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import select
@@ -90,12 +91,31 @@ class DevTools:
             "Target.attachToTarget", {"targetId": page["targetId"], "flatten": True}, session=False
         )
         self.session = attached["sessionId"]  # type: ignore[assignment]
-        self.call("Page.navigate", {"url": self.url})
-        deadline = time.monotonic() + 10
-        while self.run("document.readyState") != "complete":
-            assert time.monotonic() < deadline, "the dashboard did not load"
-            time.sleep(0.02)
+        self.goto(self.url)
         return self
+
+    def goto(self, url: str) -> None:
+        """Load ``url`` in the page and wait until it has loaded."""
+        self.call("Page.navigate", {"url": url})
+        deadline = time.monotonic() + 10
+        # Page.navigate answers once the new document is committed.
+        while self.run("document.readyState") != "complete":
+            assert time.monotonic() < deadline, f"{url} did not load"
+            time.sleep(0.02)
+
+    def viewport(self, width: int, height: int, *, mobile: bool = False) -> None:
+        """Emulate a screen of this size (a phone's, with ``mobile``)."""
+        self.call(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": mobile},
+        )
+
+    def screenshot(self, path: Path) -> Path:
+        """A PNG of the whole page, written to ``path``."""
+        shot = self.call("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True})
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(base64.b64decode(str(shot["data"])))
+        return path
 
     def __exit__(self, *exc: object) -> None:
         self.proc.kill()

@@ -28,7 +28,17 @@ from .errors import InvalidJob, KeyTaken
 from .jobs import MAX_DELAY_SECONDS, QUEUE_NAME, TASK_NAME, JobField, JobState
 from .transitions import Flow, Statement, db_now
 
-__all__ = ["BULK_BATCH", "FILTER_FIELDS", "BulkAction", "JobFilter", "bulk", "retry_dead"]
+__all__ = [
+    "BULK_BATCH",
+    "FILTER_FIELDS",
+    "BulkAction",
+    "DeadGroup",
+    "DeadLetters",
+    "JobFilter",
+    "bulk",
+    "dead_letters",
+    "retry_dead",
+]
 
 # Jobs per statement: large enough that a 134,000-job flood takes ~134
 # statements, small enough that each holds its row locks for milliseconds.
@@ -166,6 +176,54 @@ def _more(action: BulkAction, batch_row: dict[str, Any], batch: int) -> bool:
 def retry_dead(queue: str | None = None) -> Flow[int]:
     """Put every dead job (of one queue, or of all) back to queued."""
     return (yield from bulk(BulkAction.RETRY, JobFilter(queue=queue, state=JobState.DEAD)))
+
+
+# Dead letters: groups of dead jobs by task and error, each one bulk action
+# away from being retried or deleted. Bounded twice: the newest DEAD_SCAN dead
+# jobs are grouped, and at most `limit` groups are returned.
+DEAD_SCAN = 100_000
+DEAD_ERROR_CHARS = 200
+
+
+@dataclass(frozen=True, slots=True)
+class DeadGroup:
+    """Dead jobs of one task whose last error starts with the same line."""
+
+    task: str
+    error: str  # the first line of the last error, cut to DEAD_ERROR_CHARS
+    jobs: int
+    queues: list[str]
+    first_at: datetime
+    last_at: datetime
+    latest_id: int
+
+    def where(self) -> JobFilter:
+        """The filter of a bulk action on the group: the task's dead jobs
+        whose last error contains the group's text. It may match a few more
+        than the group (a longer error that contains it): a dry run says."""
+        return JobFilter(task=self.task, state=JobState.DEAD, error_contains=self.error or None)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetters:
+    groups: list[DeadGroup]
+    scanned: int  # dead jobs grouped (the newest, up to DEAD_SCAN)
+    group_count: int  # groups among them, before `limit`
+
+
+def dead_letters(*, limit: int = 50, scan: int = DEAD_SCAN) -> Flow[DeadLetters]:
+    """The biggest groups of dead jobs first (then the most recent)."""
+    if not 1 <= limit <= 500:
+        raise InvalidJob("limit", f"must be between 1 and 500, got {limit}")
+    rows = yield Statement(
+        "job_dead_groups", {"limit": limit, "scan": scan, "error_chars": DEAD_ERROR_CHARS}
+    )
+    groups = [DeadGroup(**{k: row[k] for k in _GROUP_COLUMNS}) for row in rows]
+    scanned = int(rows[0]["scanned"]) if rows else 0
+    return DeadLetters(groups, scanned, int(rows[0]["group_count"]) if rows else 0)
+
+
+_GROUP_COLUMNS = ("task", "error", "jobs", "queues", "first_at", "last_at", "latest_id")
 
 
 def _states(action: BulkAction, where: JobFilter) -> list[str]:

@@ -350,31 +350,53 @@ def retry(job_id: int) -> Flow[Job]:
     raise RuntimeError(f"the key of job {job_id} kept changing hands")
 
 
-def list_jobs(
+# What a listing may filter on beyond a job's states: queued jobs waiting for
+# a future run_at, and queued jobs that failed before (in backoff or due).
+LIST_VIEWS = ("scheduled", "retrying")
+MAX_ERROR_SEARCH = 1000
+
+
+def list_filters(
     *,
     state: str | None = None,
     queue: str | None = None,
     task: str | None = None,
+    error_contains: str | None = None,
     before_id: int | None = None,
     limit: int = 50,
-) -> Flow[list[Job]]:
-    """Newest first; pass the last id of a page as ``before_id`` for the next."""
-    if state is not None and state not in set(JobState):
-        raise InvalidJob("state", f"must be one of {', '.join(JobState)}, got {state!r}")
+) -> dict[str, Any]:
+    """The checked parameters of ``job_list`` and ``job_list_summary``;
+    ``state`` is a job state or one of ``LIST_VIEWS``."""
+    if state is not None and state not in (*JobState, *LIST_VIEWS):
+        choices = ", ".join((*JobState, *LIST_VIEWS))
+        raise InvalidJob("state", f"must be one of {choices}, got {state!r}")
     if not 1 <= limit <= 1000:
         raise InvalidJob("limit", f"must be between 1 and 1000, got {limit}")
-    jobs: list[Job] = yield Statement(
-        "job_list",
-        {
-            "state": state,
-            "queue": queue,
-            "task": task,
-            "before_id": None if before_id is None else _job_id(before_id),
-            "limit": limit,
-        },
-        jobs=True,
-    )
+    if error_contains is not None and not 1 <= len(error_contains) <= MAX_ERROR_SEARCH:
+        raise InvalidJob("error_contains", f"must be 1 to {MAX_ERROR_SEARCH} characters")
+    return {
+        "state": JobState.QUEUED.value if state in LIST_VIEWS else state,
+        "scheduled": state == "scheduled",
+        "retrying": state == "retrying",
+        "queue": queue,
+        "task": task,
+        "error_contains": error_contains,
+        "before_id": None if before_id is None else _job_id(before_id),
+        "limit": limit,
+    }
+
+
+def list_jobs(**filters: Any) -> Flow[list[Job]]:
+    """Newest first; pass the last id of a page as ``before_id`` for the
+    next. The filters are those of ``list_filters``."""
+    jobs: list[Job] = yield Statement("job_list", list_filters(**filters), jobs=True)
     return jobs
+
+
+def list_summaries(**filters: Any) -> Flow[list[Row]]:
+    """Like ``list_jobs``, as rows without payload, result and last_error."""
+    rows = yield Statement("job_list_summary", list_filters(**filters))
+    return rows
 
 
 def _job_id(job_id: Any) -> int:

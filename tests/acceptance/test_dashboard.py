@@ -29,28 +29,44 @@ from tests.support import LiveServer
 
 TOKEN = "dashboard-test-admin-token"
 
-# Clicks a job's row, then a button of its detail panel, and returns what the
+# Clicks a job's row, then a button of its detail panel, answers its
+# confirmation (ANSWER: confirm-ok or confirm-cancel), and returns what the
 # panel's message says once the API has answered.
 CLICK = """(async () => {
   const until = async (f) => {
-    for (let i = 0; i < 200; i++) {
+    for (let i = 0; i < 400; i++) {
       const v = f(); if (v) return v; await new Promise(r => setTimeout(r, 25));
     }
     throw new Error("timed out waiting in the page");
   };
   (await until(() => document.querySelector('#jobs-body tr[data-job-id="JOB"]'))).click();
-  await until(() => document.getElementById("detail-id").textContent === "#JOB");
+  await until(() => document.getElementById("detail-id").textContent === "#JOB"
+    && !document.getElementById("detail-actions").hidden);
   const message = document.getElementById("detail-message");
-  document.getElementById("job-BUTTON").click();
-  return await until(() => /\\b(ok|error)\\b/.test(message.className)
-    && {kind: message.className.replace("message ", ""), text: message.textContent,
-        state: document.querySelector('#detail-fields dd[data-field="state"]').textContent});
+  message.className = "message";
+  const button = document.getElementById("job-BUTTON");
+  if (button.disabled) return {kind: "disabled", text: "", state:
+    document.querySelector('#detail-fields dd[data-field="state"]').textContent};
+  button.click();
+  const dialog = await until(() => document.getElementById("confirm").open
+    && document.getElementById("confirm"));
+  const question = document.getElementById("confirm-text").textContent;
+  document.getElementById("ANSWER").click();
+  return await until(() => !dialog.open && /\\b(ok|error)\\b|Nothing done/.test(
+      message.className + " " + message.textContent)
+    && {kind: message.className.replace("message", "").trim() || "none", text: message.textContent,
+        state: document.querySelector('#detail-fields dd[data-field="state"]').textContent,
+        question});
 })()"""
 
 
-def click_button(page: DevTools, job: int, button: str) -> dict[str, str]:
-    script = CLICK.replace("JOB", str(job)).replace("BUTTON", button)
-    return page.run(script)  # type: ignore[return-value]
+def click_button(
+    page: DevTools, job: int, button: str, answer: str = "confirm-ok"
+) -> dict[str, str]:
+    script = CLICK.replace("JOB", str(job)).replace("BUTTON", button).replace("ANSWER", answer)
+    result: dict[str, str] = page.run(script)  # type: ignore[assignment]
+    result.pop("question", None)
+    return result
 
 
 # -- reading the dumped DOM ------------------------------------------------------------------
@@ -259,10 +275,15 @@ def test_cancel_and_retry_buttons_call_the_api_and_show_its_409_message(
     settings: Settings, queue: Queue, browser_profile: Path
 ) -> None:
     ids = make_jobs(queue)
+    # A dead job whose key another job took meanwhile: the API refuses its retry.
+    first = queue.enqueue("report", idempotency_key="daily", unique_scope="active", max_attempts=1)
+    [claimed] = queue.claim(worker="test")
+    assert queue.fail(claimed, "timeout") is JobState.DEAD
+    queue.enqueue("report", idempotency_key="daily", unique_scope="active")
     with LiveServer(create_app(settings.replace(api_tokens=(TOKEN,)))) as server:
-        # What the API itself says when a succeeded job is retried.
+        # What the API itself says when that job is retried.
         refused = httpx.post(
-            f"{server.url}/jobs/{ids['succeeded']}/retry",
+            f"{server.url}/jobs/{first.id}/retry",
             headers={"Authorization": f"Bearer {TOKEN}"},
             timeout=5,
         )
@@ -272,12 +293,19 @@ def test_cancel_and_retry_buttons_call_the_api_and_show_its_409_message(
             assert page.run("location.href") == f"{server.url}/dashboard"
             assert page.run('sessionStorage.getItem("pgqueue.dashboard.token")') == TOKEN
 
-            def click(job: int, button: str) -> dict[str, str]:
-                return click_button(page, job, button)
+            def click(job: int, button: str, answer: str = "confirm-ok") -> dict[str, str]:
+                return click_button(page, job, button, answer)
 
-            assert click(ids["succeeded"], "retry") == {
+            assert click(first.id, "retry") == {
                 "kind": "error",
                 "text": refused.json()["message"],
+                "state": "dead",
+            }
+            assert queue.get(first.id).state is JobState.DEAD
+            # A state the action does not apply to: the button is disabled.
+            assert click(ids["succeeded"], "retry") == {
+                "kind": "disabled",
+                "text": "",
                 "state": "succeeded",
             }
             assert queue.get(ids["succeeded"]).state is JobState.SUCCEEDED
@@ -292,8 +320,16 @@ def test_cancel_and_retry_buttons_call_the_api_and_show_its_409_message(
             assert click(ids["queued"], "retry")["state"] == "queued"
             assert queue.get(ids["queued"]).state is JobState.QUEUED
 
-            assert click(ids["dead"], "cancel")["kind"] == "error"
+            assert click(ids["dead"], "cancel")["kind"] == "disabled"
             assert queue.get(ids["dead"]).state is JobState.DEAD
+
+            # Dismissed: nothing is sent, nothing changes.
+            assert click(ids["queued"], "cancel", "confirm-cancel") == {
+                "kind": "none",
+                "text": "Nothing done.",
+                "state": "queued",
+            }
+            assert queue.get(ids["queued"]).state is JobState.QUEUED
 
 
 def test_without_a_token_the_page_still_changes_jobs_and_lists_them_light(

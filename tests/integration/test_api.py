@@ -342,6 +342,8 @@ async def test_healthz_docs_and_openapi(api: httpx.AsyncClient) -> None:
         "/schedules/{name}",
         "/schedules/{name}/enable",
         "/schedules/{name}/disable",
+        "/dead-letters",
+        "/access",
     }
     assert (
         schema["components"]["schemas"]["BatchEnqueueRequest"]["properties"]["jobs"]["maxItems"]

@@ -26,7 +26,7 @@ from ..errors import DatabaseReadOnly, DatabaseUnavailable, SchemaNotMigrated
 from ..jobs import JobState
 from ..queue import AsyncQueue
 from ..settings import Settings
-from . import bulk, metrics, queues, schedules, workers
+from . import access, bulk, dead, metrics, queues, schedules, workers
 from .http_errors import (
     ERROR_RESPONSES,
     documented_errors,
@@ -198,9 +198,24 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
         summary="List jobs, newest first",
     )
     async def list_jobs(
-        state: Annotated[JobState | None, Query()] = None,
+        state: Annotated[
+            str | None,
+            Query(
+                description="A job state, or scheduled (queued, run_at in the future) or "
+                "retrying (queued after a failed attempt).",
+                json_schema_extra={"enum": [*JobState, *t.LIST_VIEWS]},
+            ),
+        ] = None,
         queue_name: Annotated[str | None, Query(alias="queue", pattern=QUEUE_PATTERN)] = None,
         task: Annotated[str | None, Query(pattern=TASK_PATTERN)] = None,
+        error_contains: Annotated[
+            str | None,
+            Query(
+                min_length=1,
+                max_length=t.MAX_ERROR_SEARCH,
+                description="Only jobs whose last error contains this text (case-sensitive).",
+            ),
+        ] = None,
         cursor: Annotated[
             int | None,
             Query(
@@ -220,15 +235,16 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
         ] = "full",
     ) -> JobList:
         filters: dict[str, Any] = {
-            "state": None if state is None else str(state),
+            "state": state,
             "queue": queue_name,
             "task": task,
+            "error_contains": error_contains,
             "before_id": cursor,
             "limit": limit,
         }
         jobs: list[JobOut | JobSummary]
         if fields == "summary":
-            rows = await queue.read("job_list_summary", **filters)
+            rows = await queue.run(t.list_summaries(**filters))
             jobs = [JobSummary.model_validate(row) for row in rows]
         else:
             jobs = [JobOut.of(job) for job in await queue.list_jobs(**filters)]
@@ -338,6 +354,8 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
     app.include_router(schedules.router)
     app.include_router(bulk.router)
     app.include_router(queues.router)
+    app.include_router(dead.router)
+    app.include_router(access.router)
     install_pages(app)
     return app
 

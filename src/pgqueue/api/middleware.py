@@ -160,6 +160,8 @@ class BearerAuth:
                 _error("forbidden", "this token may only read; changing jobs needs an admin token"),
             )
             return
+        # For GET /access: the dashboard shows action buttons to admin tokens only.
+        scope.setdefault("state", {})["access"] = access
         await self.app(scope, receive, send)
 
 

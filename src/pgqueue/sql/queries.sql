@@ -456,11 +456,18 @@ LEFT JOIN (SELECT finished_at, id FROM matching ORDER BY finished_at DESC, id DE
 SELECT * FROM pgqueue_jobs WHERE id = %(id)s;
 
 -- name: job_list
--- Jobs newest first, filtered, after a keyset cursor (the last id seen).
+-- Jobs newest first, filtered, after a keyset cursor (the last id seen):
+-- a walk down the primary key that stops after `limit` matches, so a page
+-- costs the same on page 1 and page 20,000 (no OFFSET). `scheduled` and
+-- `retrying` narrow queued jobs to those waiting for a future run_at, and to
+-- those that failed before (transitions.list_filters).
 SELECT * FROM pgqueue_jobs
 WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
+  AND (NOT %(scheduled)s OR run_at > now())
+  AND (NOT %(retrying)s OR attempts > 0)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(task)s::text IS NULL OR task = %(task)s::text)
+  AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
   AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
 ORDER BY id DESC
 LIMIT %(limit)s;
@@ -474,10 +481,35 @@ SELECT id, queue, task, priority, state, run_at, attempts, max_attempts, snoozes
        enqueued_at, started_at, finished_at
 FROM pgqueue_jobs
 WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
+  AND (NOT %(scheduled)s OR run_at > now())
+  AND (NOT %(retrying)s OR attempts > 0)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(task)s::text IS NULL OR task = %(task)s::text)
+  AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
   AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
 ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: job_dead_groups
+-- Dead jobs by task and the first line of their last error (cut to
+-- `error_chars`), the biggest group first: the dashboard's dead letters
+-- (bulk.dead_letters). Bounded: the newest `scan` dead jobs are read, through
+-- the index of finished jobs, and `limit` groups returned; `scanned` and
+-- `group_count` say how many jobs and groups there were before the limit.
+SELECT task, error, count(*)::bigint AS jobs,
+       array_agg(DISTINCT queue ORDER BY queue) AS queues,
+       min(finished_at) AS first_at, max(finished_at) AS last_at, max(id) AS latest_id,
+       sum(count(*)) OVER ()::bigint AS scanned, count(*) OVER ()::bigint AS group_count
+FROM (
+    SELECT task, queue, finished_at, id,
+           left(split_part(coalesce(last_error, ''), E'\n', 1), %(error_chars)s) AS error
+    FROM pgqueue_jobs
+    WHERE state = 'dead'
+    ORDER BY finished_at DESC
+    LIMIT %(scan)s
+) newest
+GROUP BY task, error
+ORDER BY jobs DESC, last_at DESC, task, error
 LIMIT %(limit)s;
 
 -- name: job_prune
