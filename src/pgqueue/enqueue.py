@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from .dependencies import Graph, enqueue_graph
 from .flows import Flow, Row, Statement, db_now
 from .jobs import Job, JobSpec
 
@@ -60,6 +61,9 @@ def _in_period(spec: JobSpec, now: float) -> JobSpec:
 
 def enqueue(spec: JobSpec) -> Flow[Job]:
     """Insert a job, or return the one that holds its key now."""
+    if spec.depends_on:  # (it has no key)
+        [job] = yield from enqueue_graph(Graph((spec,), ((),)))
+        return job
     [spec] = yield from _in_periods([spec])
     params = _spec_params(spec)
     # A conflicting insert may be in flight in another transaction: ON
@@ -89,7 +93,11 @@ class Enqueued:
 def enqueue_many(specs: Sequence[JobSpec], *, copy: bool = True) -> Flow[list[Enqueued]]:
     """Insert many jobs; results in input order. Plain jobs (runnable now, no
     key) go in by COPY when ``copy``; others by INSERT, a few thousand per
-    statement, skipping held keys."""
+    statement, skipping held keys. A batch where some job has dependencies
+    goes in as one graph (no keys in it, then)."""
+    if any(spec.depends_on for spec in specs):
+        jobs = yield from enqueue_graph(Graph(tuple(specs), ((),) * len(specs)))
+        return [Enqueued(job.id, True) for job in jobs]
     if copy and all(_plain(spec) for spec in specs):
         return (yield from _copy_many(specs))
     specs = yield from _in_periods(specs)

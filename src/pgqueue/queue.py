@@ -16,15 +16,17 @@ import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
+from uuid import UUID
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from . import controls, driver
+from . import controls, driver, workflows
 from . import transitions as t
 from .bulk import BulkAction, JobFilter, bulk, retry_dead
 from .connections import caller_connection, errors_translated, resolve_url
 from .controls import QueueControls
+from .dependencies import WorkflowJobs
 from .driver import is_asyncpg_connection
 from .errors import WaitTimeout
 from .jobs import Job, JobSpec, JobState, build_specs
@@ -156,8 +158,21 @@ class Queue(_Common):
         max_attempts, timeout_seconds (or timeout), idempotency_key; see
         ``jobs.JOB_FIELDS``. A bad or unknown field raises InvalidJob naming
         it. With ``connection``, the job is part of the caller's transaction.
-        ``job.duplicate`` says the key already existed."""
-        return self.run(t.enqueue(self._spec(task, payload, **fields)), connection)
+        ``job.duplicate`` says the key already existed. With ``depends_on``
+        (job ids) it waits for those jobs (docs/workflows.md)."""
+        spec = self._spec(task, payload, **fields)
+        return self.run(t.enqueue(spec), connection, transaction=bool(spec.depends_on))
+
+    def enqueue_workflow(self, flow: workflows.Workflow, *, connection: Any = None) -> WorkflowJobs:
+        """Add a workflow (``chain``/``group`` of steps, or a list of named
+        jobs) in one transaction, under a new workflow id."""
+        flow_of_jobs = workflows.enqueue(flow, self.settings.default_max_attempts)
+        return self.run(flow_of_jobs, connection, transaction=True)
+
+    def workflow(self, workflow_id: UUID | str, action: str = "show") -> WorkflowJobs:
+        """A workflow's jobs, after ``action``: show, cancel (every job not
+        ended) or retry (its dead and cancelled jobs)."""
+        return self.run(workflows.act(action, workflow_id), transaction=True)
 
     def enqueue_many(
         self, jobs: Iterable[JobSpec | Mapping[str, Any]], *, connection: Any = None
@@ -360,7 +375,19 @@ class AsyncQueue(_Common):
         self, task: str, payload: Any = None, *, connection: Any = None, **fields: Any
     ) -> Job:
         """As Queue.enqueue."""
-        return await self.run(t.enqueue(self._spec(task, payload, **fields)), connection)
+        spec = self._spec(task, payload, **fields)
+        return await self.run(t.enqueue(spec), connection, transaction=bool(spec.depends_on))
+
+    async def enqueue_workflow(
+        self, flow: workflows.Workflow, *, connection: Any = None
+    ) -> WorkflowJobs:
+        """As Queue.enqueue_workflow."""
+        flow_of_jobs = workflows.enqueue(flow, self.settings.default_max_attempts)
+        return await self.run(flow_of_jobs, connection, transaction=True)
+
+    async def workflow(self, workflow_id: UUID | str, action: str = "show") -> WorkflowJobs:
+        """As Queue.workflow."""
+        return await self.run(workflows.act(action, workflow_id), transaction=True)
 
     async def enqueue_many(
         self, jobs: Iterable[JobSpec | Mapping[str, Any]], *, connection: Any = None
