@@ -114,7 +114,7 @@ class JobIds:
     def json_schema(self) -> dict[str, Any]:
         return {
             "type": "array",
-            "items": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
+            "items": {"type": "integer", "minimum": 1},
             "minItems": 1,
             "maxItems": self.max_items,
         }

@@ -99,7 +99,10 @@ BEGIN
             RETURNING j.id, j.queue, j.state, j.has_dependents
         ), counted AS (
             INSERT INTO pgqueue_counters AS c (queue, shard, cancelled)
-            SELECT queue, pg_backend_pid() % 16, count(*)
+            -- Shards 16 to 31: the statement that called this function
+            -- writes its own shard (0 to 15) at its end, in the same
+            -- command, and one command cannot write a row twice.
+            SELECT queue, 16 + pg_backend_pid() % 16, count(*)
             FROM moved WHERE state = 'cancelled' GROUP BY 1, 2 ORDER BY 1, 2
             ON CONFLICT (queue, shard) DO UPDATE SET cancelled = c.cancelled + excluded.cancelled
         ), woken AS (
