@@ -88,7 +88,8 @@ class Graph:
             seen.append(place)
             place = next(p for p in self.after[place] if p not in done)
         loop = seen[seen.index(place) :]
-        return " -> ".join(self.name(p) for p in [*reversed(loop), loop[-1]])
+        # Each job of `loop` waits for the next: name them in the order they would run.
+        return " -> ".join(self.name(p) for p in [loop[0], *reversed(loop[1:]), loop[0]])
 
 
 def plan(graph: Graph, order: Sequence[int], known: dict[int, str]) -> list[tuple[str, int]]:

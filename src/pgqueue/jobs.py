@@ -163,7 +163,9 @@ class Job:
         out: dict[str, Any] = {}
         for name in _COLUMNS:
             value = getattr(self, name)
-            out[name] = value.isoformat() if isinstance(value, datetime | UUID) else value
+            if isinstance(value, datetime):
+                value = value.isoformat()
+            out[name] = str(value) if isinstance(value, UUID) else value
         out["state"] = str(self.state)
         return out
 

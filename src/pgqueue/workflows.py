@@ -132,7 +132,9 @@ def by_name(jobs: Sequence[Mapping[str, Any]], make_specs: MakeSpecs) -> Graph:
         unknown = [name for name in parents if name not in place]
         if unknown:
             shown = ", ".join(repr(printable(name)) for name in unknown)
-            raise InvalidJob(f"jobs[{index}].depends_on", f"no job of the workflow is named {shown}")
+            raise InvalidJob(
+                f"jobs[{index}].depends_on", f"no job of the workflow is named {shown}"
+            )
         after.append(tuple(place[name] for name in parents))
     return Graph(tuple(make_specs(fields)), tuple(after), tuple(names))
 
@@ -163,10 +165,11 @@ def enqueue(workflow: Workflow, default_max_attempts: int) -> Flow[WorkflowJobs]
     reads them) under a new workflow id; run it in one transaction: all or
     nothing."""
     make = specs_maker(default_max_attempts)
-    if isinstance(workflow, Sequence):
-        graph = by_name(workflow, make)
-    else:
+    # (A JobSpec is a tuple too: a sequence, but one job.)
+    if isinstance(workflow, JobSpec | Mapping | Chain | Group):
         graph = graph_of(workflow, make)
+    else:
+        graph = by_name(workflow, make)
     workflow_id = uuid.uuid4()
     jobs = yield from enqueue_graph(graph, workflow_id)
     return WorkflowJobs(workflow_id, jobs)
