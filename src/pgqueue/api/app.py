@@ -26,7 +26,7 @@ from ..errors import DatabaseUnavailable, SchemaNotMigrated
 from ..jobs import JobState
 from ..queue import AsyncQueue
 from ..settings import Settings
-from . import bulk, metrics, queues, schedules, workers
+from . import bulk, metrics, queues, schedules, workers, workflows
 from .http_errors import (
     ERROR_RESPONSES,
     documented_errors,
@@ -270,7 +270,12 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
             queues=[
                 QueueOut(
                     queue=name,
-                    jobs=QueueJobs(queued=row.queued, scheduled=row.scheduled, running=row.running),
+                    jobs=QueueJobs(
+                        queued=row.queued,
+                        scheduled=row.scheduled,
+                        running=row.running,
+                        waiting=row.waiting,
+                    ),
                     totals=QueueTotals(
                         succeeded=row.succeeded,
                         failed_attempts=row.failed,
@@ -335,6 +340,7 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
     app.include_router(schedules.router)
     app.include_router(bulk.router)
     app.include_router(queues.router)
+    app.include_router(workflows.router)
     install_pages(app)
     return app
 

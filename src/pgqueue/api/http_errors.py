@@ -6,7 +6,7 @@
 RequestValidationError (pydantic)    422 invalid_input  (400 malformed_json)
 InvalidJob, InvalidQueueControl      422 invalid_input
 psycopg.DataError                    422 invalid_input  (the database refused a value)
-JobNotFound                          404 not_found
+JobNotFound, WorkflowNotFound        404 not_found
 JobStateConflict                     409 conflict
 DatabaseUnavailable                  503 database_unavailable  (Retry-After: 1)
 SchemaNotMigrated                    503 schema_not_migrated   (run `pgqueue migrate`)
@@ -34,6 +34,7 @@ from ..errors import (
     JobNotFound,
     JobStateConflict,
     SchemaNotMigrated,
+    WorkflowNotFound,
 )
 from .models import ErrorBody
 
@@ -231,6 +232,7 @@ def install_handlers(app: FastAPI) -> None:
     app.add_exception_handler(InvalidQueueControl, _invalid_input)
     app.add_exception_handler(psycopg.DataError, _data_error)
     app.add_exception_handler(JobNotFound, _not_found)
+    app.add_exception_handler(WorkflowNotFound, _not_found)
     app.add_exception_handler(JobStateConflict, _conflict)
     app.add_exception_handler(DatabaseUnavailable, _unavailable)
     app.add_exception_handler(SchemaNotMigrated, _schema_missing)
