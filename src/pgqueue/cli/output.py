@@ -34,6 +34,7 @@ __all__ = [
 ]
 
 STATE_STYLES = {
+    JobState.WAITING: "magenta",
     JobState.QUEUED: "cyan",
     JobState.RUNNING: "yellow",
     JobState.SUCCEEDED: "green",
