@@ -124,7 +124,7 @@ def work(job: Job) -> dict[str, Any]:
         os._exit(3)
     ms = payload.get("ms")
     time.sleep((ms if ms is not None else random.uniform(10, 50)) / 1000)
-    result = {
+    result: dict[str, Any] = {
         "job_id": job.id,
         "attempt": job.attempts,
         "token": job.lease_token,
