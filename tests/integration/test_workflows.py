@@ -245,3 +245,12 @@ def test_a_job_reaped_dead_cancels_its_dependents(
     sql.execute(expire, [a.id])
     assert queue.reap() == {a.id: JobState.DEAD}
     assert queue.get(made.jobs[1].id).state is JobState.CANCELLED
+
+
+def test_pruning_a_parent_removes_its_edges(queue: Queue, sql: psycopg.Connection[Any]) -> None:
+    made = queue.enqueue_workflow(chain(step("a"), step("b")))
+    run_all(queue)
+    sql.execute("UPDATE pgqueue_jobs SET finished_at = now() - interval '30 days'")
+    assert queue.prune() == 2
+    assert count_rows(sql) == (0, 0)
+    assert made.jobs[1].depends_on == [made.jobs[0].id]

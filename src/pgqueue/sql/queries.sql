@@ -563,7 +563,9 @@ LIMIT %(limit)s;
 
 -- name: job_prune
 -- Delete up to `limit` finished jobs older than the retention period. The
--- counters already hold their outcomes, so metrics do not move.
+-- counters already hold their outcomes, so metrics do not move. The edges
+-- from pruned jobs to their dependents go too (only for jobs that have
+-- some: a plain job's prune does not look at the edges).
 WITH pruned AS (
 DELETE FROM pgqueue_jobs
 WHERE id IN (
@@ -574,7 +576,9 @@ WHERE id IN (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
-RETURNING 1
+RETURNING id, has_dependents
+), unlinked AS (
+    DELETE FROM pgqueue_job_deps d USING pruned p WHERE p.has_dependents AND d.parent = p.id
 )
 SELECT count(*) AS pruned FROM pruned;
 
