@@ -254,3 +254,23 @@ def test_pruning_a_parent_removes_its_edges(queue: Queue, sql: psycopg.Connectio
     assert queue.prune() == 2
     assert count_rows(sql) == (0, 0)
     assert made.jobs[1].depends_on == [made.jobs[0].id]
+
+
+def test_the_order_check_of_the_crash_test_catches_a_step_run_too_early(
+    queue: Queue, db_url: str, sql: psycopg.Connection[Any]
+) -> None:
+    from harness.fault_tasks import create_deliveries
+    from harness.invariants import dependency_violations
+
+    create_deliveries(db_url)
+    a, b = queue.enqueue_workflow(chain(step("a"), step("b"))).jobs
+    [claimed] = queue.claim(1)
+    deliver = (
+        "INSERT INTO fault_deliveries (job_id, attempt, token, worker_pid) VALUES (%s, 1, 1, 1)"
+    )
+    sql.execute(deliver, [a.id])
+    sql.execute(deliver, [b.id])  # b "started" before a finished
+    queue.ack(claimed)
+    [violation] = dependency_violations(db_url)
+    assert violation.startswith(f"job {b.id} (queued, first started ")
+    assert f"depends on job {a.id} (succeeded, finished " in violation

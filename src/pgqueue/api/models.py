@@ -115,6 +115,10 @@ class JobSummary(BaseModel):
     enqueued_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    workflow_id: UUID | None = Field(default=None, description="The workflow it belongs to.")
+    depends_on: list[int] | None = Field(
+        default=None, description="The jobs it waits for (their results are its job.parents)."
+    )
 
 
 class JobOut(JobSummary):
@@ -123,10 +127,6 @@ class JobOut(JobSummary):
     payload: dict[str, Any]
     last_error: str | None
     result: Any = Field(description="What the handler returned (any JSON), once succeeded.")
-    workflow_id: UUID | None = Field(default=None, description="The workflow it belongs to.")
-    depends_on: list[int] | None = Field(
-        default=None, description="The jobs it waits for (their results are its job.parents)."
-    )
 
     @classmethod
     def of(cls, job: Job) -> JobOut:

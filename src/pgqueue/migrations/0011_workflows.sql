@@ -88,7 +88,11 @@ BEGIN
                              WHEN j.waiting_on - p.n <= 0 THEN 'queued'
                              ELSE 'waiting' END,
                 waiting_on = greatest(j.waiting_on - p.n, 0),
-                run_at = greatest(j.run_at, now()),
+                -- Only when it is released: a child that still waits then
+                -- changes no indexed column, so its decrement is a HOT update
+                -- (a fan-in's row takes one per ack statement).
+                run_at = CASE WHEN j.waiting_on - p.n <= 0 THEN greatest(j.run_at, now())
+                              ELSE j.run_at END,
                 finished_at = CASE WHEN p.failed AND j.on_dependency_failure = 'cancel'
                                    THEN now() END,
                 last_error = CASE WHEN p.failed AND j.on_dependency_failure = 'cancel'

@@ -552,7 +552,7 @@ LIMIT %(limit)s;
 SELECT id, queue, task, priority, state, run_at, attempts, max_attempts, snoozes,
        timeout_seconds, idempotency_key, unique_scope, concurrency_key, worker,
        lease_expires_at,
-       enqueued_at, started_at, finished_at
+       enqueued_at, started_at, finished_at, workflow_id, depends_on
 FROM pgqueue_jobs
 WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
