@@ -116,14 +116,23 @@ def _record(job: Job) -> None:
 
 
 def work(job: Job) -> dict[str, Any]:
-    """Record the delivery, work a little, return which attempt did it."""
+    """Record the delivery, work a little, return which attempt did it (and,
+    for a job of a workflow, the job ids its parents' results name)."""
     _record(job)
     payload = job.payload or {}
     if payload.get("exit"):
         os._exit(3)
     ms = payload.get("ms")
     time.sleep((ms if ms is not None else random.uniform(10, 50)) / 1000)
-    return {"job_id": job.id, "attempt": job.attempts, "token": job.lease_token, "pid": os.getpid()}
+    result: dict[str, Any] = {
+        "job_id": job.id,
+        "attempt": job.attempts,
+        "token": job.lease_token,
+        "pid": os.getpid(),
+    }
+    if job.parents:
+        result["parents"] = [p.get("job_id") if isinstance(p, dict) else None for p in job.parents]
+    return result
 
 
 HANDLERS = {"work": work}

@@ -285,3 +285,24 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def dependency_violations(url: str) -> list[str]:
+    """Workflows: every edge of pgqueue_job_deps whose child was delivered
+    (its handler started) before its parent finished, or whose parent did
+    not succeed although the child did. Times are the database's clock."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT e.parent, e.child, p.state, p.finished_at, c.state, first.at"
+            " FROM pgqueue_job_deps e"
+            " JOIN pgqueue_jobs p ON p.id = e.parent JOIN pgqueue_jobs c ON c.id = e.child"
+            " LEFT JOIN LATERAL (SELECT min(d.at) AS at FROM fault_deliveries d"
+            "                    WHERE d.job_id = e.child) first ON true"
+            " WHERE (first.at IS NOT NULL AND (p.finished_at IS NULL OR first.at < p.finished_at))"
+            "    OR (c.state = 'succeeded' AND p.state <> 'succeeded')"
+        ).fetchall()
+    return [
+        f"job {child} ({child_state}, first started {at}) depends on job {parent} "
+        f"({parent_state}, finished {finished})"
+        for parent, child, parent_state, finished, child_state, at in rows
+    ]

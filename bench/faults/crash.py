@@ -1,7 +1,7 @@
 """Crash test: worker processes SIGKILLed mid-job, and nothing is lost.
 
     python -m bench.faults.crash [--jobs 1000] [--workers 6] [--kill-every 0.3] [--seed 1]
-                                 [--log-dir DIR] [--out PATH]
+                                 [--log-dir DIR] [--out PATH] [--workflow]
 
 A fresh server on disk with default durability (fsync and synchronous_commit
 on; or DATABASE_URL). JOBS jobs are enqueued, then WORKERS worker processes
@@ -23,6 +23,11 @@ job" is close to, not exactly, the number of interrupted attempts. The expired l
 failed attempts (the handler never raises here, so every failure is a lease
 the reaper took back).
 
+With --workflow, the jobs are one workflow (a first job, a fan-out of
+chains of two, a fan-in over them): no step may start before every job it
+depends on has succeeded (checked from the delivery times), and the fan-in
+must receive every result.
+
 Writes results/crash.json.
 """
 
@@ -42,8 +47,9 @@ import psycopg
 from bench.common import bench_database
 from bench.record import ResultRecord, command_line, server_info, write_result
 from harness.fault_tasks import create_deliveries, release, scalar, spawn_worker, stop_worker
-from harness.invariants import check
-from pgqueue import Queue, Settings
+from harness.invariants import check, dependency_violations
+from pgqueue import Queue, Settings, chain, group
+from pgqueue.workflows import Chain
 
 WORKER_SETTINGS: dict[str, Any] = {
     "lease_seconds": 1.0,
@@ -57,6 +63,40 @@ WORKER_SETTINGS: dict[str, Any] = {
 MAX_ATTEMPTS = 10
 # Replacement workers kept imported and waiting (see harness.fault_tasks.spawn_worker).
 SPARES = 3
+
+
+def _step(n: int) -> dict[str, Any]:
+    return {"task": "work", "payload": {"n": n}, "max_attempts": MAX_ATTEMPTS}
+
+
+def _workflow(jobs: int) -> Chain:
+    """``jobs`` jobs (an even number, 4 or more) as one workflow: a first job,
+    then chains of two side by side (fan-out), then one job that waits for
+    the end of every chain (fan-in)."""
+    pairs = (jobs - 2) // 2
+    if jobs < 4 or jobs % 2:
+        raise ValueError(
+            f"a workflow of the crash test has an even number of jobs (4+), not {jobs}"
+        )
+    middle = group(*(chain(_step(2 * i + 1), _step(2 * i + 2)) for i in range(pairs)))
+    return chain(_step(0), middle, _step(jobs - 1))
+
+
+def _workflow_report(url: str, fan_in: int) -> dict[str, Any]:
+    """Whether any step started before a job it depends on had succeeded,
+    and which results the fan-in received (the job ids its parents' results
+    name), against the jobs it depends on."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT depends_on, result FROM pgqueue_jobs WHERE id = %s", [fan_in]
+        ).fetchone()
+    assert row is not None
+    depends_on, result = row
+    return {
+        "dependency_violations": dependency_violations(url),
+        "fan_in_parents": len(depends_on),
+        "fan_in_received_every_result": (result or {}).get("parents") == depends_on,
+    }
 
 
 def _count(conn: psycopg.Connection[Any], query: LiteralString) -> int:
@@ -86,23 +126,23 @@ def run(
     seed: int = 1,
     timeout: float = 300.0,
     log_dir: str | None = None,
+    workflow: bool = False,
 ) -> dict[str, Any]:
     """Run the crash test on the database at ``url`` (migrated, empty).
 
     ``target``: "random" kills any worker; "busy" picks among the workers
     holding a job when there are any (the pytest version, so that its few
     kills surely interrupt jobs). ``max_kills``: stop killing after this many
-    (None: until every job has succeeded).
+    (None: until every job has succeeded). ``workflow``: the jobs are one
+    workflow (``_workflow``) instead of independent jobs.
     """
     rng = random.Random(seed)
     create_deliveries(url)
     with Queue(url, settings=Settings(database_url=url)) as q:
-        q.enqueue_many(
-            [
-                {"task": "work", "payload": {"n": i}, "max_attempts": MAX_ATTEMPTS}
-                for i in range(jobs)
-            ]
-        )
+        if workflow:
+            fan_in = q.enqueue_workflow(_workflow(jobs)).jobs[-1].id
+        else:
+            q.enqueue_many([_step(i) for i in range(jobs)])
     logs: list[Any] = []
 
     def spawn() -> subprocess.Popen[bytes]:
@@ -181,9 +221,12 @@ def run(
         "SELECT count(*) FROM pgqueue_jobs WHERE last_error IS NOT NULL"
         " AND last_error NOT LIKE 'lease expired%%'",
     )
+    ordered = _workflow_report(url, fan_in) if workflow else {}
     return {
+        **ordered,
         "parameters": {
             "jobs": jobs,
+            "workflow": workflow,
             "workers": workers,
             "concurrency_per_worker": 1,
             "kill_every_seconds": kill_every,
@@ -215,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kill-every", type=float, default=0.3)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--log-dir", default=None)
+    parser.add_argument("--workflow", action="store_true", help="the jobs as one workflow")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     with bench_database("crash") as url:
@@ -226,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
             kill_every=args.kill_every,
             seed=args.seed,
             log_dir=args.log_dir,
+            workflow=args.workflow,
         )
     record = ResultRecord.from_report("crash", command_line(__spec__, argv), server, result)
     path = write_result(record, args.out)

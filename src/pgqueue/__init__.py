@@ -12,6 +12,7 @@ Layout (one guess finds each part):
     driver.py           the one driver that runs them on a connection
     queue.py            Queue (blocking) and AsyncQueue (asyncio); waiting.py: wait()
     controls.py         pause and limits per queue (QueueControls), obeyed by the claim
+    workflows.py        chain, group, fan-in; dependencies.py: the flows of jobs that wait
     worker/             the worker: producer (claims), executor, completer (acks),
                         leases, maintenance (reaps), wired in runtime.py
     api/                the FastAPI HTTP layer
@@ -31,6 +32,7 @@ A job's life (see docs/architecture.md):
     running --the handler raised Snooze--> queued (after its delay; the attempt given back)
     running --the handler raised CancelJob--> cancelled
     queued, running --cancel--> cancelled;  dead, cancelled --retry--> queued
+    waiting (for the jobs it depends on) --the last one ended--> queued (docs/workflows.md)
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from .errors import (
     SchemaNotMigrated,
     WaitTimeout,
     WorkerFailed,
+    WorkflowNotFound,
 )
 from .jobs import Job, JobSpec, JobState
 from .migrate import migrate
@@ -64,6 +67,7 @@ from .queue import AsyncQueue, Queue
 from .schedules import Schedule
 from .settings import Settings
 from .transitions import Enqueued, Outcome
+from .workflows import chain, group
 
 __all__ = [
     "AsyncQueue",
@@ -96,6 +100,9 @@ __all__ = [
     "Snooze",
     "WaitTimeout",
     "WorkerFailed",
+    "WorkflowNotFound",
+    "chain",
+    "group",
     "migrate",
 ]
 

@@ -5,7 +5,8 @@ Each batch is one statement (``job_bulk_cancel``, ``job_bulk_finished``) of
 at most ``BULK_BATCH`` jobs in its own transaction, so that no lock is held
 for long; the flow repeats it until the jobs that match are done.
 
-    cancel   queued and running jobs (a running job's lease is revoked)
+    cancel   waiting, queued and running jobs (a running job's lease is revoked;
+             dependents follow their policies)
     retry    dead and cancelled jobs, back to queued with a fresh attempt
              budget (a job whose key another job holds now is left as it is)
     delete   finished jobs: succeeded, dead, cancelled
@@ -58,7 +59,7 @@ class BulkAction(enum.StrEnum):
 
 
 _ACTION_STATES = {
-    BulkAction.CANCEL: (JobState.QUEUED, JobState.RUNNING),
+    BulkAction.CANCEL: (JobState.WAITING, JobState.QUEUED, JobState.RUNNING),
     BulkAction.RETRY: (JobState.DEAD, JobState.CANCELLED),
     BulkAction.DELETE: (JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED),
 }

@@ -23,6 +23,7 @@ from .errors import InvalidJob
 __all__ = [
     "Cutoff",
     "Integer",
+    "JobIds",
     "Key",
     "Moment",
     "Name",
@@ -92,6 +93,31 @@ class Integer:
 
     def json_schema(self) -> dict[str, Any]:
         return {"type": "integer", "minimum": self.low, "maximum": self.high}
+
+
+@dataclass(frozen=True, slots=True)
+class JobIds:
+    """A list of 1 to ``max_items`` job ids, kept as a tuple in the order
+    given, without repeats (a job depends on another once)."""
+
+    max_items: int
+
+    def check(self, name: str, value: Any) -> tuple[int, ...]:
+        if not isinstance(value, list | tuple) or not 1 <= len(value) <= self.max_items:
+            raise InvalidJob(name, f"must be a list of 1 to {self.max_items} job ids")
+        for item in value:
+            if isinstance(item, bool) or not isinstance(item, int) or not 1 <= item < 2**63:
+                shown = printable(repr(item)[:40])
+                raise InvalidJob(name, f"must hold job ids (positive integers), got {shown}")
+        return tuple(dict.fromkeys(value))
+
+    def json_schema(self) -> dict[str, Any]:
+        return {
+            "type": "array",
+            "items": {"type": "integer", "minimum": 1},
+            "minItems": 1,
+            "maxItems": self.max_items,
+        }
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from .driver import SCHEMA_ERRORS, is_asyncpg_connection
 from .embedded import EmbeddedPostgres
 from .errors import DatabaseReadOnly, DatabaseUnavailable, SchemaNotMigrated
 from .settings import Settings
+from .sql import QUERIES
 
 __all__ = [
     "async_caller_connection",
@@ -74,7 +75,7 @@ async def async_caller_connection(connection: Any) -> Any:
     if is_asyncpg_connection(raw) and not raw.is_in_transaction():
         # SQLAlchemy begins asyncpg's transaction with its first statement:
         # ours must not run before it, in autocommit.
-        await connection.exec_driver_sql("SELECT 1")
+        await connection.exec_driver_sql(QUERIES["caller_transaction_start"])
     return raw
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from .dependencies import Graph, enqueue_graph
 from .errors import KeyTaken
 from .flows import Flow, Statement, db_now
 from .jobs import Job, JobSpec
@@ -109,7 +110,12 @@ def _reserve(call: CallKey, count: int) -> Flow[list[int]]:
 def enqueue(spec: JobSpec, call: CallKey | None = None) -> Flow[Job]:
     """Insert a job, or return the one that holds its key now. With
     ``call``, the job's id is reserved first, and an attempt after the
-    first returns the job that an earlier attempt committed, if one did."""
+    first returns the job that an earlier attempt committed, if one did. A
+    job with dependencies goes in as a graph (it has no key; Queue does not
+    retry it)."""
+    if spec.depends_on:
+        [job] = yield from enqueue_graph(Graph((spec,), ((),)))
+        return job
     retry = call is not None and call.begin()
     job_id = (yield from _reserve(call, 1))[0] if call is not None else None
     [spec] = yield from _in_periods([spec])
@@ -153,7 +159,12 @@ def enqueue_many(
     statement, skipping held keys. With ``call``, an attempt after one that
     reserved the ids inserts only the jobs that are not there yet (by
     INSERT: a COPY cannot skip a row), and the jobs an earlier attempt
-    committed count as created by this call."""
+    committed count as created by this call. A batch where some job has
+    dependencies goes in as one graph (no keys in it, then; Queue does not
+    retry it)."""
+    if any(spec.depends_on for spec in specs):
+        jobs = yield from enqueue_graph(Graph(tuple(specs), ((),) * len(specs)))
+        return [Enqueued(job.id, True) for job in jobs]
     call = call or CallKey()
     fresh = call.ids is None
     ids = yield from _reserve(call, len(specs))

@@ -7,6 +7,7 @@ PgQueueError
 ├── InvalidSchedule       a bad schedule definition (cron expression, zone, ...)
 ├── JobNotFound           no job has that id
 ├── ScheduleNotFound      no schedule has that name
+├── WorkflowNotFound      no job has that workflow id
 ├── JobStateConflict      the transition does not apply to the job's state
 │   ├── JobAlreadyFinished   cancel of a succeeded, dead or cancelled job
 │   ├── JobNotRetryable      retry of a job that is not dead or cancelled
@@ -39,6 +40,7 @@ __all__ = [
     "SchemaNotMigrated",
     "WaitTimeout",
     "WorkerFailed",
+    "WorkflowNotFound",
 ]
 
 
@@ -94,6 +96,14 @@ class JobNotFound(PgQueueError, LookupError):
     def __init__(self, job_id: int) -> None:
         self.job_id = job_id
         super().__init__(f"job {job_id} does not exist")
+
+
+class WorkflowNotFound(PgQueueError, LookupError):
+    """No job has this workflow id (it never existed, or its jobs were pruned)."""
+
+    def __init__(self, workflow_id: object) -> None:
+        self.workflow_id = workflow_id
+        super().__init__(f"workflow {workflow_id} does not exist")
 
 
 class JobStateConflict(PgQueueError):

@@ -1,10 +1,10 @@
 """What a job is, and the one shape every new job has on every surface.
 
-A new job has twelve fields, named after the columns of the jobs table:
+A new job has fourteen fields, named after the columns of the jobs table:
 
     task, payload, queue, priority, delay_seconds, run_at, max_attempts,
     timeout_seconds, idempotency_key, unique_scope, unique_period_seconds,
-    concurrency_key
+    concurrency_key, depends_on, on_dependency_failure
 
 ``delay`` and ``timeout`` are aliases of ``delay_seconds`` and
 ``timeout_seconds``; a job that gives a name and its alias is refused.
@@ -19,6 +19,11 @@ Unique jobs: ``idempotency_key`` is the job's one key, and ``unique_scope``
 says while which states the job holds it (``UNIQUE_SCOPES``; the index that
 enforces it is in migrations/0004_unique_jobs.sql). A scope or a period
 without a key makes the key from the task and the payload.
+
+Dependencies: ``depends_on`` lists the ids of jobs this one waits for (it is
+``waiting`` until they end), and ``on_dependency_failure`` what it does when
+one of them dies or is cancelled (``DEPENDENCY_POLICIES``; see
+docs/workflows.md). A job with dependencies has no key.
 """
 
 from __future__ import annotations
@@ -32,9 +37,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any, NamedTuple
+from uuid import UUID
 
 from .checks import (
     Integer,
+    JobIds,
     Key,
     Moment,
     Name,
@@ -48,6 +55,7 @@ from .checks import (
 from .errors import InvalidJob
 
 __all__ = [
+    "DEPENDENCY_POLICIES",
     "FIELD_ALIASES",
     "JOB_FIELDS",
     "MAX_ATTEMPTS",
@@ -79,9 +87,14 @@ QUEUE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,62}")
 # succeeded, dead or cancelled); in every state, until the row is deleted.
 UNIQUE_SCOPES = ("queued", "active", "always")
 DEFAULT_UNIQUE_SCOPE = "always"
+# When a job it depends on dies or is cancelled, a job is cancelled too (and
+# so are its own dependents), or runs anyway, as if that one had succeeded.
+DEPENDENCY_POLICIES = ("cancel", "run")
+MAX_DEPENDENCIES = 100_000
 
 
 class JobState(enum.StrEnum):
+    WAITING = "waiting"  # for the jobs it depends on; never claimed
     QUEUED = "queued"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
@@ -120,7 +133,12 @@ class Job:
     started_at: datetime | None
     finished_at: datetime | None
     concurrency_key: str | None = None
+    workflow_id: UUID | None = None
+    depends_on: list[int] | None = None  # the jobs it waits for, in the order given
     duplicate: bool = False
+    # The results of the jobs of ``depends_on``, in that order (None for a
+    # job that did not succeed, or was pruned): filled in by the claim.
+    parents: tuple[Any, ...] = ()
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any], *, duplicate: bool = False) -> Job:
@@ -145,12 +163,14 @@ class Job:
         out: dict[str, Any] = {}
         for name in _COLUMNS:
             value = getattr(self, name)
-            out[name] = value.isoformat() if isinstance(value, datetime) else value
+            if isinstance(value, datetime):
+                value = value.isoformat()
+            out[name] = str(value) if isinstance(value, UUID) else value
         out["state"] = str(self.state)
         return out
 
 
-_COLUMNS = tuple(f.name for f in fields(Job) if f.name != "duplicate")
+_COLUMNS = tuple(f.name for f in fields(Job) if f.name not in ("duplicate", "parents"))
 _STATE_INDEX = _COLUMNS.index("state")
 _STATES = {state.value: state for state in JobState}
 
@@ -241,6 +261,21 @@ JOB_FIELDS: tuple[JobField, ...] = (
         "concurrency_limit_per_key of the queue's jobs with one key run at once, and at most "
         "rate_limit_per_key start per rate period. Without one, only the queue's own limits apply.",
     ),
+    JobField(
+        "depends_on",
+        JobIds(MAX_DEPENDENCIES),
+        "Ids of jobs this one waits for: it stays waiting (never claimed) until each has "
+        "ended, and its handler gets their results as job.parents, in this order. Unknown "
+        "ids are refused. Not with an idempotency key.",
+    ),
+    JobField(
+        "on_dependency_failure",
+        OneOf(DEPENDENCY_POLICIES),
+        "When a job it depends on dies or is cancelled: cancel (this job, and the jobs "
+        "that depend on it) or run (as if that job had succeeded).",
+        default="cancel",
+        nullable=False,
+    ),
 )
 FIELD_ALIASES = {f.alias: f.name for f in JOB_FIELDS if f.alias}
 _REQUIRED = [f.name for f in JOB_FIELDS if f.required]
@@ -276,6 +311,8 @@ class JobSpec(NamedTuple):
     unique_scope: str | None
     unique_period_seconds: float | None
     concurrency_key: str | None = None
+    depends_on: tuple[int, ...] = ()
+    on_dependency_failure: str = "cancel"
 
     @classmethod
     def from_fields(
@@ -304,6 +341,10 @@ class JobSpec(NamedTuple):
         if values["run_at"] is not None and delay is not None and given[delay] is not None:
             raise InvalidJob("run_at", f"give {delay} or run_at, not both")
         key, scope, period = _uniqueness(values)
+        if key is not None and values["depends_on"]:
+            raise InvalidJob(
+                names["depends_on"], "a job with dependencies cannot have a key (unique jobs)"
+            )
         return cls(
             values["task"],
             values["payload"],
@@ -317,6 +358,8 @@ class JobSpec(NamedTuple):
             scope,
             period,
             values["concurrency_key"],
+            values["depends_on"] or (),
+            values["on_dependency_failure"],
         )
 
     @classmethod

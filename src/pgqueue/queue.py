@@ -16,11 +16,12 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
+from uuid import UUID
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from . import controls, driver
+from . import controls, driver, workflows
 from . import transitions as t
 from .bulk import BulkAction, JobFilter, bulk, retry_dead
 from .connections import (
@@ -31,6 +32,7 @@ from .connections import (
     resolve_url,
 )
 from .controls import QueueControls
+from .dependencies import WorkflowJobs
 from .driver import is_asyncpg_connection
 from .enqueue import per_attempt
 from .errors import WaitTimeout
@@ -170,24 +172,38 @@ class Queue(_Common):
         max_attempts, timeout_seconds (or timeout), idempotency_key; see
         ``jobs.JOB_FIELDS``. A bad or unknown field raises InvalidJob naming
         it. With ``connection``, the job is part of the caller's transaction.
-        ``job.duplicate`` says the key already existed. Lost connections are
-        retried, never adding the job twice, unless given ``connection``."""
+        ``job.duplicate`` says the key already existed. With ``depends_on``
+        (job ids) it waits for those jobs (docs/workflows.md). Lost
+        connections are retried, never adding the job twice, unless given
+        ``connection`` or ``depends_on``."""
         spec = self._spec(task, payload, **fields)
-        if connection is not None:
-            return self.run(t.enqueue(spec), connection)
+        if connection is not None or spec.depends_on:
+            return self.run(t.enqueue(spec), connection, transaction=bool(spec.depends_on))
         return self._retried(per_attempt(t.enqueue, spec), "enqueue")
+
+    def enqueue_workflow(self, flow: workflows.Workflow, *, connection: Any = None) -> WorkflowJobs:
+        """Add a workflow (``chain``/``group`` of steps, or a list of named
+        jobs) in one transaction, under a new workflow id."""
+        flow_of_jobs = workflows.enqueue(flow, self.settings.default_max_attempts)
+        return self.run(flow_of_jobs, connection, transaction=True)
+
+    def workflow(self, workflow_id: UUID | str, action: str = "show") -> WorkflowJobs:
+        """A workflow's jobs, after ``action``: show, cancel (every job not
+        ended) or retry (its dead and cancelled jobs)."""
+        return self.run(workflows.act(action, workflow_id), transaction=True)
 
     def enqueue_many(
         self, jobs: Iterable[JobSpec | Mapping[str, Any]], *, connection: Any = None
     ) -> list[Enqueued]:
         """Add many jobs (mappings of the same fields as ``enqueue``, task
         and payload included) in one transaction; one result per job, in order.
-        Retried as ``enqueue`` is, unless given a ``connection``."""
+        Retried as ``enqueue`` is, unless given a ``connection`` or a job
+        has ``depends_on``."""
         specs = self._specs(jobs)
         if not specs:
             return []
-        if connection is not None:
-            return self.run(t.enqueue_many(specs), connection)
+        if connection is not None or any(spec.depends_on for spec in specs):
+            return self.run(t.enqueue_many(specs), connection, transaction=True)
         attempts = per_attempt(t.enqueue_many, specs)
         return self._retried(attempts, "enqueue_many", transaction=True)
 
@@ -390,11 +406,22 @@ class AsyncQueue(_Common):
     async def enqueue(
         self, task: str, payload: Any = None, *, connection: Any = None, **fields: Any
     ) -> Job:
-        """As Queue.enqueue (retried without ``connection``)."""
+        """As Queue.enqueue."""
         spec = self._spec(task, payload, **fields)
-        if connection is not None:
-            return await self.run(t.enqueue(spec), connection)
+        if connection is not None or spec.depends_on:
+            return await self.run(t.enqueue(spec), connection, transaction=bool(spec.depends_on))
         return await self._retried(per_attempt(t.enqueue, spec), "enqueue")
+
+    async def enqueue_workflow(
+        self, flow: workflows.Workflow, *, connection: Any = None
+    ) -> WorkflowJobs:
+        """As Queue.enqueue_workflow."""
+        flow_of_jobs = workflows.enqueue(flow, self.settings.default_max_attempts)
+        return await self.run(flow_of_jobs, connection, transaction=True)
+
+    async def workflow(self, workflow_id: UUID | str, action: str = "show") -> WorkflowJobs:
+        """As Queue.workflow."""
+        return await self.run(workflows.act(action, workflow_id), transaction=True)
 
     async def enqueue_many(
         self, jobs: Iterable[JobSpec | Mapping[str, Any]], *, connection: Any = None
@@ -407,6 +434,8 @@ class AsyncQueue(_Common):
                 connection = await async_caller_connection(connection)
             flow = t.enqueue_many(specs, copy=not is_asyncpg_connection(connection))
             return await self.run(flow, connection)
+        if any(spec.depends_on for spec in specs):
+            return await self.run(t.enqueue_many(specs), transaction=True)
         attempts = per_attempt(t.enqueue_many, specs)
         return await self._retried(attempts, "enqueue_many", transaction=True)
 

@@ -4,8 +4,8 @@
 ``per_queue()`` is a flow of three cheap reads in one REPEATABLE READ READ ONLY
 snapshot (so they agree and share one now()), merged per queue:
 
-    queue_stats        live jobs: the partial indexes of queued and running
-                       rows, never the history
+    queue_stats        live jobs: the partial indexes of queued, running and
+                       waiting rows, never the history
     counters_totals    outcome totals, written by the transitions themselves,
                        so pruning does not lower them
     queue_throughput   what ended within the window: a range read of the
@@ -40,6 +40,7 @@ class QueueStats:
     queued: int = 0  # runnable now
     scheduled: int = 0  # waiting for their run_at
     running: int = 0
+    waiting: int = 0  # for the jobs they depend on (workflows)
     oldest_runnable_seconds: float = 0.0
     # Totals since the queue began; ``failed`` counts failed attempts,
     # ``snoozed`` the snoozes handlers asked for (neither failures nor attempts).
@@ -93,6 +94,7 @@ def per_queue() -> Flow[dict[str, QueueStats]]:
             queued=int(row["queued"]),
             scheduled=int(row["scheduled"]),
             running=int(row["running"]),
+            waiting=int(row["waiting"]),
             oldest_runnable_seconds=float(row["oldest_runnable_seconds"]),
         )
     for row in totals:

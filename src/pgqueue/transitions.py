@@ -6,7 +6,8 @@ its return value is the transition's result. The sync ``Queue`` and the
 async ``AsyncQueue`` drive the same generators, so the two faces cannot
 drift apart, and the worker runtime uses the same ones.
 
-    enqueue ──> queued ──claim──> running ──finish(ok)──> succeeded
+    enqueue ──> (waiting: for the jobs it depends on; released by their end)
+       └──────> queued ──claim──> running ──finish(ok)──> succeeded
                   ^                │ └─finish(error) or reap, attempts left─> queued (backoff)
                   │                ├───finish(error) or reap, none left─────> dead
                   │                ├───finish(snooze): attempt given back───> queued (delay)
@@ -24,6 +25,7 @@ from typing import Any, TypeVar
 
 from .checks import printable
 from .control import snooze_seconds
+from .dependencies import with_parents
 from .enqueue import KEY_ROUNDS, Enqueued, enqueue, enqueue_many
 from .errors import (
     InvalidJob,
@@ -174,7 +176,7 @@ def claim(
         # queues) has not been asked yet.
         names = [name for name in names if got[name] >= shares.get(name, 0)]
         turn += 1
-    return jobs
+    return (yield from with_parents(jobs))
 
 
 def round_robin(
@@ -320,7 +322,8 @@ def get(job_id: int) -> Flow[Job]:
 
 
 def cancel(job_id: int) -> Flow[Job]:
-    """Cancel a queued or running job (revoking its lease)."""
+    """Cancel a waiting, queued or running job (revoking its lease); its
+    dependents follow their policies."""
     jobs: list[Job] = yield Statement("job_cancel", {"id": _job_id(job_id)}, jobs=True)
     if jobs:
         return jobs[0]

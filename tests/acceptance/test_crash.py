@@ -30,3 +30,23 @@ def test_killed_workers_lose_no_job_and_their_leases_expire(db_url: str) -> None
     assert result["killed_while_holding_a_job"] >= 1, summary
     assert result["expired_leases"] >= 1, summary
     assert result["failures_other_than_lease_expiry"] == 0, summary
+
+
+@pytest.mark.timeout(300)
+def test_a_workflow_survives_killed_workers_and_runs_each_step_after_its_parents(
+    db_url: str,
+) -> None:
+    """1,000 jobs in one workflow (a first job, 499 chains of two, a fan-in),
+    6 workers, 8 busy ones SIGKILLed 0.3 s apart."""
+    result = crash.run(
+        db_url, jobs=1000, workers=6, kill_every=0.3, max_kills=8, target="busy", workflow=True
+    )
+    summary = {k: v for k, v in result.items() if k not in ("kills", "invariants", "parameters")}
+    assert result["invariants"]["ok"], result["invariants"]["violations"]
+    assert result["jobs_succeeded"] == 1000, summary
+    assert result["dependency_violations"] == [], summary
+    assert result["fan_in_parents"] == 499, summary
+    assert result["fan_in_received_every_result"], summary
+    assert result["workers_killed"] == 8, summary
+    assert result["killed_while_holding_a_job"] >= 1, summary
+    assert result["expired_leases"] >= 1, summary

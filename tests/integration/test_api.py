@@ -303,7 +303,7 @@ async def test_queues_counts_live_states_totals_and_lag(
     )
     queues = {q["queue"]: q for q in (await api.get("/queues")).json()["queues"]}
     mail = queues["mail"]
-    assert mail["jobs"] == {"queued": 1, "scheduled": 1, "running": 1}
+    assert mail["jobs"] == {"queued": 1, "scheduled": 1, "running": 1, "waiting": 0}
     assert mail["totals"] == {
         "succeeded": 1,
         "failed_attempts": 0,
@@ -312,7 +312,7 @@ async def test_queues_counts_live_states_totals_and_lag(
         "snoozed": 0,
     }
     assert 89 < mail["oldest_runnable_seconds"] < 120
-    assert queues["other"]["jobs"] == {"queued": 0, "scheduled": 0, "running": 0}
+    assert queues["other"]["jobs"] == {"queued": 0, "scheduled": 0, "running": 0, "waiting": 0}
     assert queues["other"]["totals"]["cancelled"] == 1
     assert queues["other"]["oldest_runnable_seconds"] == 0
     assert two.state is JobState.RUNNING
@@ -344,6 +344,9 @@ async def test_healthz_docs_and_openapi(api: httpx.AsyncClient) -> None:
         "/schedules/{name}/disable",
         "/dead-letters",
         "/access",
+        "/workflows",
+        "/workflows/{workflow_id}",
+        "/workflows/{workflow_id}/{action}",
     }
     assert (
         schema["components"]["schemas"]["BatchEnqueueRequest"]["properties"]["jobs"]["maxItems"]

@@ -332,3 +332,14 @@ def test_every_committed_result_reads_as_a_record(path: Path) -> None:
     assert record.server["server_version"]
     assert record.parameters
     assert record.results
+
+
+def test_workflows_smoke(bench_url: str, out_dir: Path) -> None:
+    from bench.perf import workflows
+
+    out = out_dir / "workflows.json"
+    workflows.main(["--children", "200", "--rounds", "1", "--out", str(out)])
+    results = _read(out, "workflows", "bench.perf.workflows").results
+    for case in workflows.CASES:
+        assert results["rates_jobs_per_second"][case]["median"] > 0
+    assert results["fan_in_start_seconds"]["median"] >= 0

@@ -223,7 +223,12 @@ def _state(sql: psycopg.Connection[Any], job_id: int) -> JobState | None:
 @pytest.mark.parametrize(
     ("action", "where", "field", "problem"),
     [
-        (BulkAction.CANCEL, {"state": "succeeded"}, "state", "cancel applies to queued or running"),
+        (
+            BulkAction.CANCEL,
+            {"state": "succeeded"},
+            "state",
+            "cancel applies to waiting or queued or running",
+        ),
         (BulkAction.RETRY, {"state": "queued"}, "state", "retry applies to dead or cancelled"),
         (BulkAction.DELETE, {"state": "running"}, "state", "not running"),
         (BulkAction.CANCEL, {"finished_before": 60}, "finished_before", "not finished ones"),

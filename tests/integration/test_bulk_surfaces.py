@@ -147,7 +147,11 @@ def test_yes_skips_the_question_and_json_says_what_was_done(db_url: str, three_i
 @pytest.mark.parametrize(
     ("args", "flag", "problem"),
     [
-        (["cancel", "--state", "dead"], "'--state'", "cancel applies to queued or running"),
+        (
+            ["cancel", "--state", "dead"],
+            "'--state'",
+            "cancel applies to waiting or queued or running",
+        ),
         (["cancel", "--finished-before", "1h"], "'--finished-before'", "not finished ones"),
         (["retry", "--enqueued-before", "soon"], "'--enqueued-before'", "neither an age"),
         (["delete", "--queue", "no spaces"], "'--queue'", "not a valid queue name"),

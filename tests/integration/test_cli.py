@@ -256,9 +256,9 @@ def test_queues_counts_every_state(db_url: str, queue: Queue, sql: psycopg.Conne
     table = run(db_url, "queues")
     assert table.exit_code == 0
     rows = {line.split()[0]: line.split() for line in table.stdout.splitlines()[1:4]}
-    # queue queued sched running ok failed dead cancel oldest 1m
+    # queue queued sched running wait ok failed dead cancel oldest 1m
     assert rows["mail"][1:4] == ["3", "1", "1"]
-    assert rows["web"][4:8] == ["2", "1", "1", "1"] and rows["web"][-1] == "3"
+    assert rows["web"][5:9] == ["2", "1", "1", "1"] and rows["web"][-1] == "3"
     assert rows["total"][1] == "3"
 
 

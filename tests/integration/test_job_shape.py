@@ -34,6 +34,8 @@ CANONICAL = [
     "unique_scope",
     "unique_period_seconds",
     "concurrency_key",
+    "depends_on",
+    "on_dependency_failure",
 ]
 
 

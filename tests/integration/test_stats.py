@@ -55,7 +55,7 @@ async def test_the_api_and_the_cli_report_the_same_numbers(
     on_the_command_line = json.loads(result.stdout)["queues"]
     assert [q["queue"] for q in over_http] == [q["queue"] for q in on_the_command_line]
     for http, cli in zip(over_http, on_the_command_line, strict=True):
-        assert http["jobs"] == {k: cli[k] for k in ("queued", "scheduled", "running")}
+        assert http["jobs"] == {k: cli[k] for k in ("queued", "scheduled", "running", "waiting")}
         assert http["totals"] == {
             "succeeded": cli["succeeded"],
             "failed_attempts": cli["failed"],

@@ -78,6 +78,8 @@ class MemoryDatabase:
             "started_at": None,
             "finished_at": None,
             "concurrency_key": None,
+            "workflow_id": None,
+            "depends_on": None,
         }
         row.update(fields)
         self.jobs[job_id] = row

@@ -262,7 +262,7 @@ def test_a_bulk_cancel_repeats_bounded_batches_until_one_cancels_nothing() -> No
     # One moment for every batch: the start, and the age counted back from it.
     assert {s.params["started_at"] for s in sent[1:]} == {NOW}
     assert {s.params["enqueued_before"] for s in sent[1:]} == {NOW - timedelta(hours=1)}
-    assert sent[1].params["states"] == ["queued", "running"]
+    assert sent[1].params["states"] == ["waiting", "queued", "running"]
 
 
 def test_retry_and_delete_walk_the_finished_jobs_once_in_order() -> None:

@@ -26,7 +26,7 @@ from ..errors import DatabaseReadOnly, DatabaseUnavailable, SchemaNotMigrated
 from ..jobs import JobState
 from ..queue import AsyncQueue
 from ..settings import Settings
-from . import access, bulk, dead, metrics, queues, schedules, workers
+from . import access, bulk, dead, metrics, queues, schedules, workers, workflows
 from .http_errors import (
     ERROR_RESPONSES,
     documented_errors,
@@ -287,7 +287,12 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
             queues=[
                 QueueOut(
                     queue=name,
-                    jobs=QueueJobs(queued=row.queued, scheduled=row.scheduled, running=row.running),
+                    jobs=QueueJobs(
+                        queued=row.queued,
+                        scheduled=row.scheduled,
+                        running=row.running,
+                        waiting=row.waiting,
+                    ),
                     totals=QueueTotals(
                         succeeded=row.succeeded,
                         failed_attempts=row.failed,
@@ -356,6 +361,7 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
     app.include_router(queues.router)
     app.include_router(dead.router)
     app.include_router(access.router)
+    app.include_router(workflows.router)
     install_pages(app)
     return app
 

@@ -6,7 +6,7 @@
 RequestValidationError (pydantic)    422 invalid_input  (400 malformed_json)
 InvalidJob, InvalidQueueControl      422 invalid_input
 psycopg.DataError                    422 invalid_input  (the database refused a value)
-JobNotFound                          404 not_found
+JobNotFound, WorkflowNotFound        404 not_found
 JobStateConflict                     409 conflict
 DatabaseUnavailable                  503 database_unavailable  (Retry-After: 1)
 DatabaseReadOnly                     503 database_read_only    (Retry-After: 1; failover)
@@ -36,6 +36,7 @@ from ..errors import (
     JobNotFound,
     JobStateConflict,
     SchemaNotMigrated,
+    WorkflowNotFound,
 )
 from .models import ErrorBody
 
@@ -242,6 +243,7 @@ def install_handlers(app: FastAPI) -> None:
     app.add_exception_handler(InvalidQueueControl, _invalid_input)
     app.add_exception_handler(psycopg.DataError, _data_error)
     app.add_exception_handler(JobNotFound, _not_found)
+    app.add_exception_handler(WorkflowNotFound, _not_found)
     app.add_exception_handler(JobStateConflict, _conflict)
     app.add_exception_handler(DatabaseUnavailable, _unavailable)
     app.add_exception_handler(SchemaNotMigrated, _schema_missing)

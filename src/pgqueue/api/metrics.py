@@ -16,7 +16,8 @@ of them in the table as with none (bench/metrics_history.py).
 Metrics:
 
     pgqueue_jobs{queue,state}                 gauge: queued (runnable now),
-                                              scheduled (waiting for run_at), running
+                                              scheduled (waiting for run_at), running,
+                                              waiting (for the jobs they depend on)
     pgqueue_queue_lag_seconds{queue}          gauge: age of the oldest runnable job
     pgqueue_jobs_completed_total{queue,state} counter: jobs that ended succeeded,
                                               dead or cancelled
@@ -59,7 +60,7 @@ from ..transitions import Flow, Statement
 __all__ = ["LIVE_STATES", "Snapshot", "render", "snapshot"]
 
 Row = dict[str, Any]
-LIVE_STATES = ("queued", "scheduled", "running")
+LIVE_STATES = ("queued", "scheduled", "running", "waiting")
 COMPLETED_STATES = ("succeeded", "dead", "cancelled")
 
 

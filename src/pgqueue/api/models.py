@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
+from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
@@ -114,6 +115,10 @@ class JobSummary(BaseModel):
     enqueued_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    workflow_id: UUID | None = Field(default=None, description="The workflow it belongs to.")
+    depends_on: list[int] | None = Field(
+        default=None, description="The jobs it waits for (their results are its job.parents)."
+    )
 
 
 class JobOut(JobSummary):
@@ -147,6 +152,8 @@ class JobOut(JobSummary):
             enqueued_at=job.enqueued_at,
             started_at=job.started_at,
             finished_at=job.finished_at,
+            workflow_id=job.workflow_id,
+            depends_on=job.depends_on,
         )
 
 
@@ -175,6 +182,7 @@ class QueueJobs(BaseModel):
     queued: int = Field(description="Runnable now.")
     scheduled: int = Field(description="Waiting for their run_at (delayed or backing off).")
     running: int
+    waiting: int = Field(description="Waiting for the jobs they depend on (workflows).")
 
 
 class QueueTotals(BaseModel):

@@ -12,6 +12,7 @@ workers.py      workers (the registry)
 server.py       db start, stop, status, url (the embedded server)
 maintenance.py  prune
 schedules.py    schedules (list), schedules enable, disable, delete
+workflows.py    workflows show, cancel, retry
 output.py       consoles, tables, JSON
 
 Settings come from ``Settings.load`` (pgqueue.settings), per-queue numbers
@@ -27,5 +28,6 @@ from .app import app, main
 # help lists them in this order.
 from . import running, producing, jobs, bulk, queues, watching, workers, server, maintenance  # noqa: F401  # isort: skip
 from . import schedules  # noqa: F401  # isort: skip
+from . import workflows  # noqa: F401  # isort: skip
 
 __all__ = ["app", "main"]

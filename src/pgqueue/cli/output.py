@@ -34,6 +34,7 @@ __all__ = [
 ]
 
 STATE_STYLES = {
+    JobState.WAITING: "magenta",
     JobState.QUEUED: "cyan",
     JobState.RUNNING: "yellow",
     JobState.SUCCEEDED: "green",
@@ -126,11 +127,21 @@ def jobs_table(jobs: Iterable[Job], now: datetime) -> Table:
     return table
 
 
-QUEUE_COLUMNS = ("queued", "scheduled", "running", "succeeded", "failed", "dead", "cancelled")
+QUEUE_COLUMNS = (
+    "queued",
+    "scheduled",
+    "running",
+    "waiting",
+    "succeeded",
+    "failed",
+    "dead",
+    "cancelled",
+)
 # Short headers, so that the table fits 80 columns when piped.
-_HEADERS = ("queued", "sched", "running", "ok", "failed", "dead", "cancel")
+_HEADERS = ("queued", "sched", "running", "wait", "ok", "failed", "dead", "cancel")
 QUEUES_CAPTION = (
-    "queued (runnable now), sched (later), running: now.  ok, failed (attempts), dead, "
+    "queued (runnable now), sched (later), running, wait (for their dependencies): now.  "
+    "ok, failed (attempts), dead, "
     "cancel: totals.  oldest: wait of the oldest runnable job.  1m: ok or dead in the "
     "last minute.  (paused, limits): the queue's controls."
 )

@@ -31,9 +31,10 @@ NONE = "none"
 def queues_cmd(ctx: typer.Context, json_out: JsonFlag = False) -> None:
     """Per queue: jobs by state, age of the oldest runnable job, jobs done in the last minute.
 
-    queued/scheduled/running are now; succeeded/failed/dead/cancelled are totals
-    since the queue began (failed counts failed attempts); done/min counts jobs
-    that succeeded or died in the last 60 s. A paused queue is marked so.
+    queued/scheduled/running/waiting are now (waiting: for the jobs they depend
+    on); succeeded/failed/dead/cancelled are totals since the queue began
+    (failed counts failed attempts); done/min counts jobs that succeeded or
+    died in the last 60 s. A paused queue is marked so.
     """
     if ctx.invoked_subcommand is None:
         watching.print_queues(ctx, json_out)

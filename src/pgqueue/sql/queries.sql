@@ -95,6 +95,73 @@ SELECT array_agg(nextval('pgqueue_jobs_id_seq')) AS ids FROM generate_series(1, 
 COPY pgqueue_jobs (id, queue, task, payload, priority, max_attempts, timeout_seconds,
                    concurrency_key) FROM STDIN;
 
+-- name: job_lock_parents
+-- The existing jobs new jobs will depend on, and their states, locked until
+-- the enqueue commits: a parent's finish waits for the new edges, so that
+-- its release (pgqueue_release) sees them, and a parent that ended before
+-- is seen ended here. In id order, so that two enqueues never deadlock.
+SELECT id, state FROM pgqueue_jobs
+WHERE id = ANY(%(ids)s::bigint[])
+ORDER BY id
+FOR NO KEY UPDATE;
+
+-- name: job_insert_graph
+-- Insert jobs that depend on others (dependencies.enqueue_graph), with the
+-- ids job_reserve_ids gave and the first state the flow planned (waiting,
+-- queued, or cancelled when a parent had already failed); their edges
+-- (`parents[i]` -> `children[i]`, each child's parents in the order given,
+-- which is the order of its depends_on); and has_dependents on the existing
+-- parents (`outside`, locked by job_lock_parents). Jobs due now wake the
+-- workers of their queue. Returns the new rows.
+WITH edge AS (
+    SELECT * FROM unnest(%(parents)s::bigint[], %(children)s::bigint[]) WITH ORDINALITY
+        AS e(parent, child, n)
+), parents_of AS (
+    SELECT child, array_agg(parent ORDER BY n) AS depends_on FROM edge GROUP BY child
+), inserted AS (
+    INSERT INTO pgqueue_jobs (id, queue, task, payload, priority, run_at, max_attempts,
+                              timeout_seconds, concurrency_key, state, waiting_on,
+                              on_dependency_failure, has_dependents, workflow_id, depends_on,
+                              finished_at, last_error)
+    SELECT t.id, t.queue, t.task, t.payload, t.priority,
+           greatest(coalesce(t.run_at, now() + make_interval(secs => t.delay)), now()),
+           t.max_attempts, t.timeout_seconds, t.concurrency_key, t.state, t.waiting_on,
+           t.policy, t.has_dependents, %(workflow_id)s::uuid, p.depends_on,
+           CASE WHEN t.state = 'cancelled' THEN now() END,
+           CASE WHEN t.state = 'cancelled'
+                THEN 'cancelled: a job it depends on failed or was cancelled' END
+    FROM unnest(%(ids)s::bigint[], %(queue)s::text[], %(task)s::text[], %(payload)s::jsonb[],
+                %(priority)s::integer[], %(run_at)s::timestamptz[],
+                %(delay)s::double precision[], %(max_attempts)s::integer[],
+                %(timeout_seconds)s::double precision[], %(concurrency_key)s::text[],
+                %(state)s::text[], %(waiting_on)s::integer[], %(policy)s::text[],
+                %(has_dependents)s::boolean[])
+         AS t(id, queue, task, payload, priority, run_at, delay, max_attempts,
+              timeout_seconds, concurrency_key, state, waiting_on, policy, has_dependents)
+    LEFT JOIN parents_of p ON p.child = t.id
+    RETURNING *
+), edges AS (
+    INSERT INTO pgqueue_job_deps (parent, child) SELECT DISTINCT parent, child FROM edge
+), marked AS (
+    UPDATE pgqueue_jobs SET has_dependents = true
+    WHERE id = ANY(%(outside)s::bigint[]) AND NOT has_dependents
+), counted AS (
+    INSERT INTO pgqueue_counters AS c (queue, shard, cancelled)
+    SELECT queue, pg_backend_pid() %% 16, count(*)
+    FROM inserted WHERE state = 'cancelled' GROUP BY 1, 2 ORDER BY 1, 2
+    ON CONFLICT (queue, shard) DO UPDATE SET cancelled = c.cancelled + excluded.cancelled
+), woken AS (
+    SELECT pg_notify('pgqueue_jobs', queue)
+    FROM (SELECT DISTINCT queue FROM inserted WHERE state = 'queued' AND run_at <= now()) q
+)
+SELECT inserted.* FROM inserted, (SELECT count(*) FROM woken) w ORDER BY id;
+
+-- name: job_results
+-- The results of jobs that succeeded (the parents of a claimed batch: what
+-- their dependents' handlers get as job.parents).
+SELECT id, result FROM pgqueue_jobs
+WHERE id = ANY(%(ids)s::bigint[]) AND state = 'succeeded';
+
 -- name: job_notify_queues
 -- One "jobs are ready" hint per queue.
 SELECT count(pg_notify('pgqueue_jobs', q)) AS notified FROM unnest(%(queues)s::text[]) AS q;
@@ -193,7 +260,7 @@ WITH outcome AS (
         lease_expires_at = NULL
     FROM outcome o
     WHERE j.id = o.id AND j.lease_token = o.token AND j.state = 'running'
-    RETURNING j.id, j.queue, j.state, o.succeeded
+    RETURNING j.id, j.queue, j.state, o.succeeded, j.has_dependents
 ), counted AS (
     INSERT INTO pgqueue_counters AS c (queue, shard, succeeded, failed, dead)
     SELECT queue, pg_backend_pid() %% 16,
@@ -207,8 +274,15 @@ WITH outcome AS (
     -- The waiters of the jobs that ended (wait()) learn which ones.
     SELECT pgqueue_notify_ended(array_agg(id))
     FROM finished WHERE state <> 'queued' AND %(notify_finished)s
+), released AS (
+    -- The dependents of the jobs that ended (workflows): queued when their
+    -- last dependency succeeded, or as their policy says when one died.
+    -- Only rows with has_dependents reach it; a batch with none calls nothing.
+    SELECT pgqueue_release(array_agg(id), array_agg(state = 'succeeded'))
+    FROM finished WHERE has_dependents AND state <> 'queued'
+    HAVING count(*) > 0
 )
-SELECT id, state FROM finished, (SELECT count(*) FROM woken) w;
+SELECT id, state FROM finished, (SELECT count(*) FROM woken) w, (SELECT count(*) FROM released) r;
 
 -- name: job_snooze
 -- Put held jobs back to queued because their handlers asked to run again
@@ -251,7 +325,7 @@ WITH request AS (
     SET state = 'cancelled', last_error = r.reason, finished_at = now(), lease_expires_at = NULL
     FROM request r
     WHERE j.id = r.id AND j.lease_token = r.token AND j.state = 'running'
-    RETURNING j.id, j.queue, j.state
+    RETURNING j.id, j.queue, j.state, j.has_dependents
 ), counted AS (
     INSERT INTO pgqueue_counters AS c (queue, shard, cancelled)
     SELECT queue, pg_backend_pid() %% 16, count(*)
@@ -259,8 +333,12 @@ WITH request AS (
     ON CONFLICT (queue, shard) DO UPDATE SET cancelled = c.cancelled + excluded.cancelled
 ), woken AS (
     SELECT pgqueue_notify_ended(array_agg(id)) FROM cancelled WHERE %(notify_finished)s
+), released AS (
+    -- Their dependents follow their policies (as in job_finish).
+    SELECT pgqueue_release(array_agg(id), array_agg(false))
+    FROM cancelled WHERE has_dependents HAVING count(*) > 0
 )
-SELECT id, state FROM cancelled, (SELECT count(*) FROM woken) w;
+SELECT id, state FROM cancelled, (SELECT count(*) FROM woken) w, (SELECT count(*) FROM released) r;
 
 -- name: job_reap
 -- Take back up to `limit` jobs whose lease expired (their worker died or
@@ -283,7 +361,7 @@ WITH expired AS (
         last_error = format('lease expired (worker %%s, attempt %%s)', j.worker, j.attempts),
         lease_expires_at = NULL
     FROM expired WHERE j.id = expired.id
-    RETURNING j.id, j.queue, j.state
+    RETURNING j.id, j.queue, j.state, j.has_dependents
 ), counted AS (
     INSERT INTO pgqueue_counters AS c (queue, shard, failed, dead)
     SELECT queue, pg_backend_pid() %% 16, count(*), count(*) FILTER (WHERE state = 'dead')
@@ -293,16 +371,21 @@ WITH expired AS (
 ), woken AS (
     -- A job reaped dead has ended: its waiters learn it, as in job_finish.
     SELECT pgqueue_notify_ended(array_agg(id)) FROM reaped WHERE state = 'dead'
+), released AS (
+    -- The dependents of a job reaped dead follow their policies (as in job_finish).
+    SELECT pgqueue_release(array_agg(id), array_agg(false))
+    FROM reaped WHERE state = 'dead' AND has_dependents HAVING count(*) > 0
 )
-SELECT id, state FROM reaped, (SELECT count(*) FROM woken) w;
+SELECT id, state FROM reaped, (SELECT count(*) FROM woken) w, (SELECT count(*) FROM released) r;
 
 -- name: job_cancel
--- Cancel a queued or running job; a running job's lease is revoked, so its
--- worker's ack matches nothing.
+-- Cancel a waiting, queued or running job; a running job's lease is
+-- revoked, so its worker's ack matches nothing. Its dependents follow their
+-- policies (as in job_finish).
 WITH cancelled AS (
     UPDATE pgqueue_jobs
     SET state = 'cancelled', finished_at = now(), lease_expires_at = NULL
-    WHERE id = %(id)s AND state IN ('queued', 'running')
+    WHERE id = %(id)s AND state IN ('waiting', 'queued', 'running')
     RETURNING *
 ), counted AS (
     INSERT INTO pgqueue_counters AS c (queue, shard, cancelled)
@@ -310,8 +393,12 @@ WITH cancelled AS (
     ON CONFLICT (queue, shard) DO UPDATE SET cancelled = c.cancelled + 1
 ), woken AS (
     SELECT pgqueue_notify_ended(array_agg(id)) FROM cancelled
+), released AS (
+    SELECT pgqueue_release(array_agg(id), array_agg(false))
+    FROM cancelled WHERE has_dependents HAVING count(*) > 0
 )
-SELECT cancelled.* FROM cancelled, (SELECT count(*) FROM woken) w;
+SELECT cancelled.* FROM cancelled, (SELECT count(*) FROM woken) w,
+       (SELECT count(*) FROM released) r;
 
 -- name: job_retry
 -- Put a dead or cancelled job back to queued with a fresh budget of attempts
@@ -334,7 +421,7 @@ WITH retried AS (
 SELECT retried.* FROM retried, (SELECT count(*) FROM woken) w;
 
 -- name: job_bulk_cancel
--- One batch of a bulk cancel: up to `limit` queued or running jobs (of
+-- One batch of a bulk cancel: up to `limit` waiting, queued or running jobs (of
 -- `states`) that match the filter; with `dry_run`, how many match (no
 -- limit), and nothing else. As job_cancel: a running job's lease is
 -- revoked, so its worker's ack matches nothing. The flow repeats it until a
@@ -350,6 +437,9 @@ WITH candidate AS (
     UNION ALL
     SELECT id, queue, task, enqueued_at, last_error FROM pgqueue_jobs
     WHERE state = 'running' AND 'running' = ANY(%(states)s::text[])
+    UNION ALL
+    SELECT id, queue, task, enqueued_at, last_error FROM pgqueue_jobs
+    WHERE state = 'waiting' AND 'waiting' = ANY(%(states)s::text[])
 ), matching AS (
     -- The filter, written once: the planner pushes it into each branch.
     SELECT id FROM candidate
@@ -374,16 +464,20 @@ WITH candidate AS (
     SET state = 'cancelled', finished_at = now(), lease_expires_at = NULL
     FROM picked p
     WHERE j.id = p.id AND j.state = ANY(%(states)s::text[])
-    RETURNING j.id, j.queue
+    RETURNING j.id, j.queue, j.has_dependents
 ), counted AS (
     INSERT INTO pgqueue_counters AS c (queue, shard, cancelled)
     SELECT queue, pg_backend_pid() %% 16, count(*) FROM cancelled GROUP BY 1, 2 ORDER BY 1, 2
     ON CONFLICT (queue, shard) DO UPDATE SET cancelled = c.cancelled + excluded.cancelled
 ), ended AS (
     SELECT pgqueue_notify_ended(array_agg(id)) FROM cancelled
+), released AS (
+    -- Dependents follow their policies (as in job_finish).
+    SELECT pgqueue_release(array_agg(id), array_agg(false))
+    FROM cancelled WHERE has_dependents HAVING count(*) > 0
 )
 SELECT (SELECT count(*) FROM matching) AS matched, (SELECT count(*) FROM cancelled) AS affected
-FROM (SELECT count(*) FROM ended) e;
+FROM (SELECT count(*) FROM ended) e, (SELECT count(*) FROM released) r;
 
 -- name: job_bulk_finished
 -- One batch of a bulk retry or delete (`action`) of finished jobs (of
@@ -478,7 +572,7 @@ LIMIT %(limit)s;
 SELECT id, queue, task, priority, state, run_at, attempts, max_attempts, snoozes,
        timeout_seconds, idempotency_key, unique_scope, concurrency_key, worker,
        lease_expires_at,
-       enqueued_at, started_at, finished_at
+       enqueued_at, started_at, finished_at, workflow_id, depends_on
 FROM pgqueue_jobs
 WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
   AND (NOT %(scheduled)s OR run_at > now())
@@ -514,7 +608,9 @@ LIMIT %(limit)s;
 
 -- name: job_prune
 -- Delete up to `limit` finished jobs older than the retention period. The
--- counters already hold their outcomes, so metrics do not move.
+-- counters already hold their outcomes, so metrics do not move. The edges
+-- from pruned jobs to their dependents go too (only for jobs that have
+-- some: a plain job's prune does not look at the edges).
 WITH pruned AS (
 DELETE FROM pgqueue_jobs
 WHERE id IN (
@@ -525,7 +621,9 @@ WHERE id IN (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
-RETURNING 1
+RETURNING id, has_dependents
+), unlinked AS (
+    DELETE FROM pgqueue_job_deps d USING pruned p WHERE p.has_dependents AND d.parent = p.id
 )
 SELECT count(*) AS pruned FROM pruned;
 
@@ -694,17 +792,20 @@ ORDER BY w.name;
 
 -- name: queue_stats
 -- Per queue and live state: how many jobs, and the age of the oldest runnable
--- one. Reads only the partial indexes of queued and running rows: one branch
+-- one. Reads only the partial indexes of queued, running and waiting rows: one branch
 -- per index, because the planner cannot match "state IN (...)" to a partial
 -- index and would scan every finished job instead.
 SELECT queue,
        count(*) FILTER (WHERE state = 'queued' AND run_at <= now()) AS queued,
        count(*) FILTER (WHERE state = 'queued' AND run_at > now()) AS scheduled,
        count(*) FILTER (WHERE state = 'running') AS running,
+       count(*) FILTER (WHERE state = 'waiting') AS waiting,
        coalesce(extract(epoch FROM now() - min(run_at) FILTER (WHERE state = 'queued' AND run_at <= now())), 0)::double precision AS oldest_runnable_seconds
 FROM (SELECT queue, state, run_at FROM pgqueue_jobs WHERE state = 'queued'
       UNION ALL
-      SELECT queue, state, run_at FROM pgqueue_jobs WHERE state = 'running') live
+      SELECT queue, state, run_at FROM pgqueue_jobs WHERE state = 'running'
+      UNION ALL
+      SELECT queue, state, run_at FROM pgqueue_jobs WHERE state = 'waiting') live
 GROUP BY queue
 ORDER BY queue;
 
@@ -879,6 +980,71 @@ SELECT s.*, j.state AS last_job_state
 FROM pgqueue_schedules s LEFT JOIN pgqueue_jobs j ON j.id = s.last_job_id
 ORDER BY s.name;
 
+-- name: workflow_jobs
+-- Every job of a workflow, in id order (their depends_on are the edges).
+SELECT * FROM pgqueue_jobs WHERE workflow_id = %(workflow_id)s::uuid ORDER BY id;
+
+-- name: workflow_cancel
+-- Cancel every job of a workflow that has not ended, as job_cancel does
+-- (running jobs' leases revoked). Jobs outside the workflow that depend on
+-- them follow their policies. Locks in id order, skipping nothing: a
+-- worker's ack of one of them waits, then matches nothing.
+WITH picked AS (
+    SELECT id FROM pgqueue_jobs
+    WHERE workflow_id = %(workflow_id)s::uuid AND state IN ('waiting', 'queued', 'running')
+    ORDER BY id
+    FOR NO KEY UPDATE
+), cancelled AS (
+    UPDATE pgqueue_jobs j
+    SET state = 'cancelled', finished_at = now(), lease_expires_at = NULL
+    FROM picked p
+    WHERE j.id = p.id AND j.state IN ('waiting', 'queued', 'running')
+    RETURNING j.id, j.queue, j.has_dependents
+), counted AS (
+    INSERT INTO pgqueue_counters AS c (queue, shard, cancelled)
+    SELECT queue, pg_backend_pid() %% 16, count(*) FROM cancelled GROUP BY 1, 2 ORDER BY 1, 2
+    ON CONFLICT (queue, shard) DO UPDATE SET cancelled = c.cancelled + excluded.cancelled
+), ended AS (
+    SELECT pgqueue_notify_ended(array_agg(id)) FROM cancelled
+), released AS (
+    SELECT pgqueue_release(array_agg(id), array_agg(false))
+    FROM cancelled WHERE has_dependents HAVING count(*) > 0
+)
+SELECT count(*) AS cancelled
+FROM cancelled, (SELECT count(*) FROM ended) e, (SELECT count(*) FROM released) r;
+
+-- name: workflow_retry
+-- Put a workflow's dead and cancelled jobs back with fresh budgets, each
+-- waiting for those of its parents that will run again or are still
+-- running (none: queued). A parent that failed outside the workflow counts
+-- as done. Workflow jobs have no keys, so no key can be taken.
+WITH picked AS (
+    SELECT id, depends_on FROM pgqueue_jobs
+    WHERE workflow_id = %(workflow_id)s::uuid AND state IN ('dead', 'cancelled')
+    ORDER BY id
+    FOR NO KEY UPDATE
+), left_over AS (
+    SELECT p.id, p.depends_on IS NOT NULL AS has_parents,
+           (SELECT count(*) FROM pgqueue_jobs parent
+            WHERE parent.id = ANY(p.depends_on)
+              AND (parent.state IN ('waiting', 'queued', 'running')
+                   OR parent.id IN (SELECT id FROM picked)))::integer AS n
+    FROM picked p
+), retried AS (
+    UPDATE pgqueue_jobs j
+    SET state = CASE WHEN l.n > 0 THEN 'waiting' ELSE 'queued' END,
+        waiting_on = CASE WHEN l.has_parents THEN l.n END,
+        attempts = 0, snoozes = 0, run_at = now(), finished_at = NULL, started_at = NULL,
+        result = NULL, lease_token = NULL, worker = NULL
+    FROM left_over l
+    WHERE j.id = l.id
+    RETURNING j.id, j.queue, j.state
+), woken AS (
+    SELECT pg_notify('pgqueue_jobs', queue)
+    FROM (SELECT DISTINCT queue FROM retried WHERE state = 'queued') q
+)
+SELECT count(*) AS retried FROM retried, (SELECT count(*) FROM woken) w;
+
 -- name: snapshot_begin
 -- Make the current transaction one read-only snapshot, so that several reads
 -- (the API's /metrics and /queues) see the same moment and the same now().
@@ -926,6 +1092,12 @@ CREATE TABLE IF NOT EXISTS pgqueue_migrations (
 -- name: migration_table_exists
 -- Whether the record of applied migrations exists (false: never migrated).
 SELECT to_regclass('pgqueue_migrations') IS NOT NULL AS present;
+
+-- name: caller_transaction_start
+-- Nothing, sent through a caller's SQLAlchemy connection on asyncpg so that
+-- SQLAlchemy begins its transaction before pgqueue's statements run on the
+-- driver connection beneath (else they would commit on their own).
+SELECT 1;
 
 -- name: health_write_check
 -- Fails (ReadOnlySqlTransaction) when this session cannot write: the
