@@ -22,6 +22,7 @@ __all__ = [
     "caller_connection",
     "errors_translated",
     "listen_url",
+    "pool_options",
     "resolve_url",
 ]
 
@@ -31,6 +32,21 @@ def resolve_url(settings: Settings) -> str:
     if settings.database_url:
         return settings.database_url
     return EmbeddedPostgres(settings.data_dir).ensure_running()
+
+
+def pool_options(settings: Settings) -> dict[str, Any]:
+    """How a Queue's (or AsyncQueue's) connection pool is made."""
+    return {
+        "min_size": settings.pool_min_size,
+        "max_size": settings.pool_max_size,
+        "timeout": settings.pool_timeout_seconds,
+        # A server that accepts connections but never answers must not hold
+        # a pool slot for minutes. Behind a transaction-mode pooler a
+        # statement prepared on one server session is unknown to the next.
+        "kwargs": {"autocommit": True, "connect_timeout": 5}
+        | ({"prepare_threshold": None} if settings.transaction_pooler else {}),
+        "name": "pgqueue",
+    }
 
 
 def listen_url(settings: Settings, url: str) -> str | None:

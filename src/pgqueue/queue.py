@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
@@ -24,11 +23,13 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from . import controls, driver, workflows
 from . import transitions as t
 from .bulk import BulkAction, JobFilter, bulk, retry_dead
+from .claiming import EveryQueue
 from .connections import (
     async_caller_connection,
     caller_connection,
     errors_translated,
     listen_url,
+    pool_options,
     resolve_url,
 )
 from .controls import QueueControls
@@ -45,37 +46,6 @@ from .waiting import WAIT_POLL_SECONDS, AsyncWaiters, Waiters
 __all__ = ["AsyncQueue", "Queue", "resolve_url"]
 
 T = TypeVar("T")
-
-
-class EveryQueue:
-    """Claims of every queue (``Queue.claim`` without queues) ask the
-    queues that had jobs when last listed, so that a claim is one statement,
-    not two. The list is read again when it is older than ``max_age``
-    seconds, and when a claim from it comes back short: then the queues it
-    did not have are asked at once."""
-
-    def __init__(self, max_age: float) -> None:
-        self.max_age = max_age
-        self.names: list[str] = []
-        self._listed_at = -math.inf  # (monotonic: the age of a list, not a time)
-
-    def claim(self, settings: Settings, *, limit: int, worker: str) -> Flow[list[Job]]:
-        fresh = time.monotonic() - self._listed_at > self.max_age
-        if fresh:
-            yield from self._list()
-        jobs = yield from t.claim(settings, limit=limit, worker=worker, queues=self.names)
-        if len(jobs) < limit and not fresh:
-            known = set(self.names)
-            yield from self._list()
-            new = [name for name in self.names if name not in known]
-            if new:
-                more = t.claim(settings, limit=limit - len(jobs), worker=worker, queues=new)
-                jobs += yield from more
-        return jobs
-
-    def _list(self) -> Flow[None]:
-        self.names = yield from t.queues_with_jobs()
-        self._listed_at = time.monotonic()
 
 
 class _Common:
@@ -111,20 +81,6 @@ class _Common:
             raise TypeError("give a JobFilter or its fields as keywords, not both")
         return bulk(BulkAction(action), where or JobFilter.from_fields(filters), dry_run=dry_run)
 
-    def _pool_kwargs(self) -> dict[str, Any]:
-        s = self.settings
-        return {
-            "min_size": s.pool_min_size,
-            "max_size": s.pool_max_size,
-            "timeout": s.pool_timeout_seconds,
-            # A server that accepts connections but never answers must not
-            # hold a pool slot for minutes. Behind a transaction-mode pooler
-            # a statement prepared on one server session is unknown to the next.
-            "kwargs": {"autocommit": True, "connect_timeout": 5}
-            | ({"prepare_threshold": None} if s.transaction_pooler else {}),
-            "name": "pgqueue",
-        }
-
 
 class Queue(_Common):
     """The blocking face: ``with Queue() as q: q.enqueue("task", {...})``."""
@@ -133,7 +89,10 @@ class Queue(_Common):
         super().__init__(url, settings)
         self.url = url or resolve_url(self.settings)
         self._pool = ConnectionPool(
-            self.url, check=ConnectionPool.check_connection, open=True, **self._pool_kwargs()
+            self.url,
+            check=ConnectionPool.check_connection,
+            open=True,
+            **pool_options(self.settings),
         )
         self._waiters = Waiters(listen_url(self.settings, self.url))
 
@@ -348,7 +307,7 @@ class AsyncQueue(_Common):
                     self.url,
                     check=AsyncConnectionPool.check_connection,
                     open=False,
-                    **self._pool_kwargs(),
+                    **pool_options(self.settings),
                 )
                 await pool.open()
                 self._pool = pool

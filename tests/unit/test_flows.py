@@ -13,8 +13,8 @@ import pytest
 from pgqueue import JobAlreadyFinished, JobNotRetryable, JobSpec, JobState, Settings, driver
 from pgqueue import transitions as t
 from pgqueue.bulk import BulkAction, JobFilter, bulk
+from pgqueue.claiming import EveryQueue
 from pgqueue.errors import KeyTaken
-from pgqueue.queue import EveryQueue
 from pgqueue.sql import migration_versions
 from pgqueue.transitions import Statement
 from tests.unit.memory import MemoryDatabase, MemorySession
