@@ -4,7 +4,8 @@ Layout (one guess finds each part):
 
     sql/queries.sql     every statement, named; sql/__init__.py loads them
     migrations/*.sql    the schema, applied in order by migrate()
-    jobs.py             Job, JobState, JobSpec, JOB_FIELDS (the one shape of a new job)
+    jobs.py             Job, JobState, JobSpec, JOB_FIELDS (the one shape of a new job),
+                        AttemptError (one failed attempt, kept on the job)
     control.py          Snooze, CancelJob: what a handler may ask for instead of a result
     transitions.py      the state machine: one I/O-free generator per transition
     schedules.py        periodic jobs: Schedule and its flows; ticks.py: when each ticks
@@ -57,7 +58,7 @@ from .errors import (
     WaitTimeout,
     WorkerFailed,
 )
-from .jobs import Job, JobSpec, JobState
+from .jobs import AttemptError, Job, JobSpec, JobState
 from .migrate import migrate
 from .queue import AsyncQueue, Queue
 from .schedules import Schedule
@@ -66,6 +67,7 @@ from .transitions import Enqueued, Outcome
 
 __all__ = [
     "AsyncQueue",
+    "AttemptError",
     "BulkAction",
     "CancelJob",
     "DatabaseUnavailable",

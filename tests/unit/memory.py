@@ -78,6 +78,7 @@ class MemoryDatabase:
             "started_at": None,
             "finished_at": None,
             "concurrency_key": None,
+            "errors": None,
         }
         row.update(fields)
         self.jobs[job_id] = row

@@ -172,6 +172,10 @@ WITH outcome AS (
                      ELSE 'dead' END,
         result = CASE WHEN o.succeeded THEN o.result END,
         last_error = CASE WHEN o.succeeded THEN j.last_error ELSE o.error END,
+        -- A failure's history is written with the failure (a success's
+        -- errors stay as they are, NULL when none).
+        errors = CASE WHEN o.succeeded THEN j.errors
+                      ELSE pgqueue_errors_append(j.errors, j.attempts, o.error, j.worker) END,
         run_at = CASE WHEN NOT o.succeeded AND o.retryable AND j.attempts < j.max_attempts
                       THEN now() + pgqueue_backoff(j.attempts, %(backoff_base)s, %(backoff_cap)s)
                       ELSE j.run_at END,
@@ -255,7 +259,8 @@ SELECT id, state FROM cancelled, (SELECT count(*) FROM woken) w;
 -- same backoff as any failure, or dead when out of attempts. Rows another
 -- reaper is handling are skipped, so every worker may run this at once.
 WITH expired AS (
-    SELECT id FROM pgqueue_jobs
+    SELECT id, format('lease expired (worker %%s, attempt %%s)', worker, attempts) AS error
+    FROM pgqueue_jobs
     WHERE state = 'running' AND lease_expires_at < now()
     ORDER BY lease_expires_at
     LIMIT %(limit)s
@@ -267,7 +272,8 @@ WITH expired AS (
                       THEN now() + pgqueue_backoff(j.attempts, %(backoff_base)s, %(backoff_cap)s)
                       ELSE j.run_at END,
         finished_at = CASE WHEN j.attempts < j.max_attempts THEN NULL ELSE now() END,
-        last_error = format('lease expired (worker %%s, attempt %%s)', j.worker, j.attempts),
+        last_error = expired.error,
+        errors = pgqueue_errors_append(j.errors, j.attempts, expired.error, j.worker),
         lease_expires_at = NULL
     FROM expired WHERE j.id = expired.id
     RETURNING j.id, j.queue, j.state
