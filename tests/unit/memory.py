@@ -254,6 +254,17 @@ class MemoryDatabase:
 
     # -- schedules (pgqueue/schedules.py) ----------------------------------------------
 
+    # The history's statements (maintenance): nothing to fold or prune, and
+    # no counters to snapshot.
+    def history_fold(self) -> list[Row]:
+        return []
+
+    def history_snapshot(self, minute: datetime | None) -> list[Row]:
+        return [{"taken": 1, "written": 0}]
+
+    def history_prune(self, retention_seconds: float) -> list[Row]:
+        return [{"pruned": 0}]
+
     def db_now(self) -> list[Row]:
         return [{"now": self.clock}]
 

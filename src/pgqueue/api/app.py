@@ -26,7 +26,7 @@ from ..errors import DatabaseUnavailable, SchemaNotMigrated
 from ..jobs import JobState
 from ..queue import AsyncQueue
 from ..settings import Settings
-from . import bulk, metrics, queues, schedules, workers
+from . import bulk, history, metrics, queues, schedules, workers
 from .http_errors import (
     ERROR_RESPONSES,
     documented_errors,
@@ -335,6 +335,7 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
     app.include_router(schedules.router)
     app.include_router(bulk.router)
     app.include_router(queues.router)
+    app.include_router(history.router)
     install_pages(app)
     return app
 

@@ -7,13 +7,25 @@
 -- so a job that succeeds first time stores and writes nothing more.
 ALTER TABLE pgqueue_jobs ADD COLUMN errors jsonb;
 
--- Jobs enqueued, counted by the statements that insert them, as the outcomes
--- are counted by the statements that end them.
+-- Jobs enqueued, counted by the statements that insert them (as outcomes are
+-- counted by the statements that end them), in two steps: each statement
+-- appends (queue, how many) to pgqueue_enqueued, and maintenance folds those
+-- rows into pgqueue_counters.enqueued. An enqueue may run in a caller's long
+-- transaction: an append takes no lock that another producer could wait for
+-- (an update of a shared counter row would, until that transaction ends).
 ALTER TABLE pgqueue_counters ADD COLUMN enqueued bigint NOT NULL DEFAULT 0;
+CREATE TABLE pgqueue_enqueued (
+    queue text   NOT NULL,
+    n     bigint NOT NULL
+) WITH (
+    autovacuum_vacuum_scale_factor = 0.01,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_vacuum_cost_delay = 0
+);
 
 -- Every queue's cumulative numbers now: the counters summed over their
--- shards, and the start-latency histogram as {"bucket": count}. A few rows
--- per queue, whatever the history.
+-- shards (enqueued: with the appends not folded yet), and the start-latency
+-- histogram as {"bucket": count}. A few rows per queue, whatever the history.
 CREATE VIEW pgqueue_queue_totals AS
 SELECT coalesce(c.queue, l.queue) AS queue,
        coalesce(c.enqueued, 0) AS enqueued, coalesce(c.succeeded, 0) AS succeeded,
@@ -21,7 +33,10 @@ SELECT coalesce(c.queue, l.queue) AS queue,
        coalesce(l.latency, '{}'::jsonb) AS latency
 FROM (SELECT queue, sum(enqueued)::bigint AS enqueued, sum(succeeded)::bigint AS succeeded,
              sum(failed)::bigint AS failed, sum(dead)::bigint AS dead
-      FROM pgqueue_counters GROUP BY queue) c
+      FROM (SELECT queue, enqueued, succeeded, failed, dead FROM pgqueue_counters
+            UNION ALL
+            SELECT queue, n, 0, 0, 0 FROM pgqueue_enqueued) counted
+      GROUP BY queue) c
 FULL JOIN (SELECT queue, jsonb_object_agg(bucket, count ORDER BY bucket) AS latency
            FROM (SELECT queue, bucket, sum(count)::bigint AS count
                  FROM pgqueue_start_latency GROUP BY queue, bucket) b
