@@ -157,6 +157,7 @@ def test_history_smoke(bench_url: str, out_dir: Path) -> None:
         "worker_1_process_vs_control",
         "metrics_scrape_ms",
         "history_scrape_ms",
+        "history_scrape_vs_healthz",
         "snapshot_new_minute_ms",
         "snapshot_taken_minute_ms",
     }
