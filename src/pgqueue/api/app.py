@@ -212,7 +212,7 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
         fields: Annotated[
             Literal["full", "summary"],
             Query(
-                description="summary: every field but payload, result and last_error, "
+                description="summary: every field but payload, result, last_error and errors, "
                 "which can be large (for listings that refresh often; GET /jobs/{id} "
                 "has them all)."
             ),

@@ -189,7 +189,8 @@ class BatchEnqueued(BaseModel):
 
 class JobList(BaseModel):
     jobs: list[JobOut | JobSummary] = Field(
-        description="Every field, or with fields=summary, all but payload, result and last_error."
+        description="Every field, or with fields=summary, all but payload, result, last_error "
+        "and errors."
     )
     next_cursor: int | None = Field(
         description="Pass as `cursor` to get the next page; null on the last page."
