@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from pgqueue.history import Point, Totals, points, quantile
-from pgqueue.sql import QUERIES
+from pgqueue.sql import QUERIES, migration_files
 
 
 def _update_of(name: str) -> str:
@@ -86,3 +86,22 @@ def test_totals_from_a_row_read_the_histogram_keys() -> None:
     assert Totals(5, latency={1: 3}).minus(Totals(2, latency={0: 1})) == Totals(
         3, latency={0: -1, 1: 3}
     )
+
+
+def test_the_history_never_reads_the_jobs() -> None:
+    """Its cost cannot grow with the finished jobs: no statement of the
+    history, nor the view they read, names the jobs table."""
+    names = [name for name in QUERIES if name.startswith("history_")]
+    assert sorted(names) == [
+        "history_fold",
+        "history_live",
+        "history_marks",
+        "history_prune",
+        "history_rows",
+        "history_snapshot",
+    ]
+    for name in names:
+        assert "pgqueue_jobs" not in QUERIES[name], name
+    [(_, migration)] = [m for m in migration_files() if m[0] == "0010_history"]
+    view = migration.split("CREATE VIEW pgqueue_queue_totals", 1)[1].split(";", 1)[0]
+    assert "pgqueue_counters" in view and "pgqueue_jobs" not in view
