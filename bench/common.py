@@ -24,7 +24,10 @@ __all__ = [
     "summary",
 ]
 
-TRUNCATE = "TRUNCATE pgqueue_jobs, pgqueue_counters, pgqueue_start_latency"
+TRUNCATE = (
+    "TRUNCATE pgqueue_jobs, pgqueue_counters, pgqueue_start_latency, pgqueue_enqueued,"
+    " pgqueue_history_snapshots, pgqueue_queue_minutes"
+)
 
 
 def summary(values: list[float]) -> dict[str, float]:

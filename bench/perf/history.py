@@ -1,5 +1,6 @@
-"""Does history slow the queue down? Claim+ack throughput and GET /metrics
-latency with 0, 100k and 1M finished jobs in the table.
+"""Does history slow the queue down? Claim+ack throughput, GET /metrics
+latency, and the per-minute history's costs (GET /queues/{name}/history, the
+snapshot) with 0, 100k and 1M finished jobs in the table.
 
     python -m bench.perf.history [--sizes 0,100000,1000000] [--jobs 10000]
                                  [--repeats 3] [--scrapes 300] [--out PATH]
@@ -19,7 +20,14 @@ At each size:
     concurrency 100, that queue only); rate from started_at/finished_at;
   * metrics: sequential GET /metrics scrapes, each followed by a GET /healthz
     (one trivial query) as a control for how busy the machine was
-    (bench/perf/metrics_history.py's scrape_latencies).
+    (bench/perf/metrics_history.py's scrape_latencies);
+  * the per-minute history (pgqueue.history): sequential GET
+    /queues/q0/history?minutes=1440 (a day of points, over a day of
+    snapshots written beforehand: SNAPSHOT_DAY), each followed by a GET
+    /healthz; and the snapshot flow a worker's maintenance runs (fold, then
+    history_snapshot), SNAPSHOTS calls taking a new minute each (the copy of
+    every queue's totals) and as many for a minute already taken (what the
+    other offers of a minute cost).
 Each throughput run is paired with the same run on a second database of the
 same server that never gets any history (the control, with the same live
 load): the ratio of the pair cancels most of the drift of a shared machine.
@@ -31,8 +39,10 @@ Writes results/history.json.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
+from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -45,6 +55,7 @@ from bench.record import ResultRecord, command_line, server_info, write_result
 from bench.workers import async_workers, wait_drained
 from harness.history import LIVE_LOAD, add_finished_jobs, add_live_load
 from pgqueue import Outcome, Queue, Settings, migrate
+from pgqueue.history import snapshot
 
 QUEUE = "drain"
 RUN_KEYS = (
@@ -61,7 +72,27 @@ FLATNESS_KEYS = (
     "worker_1_process",
     "worker_1_process_vs_control",
     "metrics_scrape_ms",
+    "history_scrape_ms",
+    "history_scrape_vs_healthz",
+    "snapshot_new_minute_ms",
+    "snapshot_taken_minute_ms",
 )
+HISTORY_PATH = "/queues/q0/history?minutes=1440"
+SNAPSHOTS = 200
+# A day of snapshots of the live load's queues, their totals growing every
+# minute, as a day of maintenance leaves them.
+SNAPSHOT_DAY = """
+WITH minutes AS (
+    SELECT date_trunc('minute', now()) - make_interval(mins => i) AS minute, 1440 - i AS n
+    FROM generate_series(1, 1440) i
+), marked AS (
+    INSERT INTO pgqueue_history_snapshots (minute) SELECT minute FROM minutes
+)
+INSERT INTO pgqueue_queue_minutes (queue, minute, enqueued, succeeded, failed, dead, latency)
+SELECT 'q' || q, minute, 100 * n, 95 * n, 5 * n, n,
+       jsonb_build_object('3', 60 * n, '5', 30 * n, '9', 10 * n)
+FROM minutes, generate_series(0, 3) q
+"""
 
 
 def _control_database(url: str) -> str:
@@ -124,6 +155,25 @@ def _measure(
         runs[f"{key}_vs_control"].append(value / control)
 
 
+def snapshot_costs(queue: Queue, conn: psycopg.Connection[Any]) -> dict[str, Any]:
+    """Milliseconds of the snapshot flow: for new minutes (a week ahead, so
+    that they are not among the minutes read; deleted afterwards), then again
+    for the same minutes, already taken."""
+    [(now,)] = conn.execute("SELECT date_trunc('minute', now())").fetchall()
+    ahead = [now + timedelta(days=7, minutes=i) for i in range(SNAPSHOTS)]
+    costs: dict[str, Any] = {}
+    for key in ("snapshot_new_minute_ms", "snapshot_taken_minute_ms"):
+        times = []
+        for minute in ahead:
+            started = time.perf_counter()
+            queue.run(snapshot(minute))
+            times.append((time.perf_counter() - started) * 1000)
+        costs[key] = summary(times)
+    conn.execute("DELETE FROM pgqueue_queue_minutes WHERE minute > now() + interval '1 day'")
+    conn.execute("DELETE FROM pgqueue_history_snapshots WHERE minute > now() + interval '1 day'")
+    return costs
+
+
 def _row(size: int, load_seconds: float, runs: dict[str, list[float]], mb: float) -> dict[str, Any]:
     return {
         "finished_jobs": size,
@@ -140,7 +190,10 @@ def _print_progress(row: dict[str, Any], elapsed: float) -> None:
         f"(x{row['claim_ack_batch_100_vs_control']['median']:.2f} of control); "
         f"worker {row['worker_1_process']['median']:>8,.0f} jobs/s "
         f"(x{row['worker_1_process_vs_control']['median']:.2f}); "
-        f"GET /metrics {row['metrics_scrape_ms']['median']:.2f} ms [{elapsed:,.0f} s]",
+        f"GET /metrics {row['metrics_scrape_ms']['median']:.2f} ms; "
+        f"GET history {row['history_scrape_ms']['median']:.2f} ms; "
+        f"snapshot {row['snapshot_new_minute_ms']['median']:.2f} ms "
+        f"(taken {row['snapshot_taken_minute_ms']['median']:.2f} ms) [{elapsed:,.0f} s]",
         flush=True,
     )
 
@@ -190,6 +243,8 @@ def main(argv: list[str] | None = None) -> ResultRecord:
             with psycopg.connect(u, autocommit=True) as conn:
                 add_live_load(conn)
                 conn.execute("VACUUM ANALYZE pgqueue_jobs")
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(SNAPSHOT_DAY)
         settings = Settings(database_url=url, pool_max_size=2)
         with (
             api_server(url) as base,
@@ -219,6 +274,18 @@ def main(argv: list[str] | None = None) -> ResultRecord:
                 }
                 # GET /healthz right after each scrape: how busy the machine was.
                 row["healthz_control_ms"] = summary(control)
+                times, control, text = scrape_latencies(base, args.scrapes, HISTORY_PATH)
+                assert len(json.loads(text)["points"]) == 1440
+                row["history_scrape_ms"] = summary(times) | {
+                    "p90": statistics.quantiles(times, n=10)[-1]
+                }
+                row["history_healthz_control_ms"] = summary(control)
+                # Each scrape over the /healthz right after it: what the
+                # history's read costs beyond a trivial request, at that moment.
+                row["history_scrape_vs_healthz"] = summary(
+                    [t / c for t, c in zip(times, control, strict=True)]
+                )
+                row |= snapshot_costs(queue, conn)
                 rows.append(row)
                 _print_progress(row, time.monotonic() - started)
     first, last = rows[0], rows[-1]
@@ -233,6 +300,9 @@ def main(argv: list[str] | None = None) -> ResultRecord:
             "repeats": args.repeats,
             "scrapes": args.scrapes,
             "live_load": LIVE_LOAD,
+            "history_path": HISTORY_PATH,
+            "snapshot_day": "1,440 minutes of snapshots of q0-q3 (SNAPSHOT_DAY)",
+            "snapshots": SNAPSHOTS,
             "history": "enqueued, claimed and acked (harness.history.add_finished_jobs)",
         },
         results={

@@ -70,21 +70,23 @@ def add_history(conn: psycopg.Connection[Any], count: int) -> None:
     )
 
 
-def scrape_latencies(base: str, scrapes: int) -> tuple[list[float], list[float], str]:
-    """Milliseconds of each scrape, and of a /healthz (one trivial query)
-    right after it: the control for how busy the shared machine was."""
+def scrape_latencies(
+    base: str, scrapes: int, path: str = "/metrics"
+) -> tuple[list[float], list[float], str]:
+    """Milliseconds of each GET of ``path``, and of a /healthz (one trivial
+    query) right after it: the control for how busy the shared machine was."""
     with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {TOKEN}"}) as client:
         for _ in range(20):  # warm up the connection and the server's pool
-            client.get("/metrics").raise_for_status()
+            client.get(path).raise_for_status()
         scrape: list[float] = []
         control: list[float] = []
         for _ in range(scrapes):
-            for path, times in (("/metrics", scrape), ("/healthz", control)):
+            for each, times in ((path, scrape), ("/healthz", control)):
                 started = time.perf_counter()
-                response = client.get(path)
+                response = client.get(each)
                 times.append((time.perf_counter() - started) * 1000)
                 response.raise_for_status()
-        return scrape, control, client.get("/metrics").text
+        return scrape, control, client.get(path).text
 
 
 def table_mb(conn: psycopg.Connection[Any]) -> float:

@@ -4,7 +4,8 @@ Layout (one guess finds each part):
 
     sql/queries.sql     every statement, named; sql/__init__.py loads them
     migrations/*.sql    the schema, applied in order by migrate()
-    jobs.py             Job, JobState, JobSpec, JOB_FIELDS (the one shape of a new job)
+    jobs.py             Job, JobState, JobSpec, JOB_FIELDS (the one shape of a new job),
+                        AttemptError (one failed attempt, kept on the job)
     control.py          Snooze, CancelJob: what a handler may ask for instead of a result
     transitions.py      the state machine: one I/O-free generator per transition
     schedules.py        periodic jobs: Schedule and its flows; ticks.py: when each ticks
@@ -61,7 +62,7 @@ from .errors import (
     WorkerFailed,
     WorkflowNotFound,
 )
-from .jobs import Job, JobSpec, JobState
+from .jobs import AttemptError, Job, JobSpec, JobState
 from .migrate import migrate
 from .queue import AsyncQueue, Queue
 from .schedules import Schedule
@@ -71,6 +72,7 @@ from .workflows import chain, group
 
 __all__ = [
     "AsyncQueue",
+    "AttemptError",
     "BulkAction",
     "CancelJob",
     "DatabaseReadOnly",

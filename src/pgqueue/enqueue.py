@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -237,5 +238,7 @@ def _copy_many(specs: Sequence[JobSpec], ids: Sequence[int]) -> Flow[list[Enqueu
             for job_id, s in zip(ids, specs, strict=True)
         ],
     )
-    yield Statement("job_notify_queues", {"queues": sorted({s.queue for s in specs})})
+    counts = Counter(s.queue for s in specs)
+    queues = sorted(counts)
+    yield Statement("job_copied", {"queues": queues, "counts": [counts[q] for q in queues]})
     return [Enqueued(job_id, True) for job_id in ids]

@@ -59,6 +59,7 @@ __all__ = [
     "FIELD_ALIASES",
     "JOB_FIELDS",
     "MAX_ATTEMPTS",
+    "MAX_ATTEMPT_ERRORS",
     "MAX_DELAY_SECONDS",
     "MAX_KEY_LENGTH",
     "MAX_PRIORITY",
@@ -66,6 +67,7 @@ __all__ = [
     "QUEUE_NAME",
     "TASK_NAME",
     "UNIQUE_SCOPES",
+    "AttemptError",
     "Job",
     "JobField",
     "JobSpec",
@@ -107,6 +109,40 @@ class JobState(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class AttemptError:
+    """One failed attempt of a job: its number, the error (the exception and
+    the head of its traceback, or why the lease expired), the worker that
+    held it, and when it failed (database clock)."""
+
+    attempt: int
+    error: str
+    worker: str | None
+    at: datetime
+
+    @classmethod
+    def from_dict(cls, value: Mapping[str, Any]) -> AttemptError:
+        return cls(
+            int(value["attempt"]),
+            str(value["error"]),
+            value.get("worker"),
+            datetime.fromisoformat(value["at"]),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "attempt": self.attempt,
+            "error": self.error,
+            "worker": self.worker,
+            "at": self.at.isoformat(),
+        }
+
+
+# Failed attempts a job keeps (the oldest go first): pgqueue_errors_append,
+# migrations/0010_history.sql.
+MAX_ATTEMPT_ERRORS = 20
+
+
+@dataclass(frozen=True, slots=True)
 class Job:
     """A row of the jobs table. ``duplicate`` is set by enqueue when this
     job held the key asked for (nothing new was written)."""
@@ -135,6 +171,9 @@ class Job:
     concurrency_key: str | None = None
     workflow_id: UUID | None = None
     depends_on: list[int] | None = None  # the jobs it waits for, in the order given
+    # Its failed attempts, oldest first (the last MAX_ATTEMPT_ERRORS); an
+    # operator's retry keeps them, and numbers the next attempts from 1 again.
+    errors: tuple[AttemptError, ...] = ()
     duplicate: bool = False
     # The results of the jobs of ``depends_on``, in that order (None for a
     # job that did not succeed, or was pruned): filled in by the claim.
@@ -142,21 +181,14 @@ class Job:
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any], *, duplicate: bool = False) -> Job:
-        values = [row[name] for name in _COLUMNS]
-        values[_STATE_INDEX] = _STATES[values[_STATE_INDEX]]
-        return cls(*values, duplicate=duplicate)  # type: ignore[misc]  # mypy cannot count a list
+        return cls(*_values(row[name] for name in _COLUMNS), duplicate=duplicate)  # type: ignore[misc]  # mypy cannot count a list
 
     @classmethod
     def from_tuples(cls, names: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[Job]:
         """Jobs from plain result tuples whose columns are ``names``: the
         claim's hot path, without a dict per row."""
         picks = [names.index(name) for name in _COLUMNS]
-        jobs = []
-        for row in rows:
-            values = [row[i] for i in picks]
-            values[_STATE_INDEX] = _STATES[values[_STATE_INDEX]]
-            jobs.append(cls(*values))
-        return jobs
+        return [cls(*_values(row[i] for i in picks)) for row in rows]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form: datetimes as ISO 8601 strings."""
@@ -167,12 +199,24 @@ class Job:
                 value = value.isoformat()
             out[name] = str(value) if isinstance(value, UUID) else value
         out["state"] = str(self.state)
+        out["errors"] = [error.to_dict() for error in self.errors]
         return out
 
 
 _COLUMNS = tuple(f.name for f in fields(Job) if f.name not in ("duplicate", "parents"))
 _STATE_INDEX = _COLUMNS.index("state")
+_ERRORS_INDEX = _COLUMNS.index("errors")
 _STATES = {state.value: state for state in JobState}
+
+
+def _values(columns: Iterable[Any]) -> list[Any]:
+    """A row's columns as Job's fields: the state as a JobState, the errors
+    (jsonb, NULL when none) as AttemptErrors."""
+    values = list(columns)
+    values[_STATE_INDEX] = _STATES[values[_STATE_INDEX]]
+    errors = values[_ERRORS_INDEX]
+    values[_ERRORS_INDEX] = tuple(map(AttemptError.from_dict, errors)) if errors else ()
+    return values
 
 
 # -- a new job -------------------------------------------------------------------

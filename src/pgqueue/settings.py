@@ -60,6 +60,8 @@ class Settings:
     # A killed worker's row in the workers registry stays this long after it
     # stopped heartbeating, listed as gone, before maintenance deletes it.
     worker_retention_seconds: float = 3600.0
+    # Per-queue per-minute history (history.py) is kept this long.
+    history_retention_seconds: float = 7 * 24 * 3600.0
     # Connections.
     pool_min_size: int = 1
     pool_max_size: int = 10
@@ -118,6 +120,7 @@ class Settings:
             "retention_seconds",
             "prune_interval_seconds",
             "worker_retention_seconds",
+            "history_retention_seconds",
             "pool_timeout_seconds",
             "enqueue_retry_seconds",
             "poll_interval_seconds",

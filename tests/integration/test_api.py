@@ -336,6 +336,7 @@ async def test_healthz_docs_and_openapi(api: httpx.AsyncClient) -> None:
         "/queues/{name}/pause",
         "/queues/{name}/resume",
         "/queues/{name}/limits",
+        "/queues/{name}/history",
         "/metrics",
         "/healthz",
         "/schedules",

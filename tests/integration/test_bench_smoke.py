@@ -156,9 +156,14 @@ def test_history_smoke(bench_url: str, out_dir: Path) -> None:
         "worker_1_process",
         "worker_1_process_vs_control",
         "metrics_scrape_ms",
+        "history_scrape_ms",
+        "history_scrape_vs_healthz",
+        "snapshot_new_minute_ms",
+        "snapshot_taken_minute_ms",
     }
     for row in results["sizes"]:
         assert row["claim_ack_batch_100_vs_control"]["median"] > 0
+        assert row["history_scrape_ms"]["median"] > 0 < row["snapshot_new_minute_ms"]["median"]
 
 
 def test_metrics_history_smoke(bench_url: str, out_dir: Path) -> None:

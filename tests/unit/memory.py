@@ -80,6 +80,7 @@ class MemoryDatabase:
             "concurrency_key": None,
             "workflow_id": None,
             "depends_on": None,
+            "errors": None,
         }
         row.update(fields)
         self.jobs[job_id] = row
@@ -254,6 +255,17 @@ class MemoryDatabase:
         return [{"pruned": 0}]
 
     # -- schedules (pgqueue/schedules.py) ----------------------------------------------
+
+    # The history's statements (maintenance): nothing to fold or prune, and
+    # no counters to snapshot.
+    def history_fold(self) -> list[Row]:
+        return []
+
+    def history_snapshot(self, minute: datetime | None) -> list[Row]:
+        return [{"taken": 1, "written": 0}]
+
+    def history_prune(self, retention_seconds: float) -> list[Row]:
+        return [{"pruned": 0}]
 
     def db_now(self) -> list[Row]:
         return [{"now": self.clock}]

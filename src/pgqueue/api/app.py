@@ -26,7 +26,7 @@ from ..errors import DatabaseReadOnly, DatabaseUnavailable, SchemaNotMigrated
 from ..jobs import JobState
 from ..queue import AsyncQueue
 from ..settings import Settings
-from . import access, bulk, dead, metrics, queues, schedules, workers, workflows
+from . import access, bulk, dead, history, metrics, queues, schedules, workers, workflows
 from .http_errors import (
     ERROR_RESPONSES,
     documented_errors,
@@ -228,7 +228,7 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
         fields: Annotated[
             Literal["full", "summary"],
             Query(
-                description="summary: every field but payload, result and last_error, "
+                description="summary: every field but payload, result, last_error and errors, "
                 "which can be large (for listings that refresh often; GET /jobs/{id} "
                 "has them all)."
             ),
@@ -362,6 +362,7 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
     app.include_router(dead.router)
     app.include_router(access.router)
     app.include_router(workflows.router)
+    app.include_router(history.router)
     install_pages(app)
     return app
 

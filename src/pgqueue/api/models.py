@@ -12,6 +12,7 @@ are not read from strings, and booleans are not integers.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 from uuid import UUID
@@ -19,7 +20,15 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from ..controls import LIMITS, QueueControls
-from ..jobs import JOB_FIELDS, QUEUE_NAME, TASK_NAME, Job, JobField, JobState
+from ..jobs import (
+    JOB_FIELDS,
+    MAX_ATTEMPT_ERRORS,
+    QUEUE_NAME,
+    TASK_NAME,
+    Job,
+    JobField,
+    JobState,
+)
 
 __all__ = [
     "BatchEnqueued",
@@ -121,11 +130,26 @@ class JobSummary(BaseModel):
     )
 
 
+class AttemptErrorOut(BaseModel):
+    """One failed attempt."""
+
+    attempt: int = Field(description="Which attempt (an operator's retry numbers them from 1).")
+    error: str = Field(
+        description="The exception and the head of its traceback (or why the "
+        "lease expired), its first 2,000 characters."
+    )
+    worker: str | None = Field(description="The worker that held the attempt.")
+    at: datetime = Field(description="When it failed (database clock).")
+
+
 class JobOut(JobSummary):
     """A job as the API shows it."""
 
     payload: dict[str, Any]
     last_error: str | None
+    errors: list[AttemptErrorOut] = Field(
+        description=f"Its failed attempts, oldest first: the last {MAX_ATTEMPT_ERRORS}."
+    )
     result: Any = Field(description="What the handler returned (any JSON), once succeeded.")
 
     @classmethod
@@ -148,6 +172,7 @@ class JobOut(JobSummary):
             worker=job.worker,
             lease_expires_at=job.lease_expires_at,
             last_error=job.last_error,
+            errors=[AttemptErrorOut(**dataclasses.asdict(error)) for error in job.errors],
             result=job.result,
             enqueued_at=job.enqueued_at,
             started_at=job.started_at,
@@ -171,7 +196,8 @@ class BatchEnqueued(BaseModel):
 
 class JobList(BaseModel):
     jobs: list[JobOut | JobSummary] = Field(
-        description="Every field, or with fields=summary, all but payload, result and last_error."
+        description="Every field, or with fields=summary, all but payload, result, last_error "
+        "and errors."
     )
     next_cursor: int | None = Field(
         description="Pass as `cursor` to get the next page; null on the last page."

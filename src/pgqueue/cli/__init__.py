@@ -8,6 +8,7 @@ jobs.py         jobs list, show, cancel, retry
 bulk.py         jobs bulk cancel, retry, delete (by filter, after a count)
 watching.py     queues (the table), top
 queues.py       queues, queues pause, resume, limit
+history.py      queues history (a queue's last minutes)
 workers.py      workers (the registry)
 server.py       db start, stop, status, url (the embedded server)
 maintenance.py  prune
@@ -29,5 +30,6 @@ from .app import app, main
 from . import running, producing, jobs, bulk, queues, watching, workers, server, maintenance  # noqa: F401  # isort: skip
 from . import schedules  # noqa: F401  # isort: skip
 from . import workflows  # noqa: F401  # isort: skip
+from . import history  # noqa: F401  # isort: skip
 
 __all__ = ["app", "main"]

@@ -85,7 +85,7 @@ def _print_job(out: Console, job: Job) -> None:
     table.add_column(style="bold")
     table.add_column()
     for name, value in job.to_dict().items():
-        if name in ("payload", "result"):
+        if name in ("payload", "result", "errors"):
             continue
         if name == "state":
             shown = output.state_text(job.state)
@@ -95,6 +95,8 @@ def _print_job(out: Console, job: Job) -> None:
             shown = escape(str(value))
         table.add_row(name, shown)
     out.print(Panel(table, title=f"job {job.id}", title_align="left", expand=False))
+    if job.errors:
+        out.print(_errors_table(job))
     for name in ("payload", "result"):
         value = getattr(job, name)
         if value is not None:
@@ -106,6 +108,23 @@ def _print_job(out: Console, job: Job) -> None:
                     background_color="default",
                 )
             )
+
+
+def _errors_table(job: Job) -> Table:
+    """Every failed attempt kept, oldest first: the error's first line, and the
+    lines after it (the head of its traceback) dimmed."""
+    table = Table(title="failed attempts", title_justify="left", box=None, pad_edge=False)
+    for name in ("attempt", "at", "worker", "error"):
+        table.add_column(name, no_wrap=name != "error")
+    for error in job.errors:
+        first, _, rest = error.error.partition("\n")
+        table.add_row(
+            str(error.attempt),
+            error.at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S"),
+            escape(error.worker or "-"),
+            escape(first) + (f"\n[dim]{escape(rest)}[/]" if rest else ""),
+        )
+    return table
 
 
 @jobs_app.command("cancel")

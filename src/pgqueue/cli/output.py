@@ -7,6 +7,7 @@ output is piped, and NO_COLOR is honoured (Rich does both).
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 from collections.abc import Iterable, Mapping
@@ -145,12 +146,68 @@ QUEUES_CAPTION = (
     "cancel: totals.  oldest: wait of the oldest runnable job.  1m: ok or dead in the "
     "last minute.  (paused, limits): the queue's controls."
 )
+RATE_HEADER = "done/s"
+# The columns a narrow table keeps longest, first to last (the queue's name
+# is always kept, whole).
+_KEPT_LONGEST = ("queued", "running", RATE_HEADER, "dead", "oldest", "1m", "failed", "sched")
 
 
 def queues_table(
-    rows: Mapping[str, QueueStats], total: QueueStats, title: str | None = None
+    rows: Mapping[str, QueueStats],
+    total: QueueStats,
+    title: str | None = None,
+    *,
+    rates: Mapping[str, float] | None = None,
+    width: int | None = None,
 ) -> Table:
-    """The per-queue table of ``queues`` and ``top``, with a total row."""
+    """The per-queue table of ``queues`` and ``top``, with a total row. With
+    ``rates`` (jobs done per second by queue; a queue not in it: not known
+    yet), a done/s column. With ``width``, the columns least needed go until
+    the table fits, so that queue names are never squeezed."""
+    lines: list[tuple[str, list[str], str | None]] = [
+        (escape(name) + _controls_note(row.controls), _queue_cells(row), None)
+        for name, row in rows.items()
+    ]
+    lines.append(("total", _queue_cells(total), "bold"))
+    headers = [*_HEADERS, "oldest", "1m"]
+    if rates is not None:
+        headers.append(RATE_HEADER)
+        for (_, values, _), rate in zip(
+            lines, [*(rates.get(name) for name in rows), _sum(rates, rows)], strict=True
+        ):
+            values.append("-" if rate is None else f"{rate:.1f}")
+    shown = list(headers)
+    while True:
+        table = _queues_grid(lines, headers, shown, title)
+        if width is None or _natural_width(table) <= width or not shown:
+            return table
+        shown.remove(max(shown, key=_drop_order))
+
+
+def _controls_note(controls: QueueControls | None) -> str:
+    if controls is None or not (controls.paused or controls.limited):
+        return ""
+    return f" [dim]({escape(controls_text(controls))})[/]"
+
+
+def _sum(rates: Mapping[str, float], names: Iterable[str]) -> float | None:
+    """All queues' rate, when each is known."""
+    known = [rates.get(name) for name in names]
+    return None if None in known else sum(rate or 0.0 for rate in known)
+
+
+def _drop_order(header: str) -> int:
+    """Which column a narrow table drops first: the highest number."""
+    return _KEPT_LONGEST.index(header) if header in _KEPT_LONGEST else len(_KEPT_LONGEST)
+
+
+def _queues_grid(
+    lines: list[tuple[str, list[str], str | None]],
+    headers: list[str],
+    shown: list[str],
+    title: str | None,
+) -> Table:
+    hidden = len(headers) - len(shown)
     table = Table(
         box=None,
         header_style="bold",
@@ -158,22 +215,22 @@ def queues_table(
         title=title,
         title_justify="left",
         title_style="bold",
-        caption=QUEUES_CAPTION,
+        caption=f"({hidden} more columns on a wider terminal)" if hidden else QUEUES_CAPTION,
         caption_justify="left",
         caption_style="dim",
     )
     table.add_column("queue", overflow="fold")
-    for header in _HEADERS:
+    picks = [headers.index(header) for header in shown]
+    for header in shown:
         table.add_column(header, justify="right", no_wrap=True)
-    table.add_column("oldest", justify="right", no_wrap=True)
-    table.add_column("1m", justify="right", no_wrap=True)
-    for name, row in rows.items():
-        controls = row.controls
-        shown = controls is not None and (controls.paused or controls.limited)
-        note = f" [dim]({escape(controls_text(controls))})[/]" if controls and shown else ""
-        table.add_row(escape(name) + note, *_queue_cells(row))
-    table.add_row("total", *_queue_cells(total), style="bold")
+    for label, values, style in lines:
+        table.add_row(label, *(values[i] for i in picks), style=style)
     return table
+
+
+def _natural_width(table: Table) -> int:
+    """The columns a table takes when nothing wraps."""
+    return Console(width=10_000, file=io.StringIO()).measure(table).maximum
 
 
 def controls_text(controls: QueueControls) -> str:

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 from rich.live import Live
 
-from .. import stats
+from .. import presence, stats
 from ..queue import Queue
 from . import output
 from .app import app, state_of, wants_json
@@ -58,10 +58,12 @@ def top_cmd(
         bool, typer.Option("--json", help="Print one JSON document per refresh (JSON lines).")
     ] = False,
 ) -> None:
-    """The queues table, refreshing (like top). Ctrl-C leaves."""
+    """The queues table, refreshing (like top), with jobs done per second (since
+    the last refresh) and the workers alive. On a narrow terminal the columns
+    least needed are left out. Ctrl-C leaves."""
     state = state_of(ctx)
     as_json = wants_json(ctx, json_out)
-    previous: tuple[float, int] | None = None
+    rates = _Rates()
     count = 0
     with contextlib.ExitStack() as stack:
         q = stack.enter_context(state.queue())
@@ -73,27 +75,60 @@ def top_cmd(
         try:
             while True:
                 rows, total = _read(q)
-                now = time.monotonic()
-                done = total.succeeded + total.dead
-                rate = None
-                if previous is not None and now > previous[0]:
-                    rate = (done - previous[1]) / (now - previous[0])
-                previous = (now, done)
+                per_queue = rates.update(rows)
+                workers = q.run(presence.list_workers())
+                alive = sum(w.alive for w in workers)
+                stalled = sum(w.stalled for w in workers)
                 count += 1
                 if live is None:
                     output.emit_json(
-                        {**_as_json(rows, total), "at": datetime.now(UTC), "done_per_second": rate}
+                        {
+                            **_as_json(rows, total),
+                            "at": datetime.now(UTC),
+                            "done_per_second": None
+                            if per_queue is None
+                            else sum(per_queue.values()),
+                            "done_per_second_by_queue": per_queue,
+                            "workers": {"alive": alive, "stalled": stalled},
+                        }
                     )
                 else:
-                    stamp = datetime.now().strftime("%H:%M:%S")
-                    title = (
-                        f"pgqueue top  {stamp}  "
-                        + (f"{rate:.1f} jobs/s" if rate is not None else "")
-                        + f"  (every {interval:g}s, Ctrl-C leaves)"
+                    title = _title(per_queue, alive, stalled, interval)
+                    table = output.queues_table(
+                        rows, total, title=title, rates=per_queue or {}, width=state.out.width
                     )
-                    live.update(output.queues_table(rows, total, title=title), refresh=True)
+                    live.update(table, refresh=True)
                 if iterations is not None and count >= iterations:
                     break
                 time.sleep(interval)
         except KeyboardInterrupt:
             pass
+
+
+class _Rates:
+    """Jobs done (succeeded or dead) per second and queue, from the counter
+    totals of two refreshes: nothing is read twice, whatever the history."""
+
+    def __init__(self) -> None:
+        self._last: tuple[float, dict[str, int]] | None = None
+
+    def update(self, rows: dict[str, stats.QueueStats]) -> dict[str, float] | None:
+        """The rates since the previous call (None on the first)."""
+        now = time.monotonic()
+        done = {name: row.succeeded + row.dead for name, row in rows.items()}
+        last, self._last = self._last, (now, done)
+        if last is None or now <= last[0]:
+            return None
+        seconds = now - last[0]
+        # A queue new since then has no rate yet (its totals are not all recent).
+        return {name: (n - last[1][name]) / seconds for name, n in done.items() if name in last[1]}
+
+
+def _title(rates: dict[str, float] | None, alive: int, stalled: int, interval: float) -> str:
+    stamp = datetime.now().strftime("%H:%M:%S")
+    done = f"  {sum(rates.values()):.1f} jobs/s" if rates is not None else ""
+    late = f" ([bold yellow]{stalled} stalled[/])" if stalled else ""
+    return (
+        f"pgqueue top  {stamp}{done}  {alive} worker{'s' * (alive != 1)}{late}"
+        f"  [dim](every {interval:g}s, Ctrl-C leaves)[/]"
+    )

@@ -30,6 +30,10 @@ WITH inserted AS (
 ), woken AS (
     -- NOTIFY is a hint that work is ready; delayed jobs need none.
     SELECT pg_notify('pgqueue_jobs', queue) FROM inserted WHERE run_at <= now()
+), counted AS (
+    -- Counted for the per-minute history. Appended, not added to a counter
+    -- row: a caller's transaction holds no lock another producer could wait on.
+    INSERT INTO pgqueue_enqueued (queue, n) SELECT queue, 1 FROM inserted
 )
 SELECT inserted.* FROM inserted, (SELECT count(*) FROM woken) w;
 
@@ -65,6 +69,8 @@ WITH inserted AS (
 ), woken AS (
     SELECT pg_notify('pgqueue_jobs', queue)
     FROM (SELECT DISTINCT queue FROM inserted WHERE run_at <= now()) q
+), counted AS (
+    INSERT INTO pgqueue_enqueued (queue, n) SELECT queue, count(*) FROM inserted GROUP BY 1
 )
 SELECT id FROM inserted, (SELECT count(*) FROM woken) w;
 
@@ -153,6 +159,9 @@ WITH edge AS (
 ), woken AS (
     SELECT pg_notify('pgqueue_jobs', queue)
     FROM (SELECT DISTINCT queue FROM inserted WHERE state = 'queued' AND run_at <= now()) q
+), enqueued AS (
+    -- For the per-minute history, as every enqueue.
+    INSERT INTO pgqueue_enqueued (queue, n) SELECT queue, count(*) FROM inserted GROUP BY 1
 )
 SELECT inserted.* FROM inserted, (SELECT count(*) FROM woken) w ORDER BY id;
 
@@ -162,8 +171,14 @@ SELECT inserted.* FROM inserted, (SELECT count(*) FROM woken) w ORDER BY id;
 SELECT id, result FROM pgqueue_jobs
 WHERE id = ANY(%(ids)s::bigint[]) AND state = 'succeeded';
 
--- name: job_notify_queues
--- One "jobs are ready" hint per queue.
+-- name: job_copied
+-- After a job_copy in the same transaction: the jobs it inserted counted as
+-- enqueued (`counts[i]` of `queues[i]`; a COPY cannot count them itself),
+-- and one "jobs are ready" hint per queue.
+WITH counted AS (
+    INSERT INTO pgqueue_enqueued (queue, n)
+    SELECT * FROM unnest(%(queues)s::text[], %(counts)s::bigint[])
+)
 SELECT count(pg_notify('pgqueue_jobs', q)) AS notified FROM unnest(%(queues)s::text[]) AS q;
 
 -- name: job_claim
@@ -252,6 +267,10 @@ WITH outcome AS (
                      ELSE 'dead' END,
         result = CASE WHEN o.succeeded THEN o.result END,
         last_error = CASE WHEN o.succeeded THEN j.last_error ELSE o.error END,
+        -- A failure's history is written with the failure (a success's
+        -- errors stay as they are, NULL when none).
+        errors = CASE WHEN o.succeeded THEN j.errors
+                      ELSE pgqueue_errors_append(j.errors, j.attempts, o.error, j.worker) END,
         run_at = CASE WHEN NOT o.succeeded AND o.retryable AND j.attempts < j.max_attempts
                       THEN now() + pgqueue_backoff(j.attempts, %(backoff_base)s, %(backoff_cap)s)
                       ELSE j.run_at END,
@@ -346,7 +365,8 @@ SELECT id, state FROM cancelled, (SELECT count(*) FROM woken) w, (SELECT count(*
 -- same backoff as any failure, or dead when out of attempts. Rows another
 -- reaper is handling are skipped, so every worker may run this at once.
 WITH expired AS (
-    SELECT id FROM pgqueue_jobs
+    SELECT id, format('lease expired (worker %%s, attempt %%s)', worker, attempts) AS error
+    FROM pgqueue_jobs
     WHERE state = 'running' AND lease_expires_at < now()
     ORDER BY lease_expires_at
     LIMIT %(limit)s
@@ -358,7 +378,8 @@ WITH expired AS (
                       THEN now() + pgqueue_backoff(j.attempts, %(backoff_base)s, %(backoff_cap)s)
                       ELSE j.run_at END,
         finished_at = CASE WHEN j.attempts < j.max_attempts THEN NULL ELSE now() END,
-        last_error = format('lease expired (worker %%s, attempt %%s)', j.worker, j.attempts),
+        last_error = expired.error,
+        errors = pgqueue_errors_append(j.errors, j.attempts, expired.error, j.worker),
         lease_expires_at = NULL
     FROM expired WHERE j.id = expired.id
     RETURNING j.id, j.queue, j.state, j.has_dependents
@@ -835,6 +856,84 @@ FROM pgqueue_counters GROUP BY queue ORDER BY queue;
 SELECT queue, bucket, sum(count)::bigint AS count, sum(sum_seconds) AS sum_seconds
 FROM pgqueue_start_latency GROUP BY queue, bucket ORDER BY queue, bucket;
 
+-- name: history_fold
+-- Move the enqueue counts appended since the last fold (pgqueue_enqueued)
+-- into pgqueue_counters.enqueued, so that the appends stay few. A fold that
+-- meets rows another fold is moving waits for it, then finds them gone.
+WITH folded AS (
+    DELETE FROM pgqueue_enqueued RETURNING queue, n
+)
+INSERT INTO pgqueue_counters AS c (queue, shard, enqueued)
+SELECT queue, pg_backend_pid() %% 16, sum(n) FROM folded GROUP BY 1, 2 ORDER BY 1, 2
+ON CONFLICT (queue, shard) DO UPDATE SET enqueued = c.enqueued + excluded.enqueued;
+
+-- name: history_snapshot
+-- Once a minute: record each queue's cumulative numbers
+-- (pgqueue_queue_totals) for the current minute of the database clock (or
+-- for `minute`, when given: tests write chosen minutes this way), where they
+-- changed since the queue's previous row. Of the workers that call it in a
+-- minute, the first takes the minute (its row in pgqueue_history_snapshots)
+-- and writes; the others write nothing. Reads the counters, never the jobs.
+WITH taken AS (
+    INSERT INTO pgqueue_history_snapshots (minute)
+    VALUES (date_trunc('minute', coalesce(%(minute)s::timestamptz, now())))
+    ON CONFLICT (minute) DO NOTHING
+    RETURNING minute
+), written AS (
+    INSERT INTO pgqueue_queue_minutes (queue, minute, enqueued, succeeded, failed, dead, latency)
+    SELECT t.queue, taken.minute, t.enqueued, t.succeeded, t.failed, t.dead, t.latency
+    FROM taken CROSS JOIN pgqueue_queue_totals t
+    LEFT JOIN LATERAL (
+        -- The queue's numbers in force before: one probe of the primary key.
+        SELECT * FROM pgqueue_queue_minutes p
+        WHERE p.queue = t.queue AND p.minute < taken.minute
+        ORDER BY p.minute DESC LIMIT 1
+    ) prev ON true
+    WHERE prev.queue IS NULL
+       OR (prev.enqueued, prev.succeeded, prev.failed, prev.dead, prev.latency)
+          IS DISTINCT FROM (t.enqueued, t.succeeded, t.failed, t.dead, t.latency)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM taken) AS taken, count(*) AS written FROM written;
+
+-- name: history_prune
+-- Forget the snapshots older than `retention_seconds`, except each queue's
+-- newest row among them: the numbers in force when what is kept begins.
+WITH cutoff AS (
+    SELECT now() - make_interval(secs => %(retention_seconds)s) AS at
+), marks AS (
+    DELETE FROM pgqueue_history_snapshots s USING cutoff WHERE s.minute < cutoff.at
+), pruned AS (
+    DELETE FROM pgqueue_queue_minutes m USING cutoff
+    WHERE m.minute < cutoff.at
+      AND EXISTS (SELECT 1 FROM pgqueue_queue_minutes n
+                  WHERE n.queue = m.queue AND n.minute > m.minute AND n.minute < cutoff.at)
+    RETURNING 1
+)
+SELECT count(*) AS pruned FROM pruned;
+
+-- name: history_marks
+-- The database's current minute, and the minutes of the last `minutes`
+-- (the current one included) that have a snapshot, oldest first.
+SELECT date_trunc('minute', now()) AS current_minute,
+       ARRAY(SELECT minute FROM pgqueue_history_snapshots
+             WHERE minute > date_trunc('minute', now()) - make_interval(mins => %(minutes)s)
+               AND minute <= date_trunc('minute', now())
+             ORDER BY minute) AS marks;
+
+-- name: history_rows
+-- A queue's snapshot rows from `first` to `last`, and the one in force at
+-- `first` (its newest before), oldest first: two ranges of the primary key.
+(SELECT * FROM pgqueue_queue_minutes
+ WHERE queue = %(queue)s AND minute < %(first)s ORDER BY minute DESC LIMIT 1)
+UNION ALL
+(SELECT * FROM pgqueue_queue_minutes
+ WHERE queue = %(queue)s AND minute >= %(first)s AND minute <= %(last)s ORDER BY minute);
+
+-- name: history_live
+-- A queue's cumulative numbers now (no row: it has none yet).
+SELECT * FROM pgqueue_queue_totals WHERE queue = %(queue)s;
+
 -- name: schedule_upsert
 -- Create or update the schedules a worker's code declares, from parallel
 -- arrays (sorted by name, so that workers starting together lock rows in the
@@ -936,6 +1035,8 @@ WITH due AS (
     RETURNING s.name
 ), woken AS (
     SELECT pg_notify('pgqueue_jobs', queue) FROM (SELECT DISTINCT queue FROM inserted) q
+), counted AS (
+    INSERT INTO pgqueue_enqueued (queue, n) SELECT queue, count(*) FROM inserted GROUP BY 1
 )
 SELECT moved.name, i.id, i.idempotency_key
 FROM moved LEFT JOIN inserted i ON true, (SELECT count(*) FROM woken) w

@@ -1,7 +1,9 @@
-"""Maintenance: where expired leases are reaped and old jobs pruned.
+"""Maintenance: where expired leases are reaped, old jobs pruned, and the
+per-minute history snapshotted.
 
-Every worker runs both (they are idempotent and skip rows another worker has
-locked), so there is no leader to elect and none to lose. Intervals are
+Every worker runs all three (they are idempotent and skip rows another
+worker has locked; of the snapshots of one minute, the first taken is the
+one kept), so there is no leader to elect and none to lose. Intervals are
 jittered so that workers started together do not run them together, and
 each runs in bounded batches, repeated while batches come back full.
 """
@@ -13,7 +15,7 @@ import logging
 import random
 import time
 
-from .. import presence
+from .. import history, presence
 from ..settings import Settings
 from ..transitions import prune, reap
 from .connection import FlowRunner
@@ -23,6 +25,10 @@ __all__ = ["Maintenance"]
 
 # Batches per round, so that one round cannot run without end.
 MAX_BATCHES = 100
+# How often a worker offers the current minute's history snapshot: the
+# first offer of a minute (of any worker) is taken, within this many seconds
+# of the minute's start.
+SNAPSHOT_INTERVAL_SECONDS = 5.0
 
 
 class Maintenance:
@@ -32,22 +38,24 @@ class Maintenance:
         self.events = events
 
     async def maintenance_loop(self) -> None:
-        """Reap and prune at their (jittered) intervals, for ever."""
+        """Reap, prune and snapshot at their (jittered) intervals, for ever."""
         s = self.settings
+        chores = (
+            (s.reap_interval_seconds, self.reap),
+            (s.prune_interval_seconds, self.prune),
+            (SNAPSHOT_INTERVAL_SECONDS, self.snapshot),
+        )
         now = time.monotonic()
-        next_reap = now + random.uniform(0, s.reap_interval_seconds)
-        next_prune = now + random.uniform(0, s.prune_interval_seconds)
+        due = [now + random.uniform(0, interval) for interval, _ in chores]
         backoff = Backoff(self.events, "maintenance")
         while True:
-            await asyncio.sleep(max(0.0, min(next_reap, next_prune) - time.monotonic()))
+            await asyncio.sleep(max(0.0, min(due) - time.monotonic()))
             now = time.monotonic()
             try:
-                if now >= next_reap:
-                    next_reap = now + s.reap_interval_seconds * random.uniform(0.8, 1.2)
-                    await self.reap()
-                if now >= next_prune:
-                    next_prune = now + s.prune_interval_seconds * random.uniform(0.8, 1.2)
-                    await self.prune()
+                for i, (interval, chore) in enumerate(chores):
+                    if now >= due[i]:
+                        due[i] = now + interval * random.uniform(0.8, 1.2)
+                        await chore()
             except WAIT_OUT as exc:
                 backoff.note(exc)  # the next round is the retry
                 continue
@@ -83,3 +91,8 @@ class Maintenance:
             await asyncio.sleep(0)
         if total:
             self.events(logging.INFO, "prune", "pruned %d finished jobs", total)
+        await self.conn.run(history.prune(self.settings.history_retention_seconds))
+
+    async def snapshot(self) -> None:
+        """The current minute's history snapshot, unless another worker took it."""
+        await self.conn.run(history.snapshot())
