@@ -47,6 +47,13 @@ class Settings:
     max_snoozes: int = 100
     # Maintenance.
     reap_interval_seconds: float = 5.0
+    # Each worker records its heartbeat connection's PostgreSQL session, and
+    # every death_check_interval_seconds looks for workers whose session has
+    # ended (SIGKILL, crash) to take their jobs back without waiting for the
+    # leases. Off behind a transaction-mode pooler (PgBouncer), where the
+    # session is not the worker's own: then only leases find dead workers.
+    session_death_detection: bool = True
+    death_check_interval_seconds: float = 1.0
     reap_batch: int = 1000
     retention_seconds: float = 7 * 24 * 3600.0
     prune_interval_seconds: float = 60.0
@@ -103,6 +110,7 @@ class Settings:
             "backoff_base_seconds",
             "backoff_cap_seconds",
             "reap_interval_seconds",
+            "death_check_interval_seconds",
             "retention_seconds",
             "prune_interval_seconds",
             "worker_retention_seconds",

@@ -188,8 +188,14 @@ def test_maintenance_smoke(bench_url: str, out_dir: Path) -> None:
     out = out_dir / "maintenance.json"
     maintenance.main(["--running", "20", "--finished", "200", "--calls", "20", "--out", str(out)])
     results = _read(out, "maintenance", "bench.perf.maintenance").results
-    assert set(results["statement_ms"]) == {"reap_ms", "prune_ms", "try_lock_not_leader_ms"}
+    assert set(results["statement_ms"]) == {
+        "reap_ms",
+        "prune_ms",
+        "try_lock_not_leader_ms",
+        "death_check_ms",
+    }
     assert results["per_reap_interval_for_workers"]["every_worker_ms"] > 0
+    assert results["death_check_finding_one"]["held_jobs"] == 4  # a fifth of 20
 
 
 def test_scheduled_smoke(out_dir: Path) -> None:

@@ -244,6 +244,20 @@ class MemoryDatabase:
         self.workers[name].update(load)
         return [{"name": name}]
 
+    def worker_reap_dead(self, worker: str) -> list[Row]:
+        """The workers a test marked ``session_ended`` (never the caller):
+        dead now, their running jobs' leases ended."""
+        out = []
+        for name, row in self.workers.items():
+            if name == worker or not row.pop("session_ended", False) or not row["session"]:
+                continue
+            row["session"] = False
+            held = [j for j in self.jobs.values() if (j["state"], j["worker"]) == ("running", name)]
+            for job in held:
+                job["lease_expires_at"] = datetime.min.replace(tzinfo=UTC)
+            out.append({"name": name, "jobs": len(held)})
+        return out
+
     def worker_leave(self, name: str) -> list[Row]:
         self.workers.pop(name, None)
         return []

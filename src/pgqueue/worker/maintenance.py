@@ -1,9 +1,15 @@
-"""Maintenance: where expired leases are reaped and old jobs pruned.
+"""Maintenance: where dead workers are found, expired leases reaped and old
+jobs pruned.
 
-Every worker runs both (they are idempotent and skip rows another worker has
-locked), so there is no leader to elect and none to lose. Intervals are
-jittered so that workers started together do not run them together, and
-each runs in bounded batches, repeated while batches come back full.
+Every worker runs all three (they are idempotent and skip rows another
+worker has locked), so there is no leader to elect and none to lose.
+Intervals are jittered so that workers started together do not run them
+together, and reaps and prunes run in bounded batches, repeated while
+batches come back full. The death check (every
+``death_check_interval_seconds``, unless ``session_death_detection`` is off)
+is one cheap statement: it looks for workers whose PostgreSQL session has
+ended, and when it finds one, the reap that takes its jobs back runs at once
+instead of at the reap interval.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Awaitable, Callable
 
 from .. import presence
 from ..settings import Settings
@@ -26,32 +33,51 @@ MAX_BATCHES = 100
 
 
 class Maintenance:
-    def __init__(self, conn: FlowRunner, settings: Settings, events: EventLog) -> None:
+    def __init__(self, conn: FlowRunner, settings: Settings, events: EventLog, worker: str) -> None:
         self.conn = conn
         self.settings = settings
         self.events = events
+        self.worker = worker  # this worker's name: it never finds itself dead
 
     async def maintenance_loop(self) -> None:
-        """Reap and prune at their (jittered) intervals, for ever."""
+        """Each chore at its (jittered) interval, for ever."""
         s = self.settings
+        chores: list[tuple[float, Callable[[], Awaitable[None]]]] = [
+            (s.reap_interval_seconds, self.reap),
+            (s.prune_interval_seconds, self.prune),
+        ]
+        if s.session_death_detection:
+            chores.append((s.death_check_interval_seconds, self.reap_dead))
         now = time.monotonic()
-        next_reap = now + random.uniform(0, s.reap_interval_seconds)
-        next_prune = now + random.uniform(0, s.prune_interval_seconds)
+        due = [now + random.uniform(0, interval) for interval, _ in chores]
         backoff = Backoff(self.events, "maintenance")
         while True:
-            await asyncio.sleep(max(0.0, min(next_reap, next_prune) - time.monotonic()))
+            await asyncio.sleep(max(0.0, min(due) - time.monotonic()))
             now = time.monotonic()
             try:
-                if now >= next_reap:
-                    next_reap = now + s.reap_interval_seconds * random.uniform(0.8, 1.2)
-                    await self.reap()
-                if now >= next_prune:
-                    next_prune = now + s.prune_interval_seconds * random.uniform(0.8, 1.2)
-                    await self.prune()
+                for i, (interval, chore) in enumerate(chores):
+                    if now >= due[i]:
+                        due[i] = now + interval * random.uniform(0.8, 1.2)
+                        await chore()
             except WAIT_OUT as exc:
                 backoff.note(exc)  # the next round is the retry
                 continue
             backoff.succeeded()
+
+    async def reap_dead(self) -> None:
+        """Find the workers whose session has ended; take their jobs back now."""
+        dead = await self.conn.run(presence.reap_dead(self.worker))
+        for name, jobs in dead.items():
+            self.events(
+                logging.WARNING,
+                "worker_dead",
+                "worker %s: its session ended; taking back its %d running jobs",
+                name,
+                jobs,
+                dead_worker=name,
+            )
+        if any(dead.values()):
+            await self.reap()
 
     async def reap(self) -> None:
         """Take back jobs whose lease expired: failed attempts, retried or dead."""
@@ -61,7 +87,7 @@ class Maintenance:
                 self.events(
                     logging.WARNING,
                     "reap",
-                    "job %d: lease expired; now %s",
+                    "job %d: lease expired or worker dead; now %s",
                     job_id,
                     state,
                     job_id=job_id,

@@ -8,7 +8,8 @@ One job's path, by calls::
                             -> Completer.submit (completer.py): written in a batch by
                                Completer.write_loop, fenced by the attempt's token
     LeaseKeeper.heartbeat_loop      extends the leases of held jobs (leases.py)
-    Maintenance.maintenance_loop    reaps expired leases, prunes old jobs (maintenance.py)
+    Maintenance.maintenance_loop    finds dead workers, reaps expired leases, prunes old jobs
+                                    (maintenance.py)
     Scheduler.schedule_loop         enqueues the ticks of schedules (scheduler.py)
 
 Supervision: each part runs as a task of its own. A part waits out database
@@ -216,7 +217,7 @@ class AsyncWorker:
             self.name, socket.gethostname(), os.getpid(), _version(), self.queues, self.concurrency
         )
         self.lease_keeper = LeaseKeeper(upkeep, self.held, s, events, info, self._load)
-        self.maintenance = Maintenance(upkeep, s, events)
+        self.maintenance = Maintenance(upkeep, s, events, self.name)
         self.scheduler = Scheduler(upkeep, s, events, declared=self.schedules, tasks=self.tasks)
 
     def _load(self) -> WorkerLoad:
