@@ -195,9 +195,12 @@ class MemoryDatabase:
             if row is not None:
                 yield row, value
 
-    def job_snooze(self, ids: list[int], tokens: list[int], seconds: list[float]) -> list[Row]:
+    def job_snooze(
+        self, ids: list[int], tokens: list[int], seconds: list[float], errors: list[str | None]
+    ) -> list[Row]:
         snoozed = []
-        for row, delay in self._fenced(ids, tokens, seconds):
+        for (row, delay), error in zip(self._fenced(ids, tokens, seconds), errors, strict=False):
+            row["last_error"] = error or row["last_error"]
             row.update(
                 state="queued",
                 attempts=row["attempts"] - 1,

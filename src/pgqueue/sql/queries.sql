@@ -203,14 +203,18 @@ SELECT id, state FROM finished, (SELECT count(*) FROM woken) w;
 -- given back (the claim counted it), the job counts one more snooze, and the
 -- queue's counters count a snooze, not a failure. run_at is now() plus the
 -- delay asked for; jobs due at once are a hint to the workers of their queue.
+-- An error (a task's exception retried without an attempt) becomes
+-- last_error; without one, last_error stays.
 -- A separate statement, so that job_finish costs nothing more when nobody snoozes.
 WITH request AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(seconds)s::double precision[])
-         AS t(id, token, seconds)
+    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(seconds)s::double precision[],
+                         %(errors)s::text[])
+         AS t(id, token, seconds, error)
 ), snoozed AS (
     UPDATE pgqueue_jobs j
     SET state = 'queued', attempts = j.attempts - 1, snoozes = j.snoozes + 1,
-        run_at = now() + make_interval(secs => r.seconds), lease_expires_at = NULL
+        run_at = now() + make_interval(secs => r.seconds), lease_expires_at = NULL,
+        last_error = coalesce(r.error, j.last_error)
     FROM request r
     WHERE j.id = r.id AND j.lease_token = r.token AND j.state = 'running'
     RETURNING j.id, j.queue, j.state, j.run_at
@@ -269,11 +273,9 @@ WITH expired AS (
                       THEN now() + pgqueue_backoff(j.attempts, %(backoff_base)s, %(backoff_cap)s)
                       ELSE j.run_at END,
         finished_at = CASE WHEN j.attempts < j.max_attempts THEN NULL ELSE now() END,
-        last_error = CASE WHEN j.lease_expires_at = '-infinity'
-                          THEN format('worker %%s died (its session ended), attempt %%s',
-                                      j.worker, j.attempts)
-                          ELSE format('lease expired (worker %%s, attempt %%s)', j.worker, j.attempts)
-                     END,
+        last_error = format('lease expired (worker %%s, attempt %%s)', j.worker, j.attempts)
+                     || CASE WHEN j.lease_expires_at = '-infinity'
+                             THEN ': its worker''s session ended' ELSE '' END,
         lease_expires_at = NULL
     FROM expired WHERE j.id = expired.id
     RETURNING j.id, j.queue, j.state

@@ -31,9 +31,11 @@ MAX_ERROR_CHARS = 4000
 log = logging.getLogger("pgqueue.worker")
 
 
-def backoff_delay(attempt: int) -> float:
+def backoff_delay(
+    attempt: int, base: float = BACKOFF_BASE_SECONDS, cap: float = BACKOFF_CAP_SECONDS
+) -> float:
     """Seconds to wait after ``attempt`` consecutive failures (0-based)."""
-    ceiling = min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2.0 ** min(attempt, 30))
+    ceiling = min(cap, base * 2.0 ** min(attempt, 30))
     return ceiling * (0.5 + random.random() / 2)
 
 

@@ -5,11 +5,12 @@ JSON-able result (or raising ``Snooze``/``CancelJob``, see pgqueue.control);
 ``async def`` handlers run on the worker's event loop, plain functions in its
 bounded thread pool. Give the worker either a plain mapping ``{"task": fn}``
 or a ``TaskRegistry`` filled with its decorator, which can also carry a
-per-task timeout and bound on snoozes::
+per-task timeout, bound on snoozes, and the exceptions that put the job
+back without counting an attempt (a database outage, say)::
 
     registry = TaskRegistry()
 
-    @registry.task(timeout=30, max_snoozes=10)
+    @registry.task(timeout=30, max_snoozes=10, retry_without_attempt=(OperationalError,))
     async def send_email(job: Job) -> dict[str, str]:
         ...
 
@@ -53,14 +54,17 @@ Handler = Callable[[Job], Any]
 @dataclass(frozen=True, slots=True)
 class Task:
     """One registered handler: its callable, whether it is a coroutine
-    function, its default timeout (a job's own timeout wins), and how many
-    times one job may snooze (None: the setting ``max_snoozes``)."""
+    function, its default timeout (a job's own timeout wins), how many
+    times one job may snooze (None: the setting ``max_snoozes``), and the
+    exceptions that snooze it after a backoff instead of failing the attempt
+    (within the same bound)."""
 
     name: str
     fn: Handler
     is_async: bool
     timeout_seconds: float | None = None
     max_snoozes: int | None = None
+    retry_without_attempt: tuple[type[Exception], ...] = ()
 
 
 def _is_async(fn: Any) -> bool:
@@ -72,7 +76,13 @@ def _is_async(fn: Any) -> bool:
     return call is not None and inspect.iscoroutinefunction(call)
 
 
-def _task(name: str, fn: Any, timeout: float | None = None, max_snoozes: int | None = None) -> Task:
+def _task(
+    name: str,
+    fn: Any,
+    timeout: float | None = None,
+    max_snoozes: int | None = None,
+    retry_without_attempt: Any = (),
+) -> Task:
     if not callable(fn):
         raise TypeError(f"handler for task {name!r} is not callable: {fn!r}")
     if timeout is not None and not timeout > 0:
@@ -83,7 +93,20 @@ def _task(name: str, fn: Any, timeout: float | None = None, max_snoozes: int | N
         raise ValueError(
             f"max_snoozes of task {name!r} must be an integer >= 0, got {max_snoozes!r}"
         )
-    return Task(name, fn, _is_async(fn), timeout, max_snoozes)
+    retried = _exception_classes(name, retry_without_attempt)
+    return Task(name, fn, _is_async(fn), timeout, max_snoozes, retried)
+
+
+def _exception_classes(name: str, value: Any) -> tuple[type[Exception], ...]:
+    """An exception class or a tuple of them, as in an ``except`` clause."""
+    classes = value if isinstance(value, tuple) else (value,)
+    for cls in classes:
+        if not (isinstance(cls, type) and issubclass(cls, Exception)):
+            raise ValueError(
+                f"retry_without_attempt of task {name!r} must be an exception class or a "
+                f"tuple of them, got {value!r}"
+            )
+    return classes
 
 
 class TaskRegistry(Mapping[str, Handler]):
@@ -105,6 +128,7 @@ class TaskRegistry(Mapping[str, Handler]):
         name: str | None = None,
         timeout: float | None = None,
         max_snoozes: int | None = None,
+        retry_without_attempt: type[Exception] | tuple[type[Exception], ...] = (),
         **schedule: Any,
     ) -> Callable[[Handler], Handler]: ...
 
@@ -116,11 +140,16 @@ class TaskRegistry(Mapping[str, Handler]):
         name: str | None = None,
         timeout: float | None = None,
         max_snoozes: int | None = None,
+        retry_without_attempt: type[Exception] | tuple[type[Exception], ...] = (),
         **schedule: Any,
     ) -> Handler | Callable[[Handler], Handler]:
         """Register ``fn`` under ``name`` (default: the function's name).
         ``max_snoozes``: how many times one job may snooze (default: the
-        setting ``max_snoozes``). With ``cron=`` or ``every=`` (and any other
+        setting ``max_snoozes``). ``retry_without_attempt``: exceptions
+        (e.g. ``psycopg.OperationalError``) that put the job back after a
+        backoff without counting the attempt, as a snooze and within the
+        same bound; past it, such an exception fails the attempt as any
+        other. With ``cron=`` or ``every=`` (and any other
         argument of ``periodic``), also declare a schedule of the same name
         that runs it."""
 
@@ -130,7 +159,7 @@ class TaskRegistry(Mapping[str, Handler]):
                 raise ValueError(f"give a name for {fn!r}: it has no __name__")
             if key in self._tasks:
                 raise ValueError(f"task {key!r} is registered twice")
-            task = _task(key, fn, timeout, max_snoozes)
+            task = _task(key, fn, timeout, max_snoozes, retry_without_attempt)
             if schedule:
                 self.periodic(key, task=key, **schedule)
             self._tasks[key] = task
@@ -157,8 +186,14 @@ class TaskRegistry(Mapping[str, Handler]):
         *,
         timeout: float | None = None,
         max_snoozes: int | None = None,
+        retry_without_attempt: type[Exception] | tuple[type[Exception], ...] = (),
     ) -> None:
-        self.task(name=name, timeout=timeout, max_snoozes=max_snoozes)(fn)
+        self.task(
+            name=name,
+            timeout=timeout,
+            max_snoozes=max_snoozes,
+            retry_without_attempt=retry_without_attempt,
+        )(fn)
 
     def tasks(self) -> dict[str, Task]:
         return dict(self._tasks)

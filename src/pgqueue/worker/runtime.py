@@ -46,7 +46,7 @@ from ._threads import ThreadPool
 from .completer import Completer
 from .connection import Connection, FlowRunner, listen_for_hints
 from .executor import Executor
-from .faults import Backoff, EventLog
+from .faults import Backoff, EventLog, backoff_delay
 from .handlers import Task, TaskRegistry, resolve_schedules, resolve_tasks
 from .leases import LeaseKeeper
 from .maintenance import Maintenance
@@ -113,8 +113,15 @@ class AsyncWorker:
         self.events = EventLog(self.name)
         self.threads = ThreadPool(self.concurrency, on_hung_return=self._hung_returned)
         self.held = HeldJobs(self.concurrency, hung_threads=lambda: self.threads.hung)
+        s = self.settings
         self.executor = Executor(
-            self.tasks, self.threads, self.events, max_snoozes=self.settings.max_snoozes
+            self.tasks,
+            self.threads,
+            self.events,
+            max_snoozes=s.max_snoozes,
+            retry_delay=functools.partial(
+                backoff_delay, base=s.backoff_base_seconds, cap=s.backoff_cap_seconds
+            ),
         )
         self._dropped = 0  # results discarded because the lease was lost
         self._hung_reported = 0
