@@ -14,7 +14,6 @@ Times come from the database's clock.
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,7 +22,8 @@ from typing import Any
 import psycopg
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the harness package
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the bench and harness packages
+from bench.faults import recovery
 from harness import invariants
 from harness.fault_tasks import create_deliveries, spawn_worker, stop_worker, wait_for
 from pgqueue import Queue, Settings
@@ -33,90 +33,31 @@ pytestmark = pytest.mark.acceptance
 JOBS = 10
 
 
-def _worker_name(conn: psycopg.Connection[Any], pid: int) -> str | None:
-    """The registered name of the worker process ``pid`` (None: not yet)."""
-    row = conn.execute("SELECT name FROM pgqueue_workers WHERE pid = %s", (pid,)).fetchone()
-    return row[0] if row else None
-
-
-def _holding(conn: psycopg.Connection[Any], name: str, pid: int) -> int:
-    """Jobs running under ``name`` whose current attempt its handler (in
-    process ``pid``) has started: held, and busy."""
+def _succeeded(conn: psycopg.Connection[Any], ids: list[int]) -> bool:
     row = conn.execute(
-        "SELECT count(*) FROM pgqueue_jobs j JOIN fault_deliveries d"
-        " ON d.job_id = j.id AND d.token = j.lease_token"
-        " WHERE j.state = 'running' AND j.worker = %s AND d.worker_pid = %s",
-        (name, pid),
+        "SELECT count(*) FROM pgqueue_jobs WHERE id = ANY(%s) AND state = 'succeeded'", (ids,)
     ).fetchone()
-    return int(row[0]) if row else 0
-
-
-def _enqueue(url: str, ms: int) -> list[int]:
-    with Queue(url, settings=Settings(database_url=url)) as q:
-        jobs = q.enqueue_many([{"task": "work", "payload": {"ms": ms}} for _ in range(JOBS)])
-    return [job.id for job in jobs]
-
-
-def _start(url: str, conn: psycopg.Connection[Any], **settings: Any) -> tuple[Any, str]:
-    """A worker process of 10 slots, once it has registered."""
-    proc = spawn_worker(url, concurrency=JOBS, **settings)
-    try:
-        name = wait_for(lambda: _worker_name(conn, proc.pid), 60)
-    except TimeoutError:
-        proc.kill()
-        raise
-    return proc, name
-
-
-def _stop(*procs: subprocess.Popen[bytes]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGCONT)
-            stop_worker(proc)
+    return row is not None and row[0] == len(ids)
 
 
 @pytest.mark.timeout(180)
 def test_a_killed_workers_jobs_run_again_on_an_idle_worker_within_5_s(db_url: str) -> None:
-    create_deliveries(db_url)
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        victim, victim_name = _start(db_url, conn)  # default settings
-        procs = [victim]
-        try:
-            ids = _enqueue(db_url, ms=15_000)
-            wait_for(lambda: _holding(conn, victim_name, victim.pid) == JOBS, 60)
-            rescuer, rescuer_name = _start(db_url, conn)
-            procs.append(rescuer)
-            # Idle beside it, and the victim still holds every job, busy.
-            assert _holding(conn, victim_name, victim.pid) == JOBS
-            assert _holding(conn, rescuer_name, rescuer.pid) == 0
-            victim.send_signal(signal.SIGKILL)
-            [killed_at] = conn.execute("SELECT now()").fetchone()  # type: ignore[misc]
-            victim.wait()
-            wait_for(lambda: _holding(conn, rescuer_name, rescuer.pid) == JOBS, 60)
-            rows = conn.execute(
-                "SELECT attempts, extract(epoch FROM started_at - %s)::float, last_error"
-                " FROM pgqueue_jobs WHERE id = ANY(%s)",
-                (killed_at, ids),
-            ).fetchall()
-            assert {r[0] for r in rows} == {2}
-            assert {r[2] for r in rows} == {
-                f"lease expired (worker {victim_name}, attempt 1): its worker's session ended"
-            }
-            recovery = max(r[1] for r in rows)
-            assert 0 < recovery < 5.0, f"the last job started again {recovery:.2f} s after the kill"
-            [row] = conn.execute(
-                "SELECT expires_at <= now(), session_pid FROM pgqueue_workers WHERE name = %s",
-                (victim_name,),
-            ).fetchall()
-            assert row == (True, None)  # marked dead at once
-            wait_for(
-                lambda: conn.execute(
-                    "SELECT count(*) = %s FROM pgqueue_jobs WHERE state = 'succeeded'", (JOBS,)
-                ).fetchone()[0],  # type: ignore[index]
-                60,
-            )
-        finally:
-            _stop(*procs)
+    # Default settings; jobs of 15 s, so that the victim still runs them when
+    # it is killed, and the rescuer finishes them afterwards.
+    with (
+        recovery.killed_worker(db_url, jobs=JOBS, ms=15_000) as run,
+        psycopg.connect(db_url, autocommit=True) as conn,
+    ):
+        # The victim was busy with every job; the rescuer idle beside it.
+        assert run["held_at_kill"] == JOBS and run["rescuer_idle_at_kill"]
+        assert run["attempts"] == {2}
+        assert run["last_errors"] == {
+            f"lease expired (worker {run['victim']} whose session ended, attempt 1)"
+        }
+        assert run["victim_marked_dead"]
+        recovery_seconds = run["recovery_seconds"]
+        assert 0 < recovery_seconds < 5.0, f"the last job ran again {recovery_seconds:.2f} s later"
+        wait_for(lambda: _succeeded(conn, run["ids"]), 60)
     invariants.check(db_url).assert_ok()
 
 
@@ -131,10 +72,12 @@ def test_a_stopped_worker_keeps_its_jobs_until_their_leases_expire_and_its_late_
         victim = spawn_worker(db_url, concurrency=JOBS, log=log, **lease)
         procs = [victim]
         try:
-            victim_name = wait_for(lambda: _worker_name(conn, victim.pid), 60)
-            ids = _enqueue(db_url, ms=3_000)
-            wait_for(lambda: _holding(conn, victim_name, victim.pid) == JOBS, 60)
-            rescuer, rescuer_name = _start(db_url, conn, **lease)
+            victim_name = wait_for(lambda: recovery.worker_name(conn, victim.pid), 60)
+            with Queue(db_url, settings=Settings(database_url=db_url)) as q:
+                enqueued = q.enqueue_many([{"task": "work", "payload": {"ms": 3000}}] * JOBS)
+            ids = [job.id for job in enqueued]
+            wait_for(lambda: recovery.holding(conn, victim_name, victim.pid) == JOBS, 60)
+            rescuer, rescuer_name = recovery.start_worker(db_url, conn, JOBS, **lease)
             procs.append(rescuer)
             victim.send_signal(signal.SIGSTOP)
             time.sleep(0.3)  # a heartbeat already sent lands; no other comes
@@ -154,7 +97,7 @@ def test_a_stopped_worker_keeps_its_jobs_until_their_leases_expire_and_its_late_
             assert now < lease_end and held == JOBS and session is not None
             assert (lease_end - stopped_at).total_seconds() > 3
             # Taken over at the lease's end, not before.
-            wait_for(lambda: _holding(conn, rescuer_name, rescuer.pid) == JOBS, 60)
+            wait_for(lambda: recovery.holding(conn, rescuer_name, rescuer.pid) == JOBS, 60)
             rows = conn.execute(
                 "SELECT started_at, last_error FROM pgqueue_jobs WHERE id = ANY(%s)", (ids,)
             ).fetchall()
@@ -169,7 +112,9 @@ def test_a_stopped_worker_keeps_its_jobs_until_their_leases_expire_and_its_late_
             assert {r["pid"] for r in done.values()} == {rescuer.pid}
             assert {r["attempt"] for r in done.values()} == {2}
         finally:
-            _stop(*procs)
+            for proc in procs:
+                proc.send_signal(signal.SIGCONT)
+                stop_worker(proc)
             log.close()
     invariants.check(db_url).assert_ok()
 

@@ -99,9 +99,7 @@ def test_the_jobs_of_a_worker_whose_session_ended_are_taken_back_at_once(
     assert queue.run(t.reap(settings)) == {i: JobState.QUEUED for i in ids}
     for job_id in ids:
         job = queue.get(job_id)
-        assert job.last_error == (
-            "lease expired (worker gone, attempt 1): its worker's session ended"
-        )
+        assert job.last_error == ("lease expired (worker gone whose session ended, attempt 1)")
         assert job.attempts == 1 and job.lease_expires_at is None
 
 

@@ -257,7 +257,7 @@ class MemoryDatabase:
             row["session"] = False
             held = [j for j in self.jobs.values() if (j["state"], j["worker"]) == ("running", name)]
             for job in held:
-                job["lease_expires_at"] = datetime.min.replace(tzinfo=UTC)
+                job["lease_expires_at"] = datetime(1970, 1, 1, tzinfo=UTC)
             out.append({"name": name, "jobs": len(held)})
         return out
 

@@ -256,7 +256,7 @@ SELECT id, state FROM cancelled, (SELECT count(*) FROM woken) w;
 -- name: job_reap
 -- Take back up to `limit` jobs whose lease expired (their worker died or
 -- stalled), or was ended by worker_reap_dead (their worker's session
--- ended: '-infinity', taken first). An expired lease is a failed attempt:
+-- ended: 'epoch', taken first). An expired lease is a failed attempt:
 -- back to queued after the same backoff as any failure, or dead when out of
 -- attempts. Rows another reaper is handling are skipped, so every worker
 -- may run this at once.
@@ -273,9 +273,9 @@ WITH expired AS (
                       THEN now() + pgqueue_backoff(j.attempts, %(backoff_base)s, %(backoff_cap)s)
                       ELSE j.run_at END,
         finished_at = CASE WHEN j.attempts < j.max_attempts THEN NULL ELSE now() END,
-        last_error = format('lease expired (worker %%s, attempt %%s)', j.worker, j.attempts)
-                     || CASE WHEN j.lease_expires_at = '-infinity'
-                             THEN ': its worker''s session ended' ELSE '' END,
+        last_error = format('lease expired (worker %%s%%s, attempt %%s)', j.worker,
+                            CASE WHEN j.lease_expires_at = 'epoch' THEN ' whose session ended' END,
+                            j.attempts),
         lease_expires_at = NULL
     FROM expired WHERE j.id = expired.id
     RETURNING j.id, j.queue, j.state
@@ -650,10 +650,11 @@ SELECT count(*) AS pruned FROM pruned;
 -- Workers whose recorded session has ended (killed, crashed, or their
 -- connection cut by the server): marked dead at once (expired, the session
 -- forgotten, so that only one reaper finds each), and the leases of their
--- running jobs ended ('-infinity': job_reap takes those back first and says
--- why). Never the calling worker itself, and only sessions recorded on this
--- server since it started (server_start; after a restart or failover the
--- leases decide until each worker records its new session). A session is
+-- running jobs ended (set to 'epoch', 1970-01-01, a time no real lease
+-- has: job_reap takes those back first and says why). Never the calling
+-- worker itself, and only sessions recorded on this server since it
+-- started (server_start; after a restart or failover the leases decide
+-- until each worker records its new session). A session is
 -- gone when no backend has its pid, or one has it that started at another
 -- time (the pid was reused). Every role sees every backend's pid, but its
 -- start only for its own role's sessions (or with pg_read_all_stats); a
@@ -677,7 +678,7 @@ WITH sessions AS (
     RETURNING w.name
 ), released AS (
     UPDATE pgqueue_jobs j
-    SET lease_expires_at = '-infinity'
+    SET lease_expires_at = 'epoch'
     FROM dead
     WHERE j.state = 'running' AND j.worker = dead.name
     RETURNING j.worker
