@@ -25,7 +25,6 @@ import contextlib
 import signal
 import statistics
 import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -174,4 +173,4 @@ def main(argv: list[str] | None = None) -> ResultRecord:
 
 
 if __name__ == "__main__":
-    sys.exit(0 if main() else 1)
+    main()

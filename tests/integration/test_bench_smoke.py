@@ -267,6 +267,16 @@ def test_crash_smoke(bench_url: str, out_dir: Path) -> None:
     assert results["invariants"]["ok"], results["invariants"]["violations"]
 
 
+def test_recovery_smoke(bench_url: str, out_dir: Path) -> None:
+    from bench.faults import recovery
+
+    out = out_dir / "recovery.json"
+    recovery.main(["--runs", "1", "--jobs", "2", "--out", str(out)])
+    results = _read(out, "recovery", "bench.faults.recovery").results
+    [seconds] = results["recovery_seconds"]["runs"]
+    assert 0 < seconds == results["recovery_seconds"]["max"]
+
+
 def test_restart_smoke(out_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from bench.faults import restart
 
