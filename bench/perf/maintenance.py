@@ -2,7 +2,8 @@
 an elected leader. The worker issue asks for whichever measures cheaper.
 
     python -m bench.perf.maintenance [--running 500] [--finished 1000000] [--calls 2000]
-                                     [--workers 8] [--registered 100] [--out PATH]
+                                     [--workers 8] [--registered 100] [--backends 100]
+                                     [--out PATH]
 
 On a server with fsync on, a table holding RUNNING jobs with live leases (the
 workers' slots) and FINISHED jobs inside the retention window (the history),
@@ -16,8 +17,9 @@ per maintenance interval when there is nothing to do (the steady state):
   leader (the leader keeps its session lock and runs the same reap);
 * ``worker_reap_dead`` (every worker's death check, every
   ``death_check_interval_seconds``) with REGISTERED rows in the workers
-  registry, each naming a live session, none dead: one backend lookup per
-  row. Then, once, the same statement finding one dead worker that holds a
+  registry, each naming a live session, none dead, while BACKENDS idle
+  sessions are open (the check reads every backend once: a fleet of 25
+  workers has about 100). Then, once, the same statement finding one dead worker that holds a
   fifth of the running jobs (what a death costs, on top of the reap that
   follows), and the plans of both (EXPLAIN ANALYZE).
 
@@ -29,6 +31,7 @@ interval more. Writes results/maintenance.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from typing import Any
 
@@ -127,6 +130,7 @@ def main(argv: list[str] | None = None) -> ResultRecord:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--workers", type=int, default=8, help="P, for the per-interval totals")
     parser.add_argument("--registered", type=int, default=100, help="rows in the workers registry")
+    parser.add_argument("--backends", type=int, default=100, help="idle sessions open meanwhile")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     s = Settings()
@@ -140,7 +144,10 @@ def main(argv: list[str] | None = None) -> ResultRecord:
         with (
             psycopg.connect(url, autocommit=True) as conn,
             psycopg.connect(url, autocommit=True) as leader,
+            contextlib.ExitStack() as idle,
         ):
+            for _ in range(args.backends):
+                idle.enter_context(psycopg.connect(url, autocommit=True))
             assert leader.execute(TRY_LOCK).fetchone() == (True,)
             register(conn, args.registered, leader)
             check = (DEATH_CHECK, {"worker": "bench"})

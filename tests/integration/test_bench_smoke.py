@@ -186,7 +186,20 @@ def test_maintenance_smoke(bench_url: str, out_dir: Path) -> None:
     from bench.perf import maintenance
 
     out = out_dir / "maintenance.json"
-    maintenance.main(["--running", "20", "--finished", "200", "--calls", "20", "--out", str(out)])
+    maintenance.main(
+        [
+            "--running",
+            "20",
+            "--finished",
+            "200",
+            "--calls",
+            "20",
+            "--backends",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
     results = _read(out, "maintenance", "bench.perf.maintenance").results
     assert set(results["statement_ms"]) == {
         "reap_ms",
