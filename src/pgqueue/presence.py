@@ -4,7 +4,10 @@ Each worker registers when it starts (``register``), reports at every
 heartbeat (``seen``) and leaves when it stops (``leave``). A killed worker
 stops reporting: its row expires after ``EXPIRY_HEARTBEATS`` heartbeats (it
 is then listed as not alive) and is pruned by maintenance
-``Settings.worker_retention_seconds`` later. ``list_workers`` also flags a *stalled* worker:
+``Settings.worker_retention_seconds`` later. A worker that registers its
+session (``session=True``: the heartbeat connection's PostgreSQL session)
+is found dead sooner, as soon as that session ends (``reap_dead``, run by
+every worker's maintenance). ``list_workers`` also flags a *stalled* worker:
 alive, with free slots, and yet it has not claimed since a job of its queues
 became runnable ``STALL_SECONDS`` ago.
 
@@ -31,6 +34,7 @@ __all__ = [
     "leave",
     "list_workers",
     "prune",
+    "reap_dead",
     "register",
     "seen",
 ]
@@ -95,7 +99,9 @@ class WorkerRow:
         }
 
 
-def register(info: WorkerInfo, heartbeat_seconds: float) -> Flow[None]:
+def register(info: WorkerInfo, heartbeat_seconds: float, *, session: bool) -> Flow[None]:
+    """Write the worker's row; with ``session``, record the session this
+    flow runs on as the one whose end means the worker died."""
     yield Statement(
         "worker_register",
         {
@@ -106,21 +112,32 @@ def register(info: WorkerInfo, heartbeat_seconds: float) -> Flow[None]:
             "queues": list(info.queues) if info.queues else None,
             "concurrency": info.concurrency,
             "expires_in": heartbeat_seconds * EXPIRY_HEARTBEATS,
+            "session": session,
         },
     )
 
 
-def seen(name: str, load: WorkerLoad, heartbeat_seconds: float) -> Flow[bool]:
-    """Report a heartbeat; False when the row is gone (register again)."""
+def seen(name: str, load: WorkerLoad, heartbeat_seconds: float, *, session: bool) -> Flow[bool]:
+    """Report a heartbeat (and the session, as ``register``); False when
+    the row is gone (register again)."""
     rows = yield Statement(
         "worker_seen",
         {
             "name": name,
             "expires_in": heartbeat_seconds * EXPIRY_HEARTBEATS,
+            "session": session,
             **dataclasses.asdict(load),
         },
     )
     return bool(rows)
+
+
+def reap_dead(worker: str) -> Flow[dict[str, int]]:
+    """Mark dead the workers (other than ``worker``) whose recorded session
+    has ended and end the leases of their running jobs, for ``job_reap`` to
+    take back; return how many jobs each held."""
+    rows = yield Statement("worker_reap_dead", {"worker": worker})
+    return {row["name"]: int(row["jobs"]) for row in rows}
 
 
 def leave(name: str) -> Flow[None]:

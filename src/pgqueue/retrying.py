@@ -54,9 +54,12 @@ T = TypeVar("T")
 log = logging.getLogger("pgqueue.queue")
 
 
-def backoff_delay(attempt: int, cap: float = BACKOFF_CAP_SECONDS) -> float:
-    """Seconds to wait after ``attempt`` consecutive failures (0-based)."""
-    ceiling = min(cap, BACKOFF_BASE_SECONDS * 2.0 ** min(attempt, 30))
+def backoff_delay(
+    attempt: int, base: float = BACKOFF_BASE_SECONDS, cap: float = BACKOFF_CAP_SECONDS
+) -> float:
+    """Seconds to wait after ``attempt`` consecutive failures (0-based):
+    ``base · 2^attempt``, capped, jittered down to half."""
+    ceiling = min(cap, base * 2.0 ** min(attempt, 30))
     return ceiling * (0.5 + random.random() / 2)
 
 
@@ -79,7 +82,7 @@ class Retries:
     def after(self, exc: BaseException) -> float:
         """The wait before the next attempt; DatabaseUnavailable (from
         ``exc``) when the next attempt would start past the deadline."""
-        delay = backoff_delay(self.failures, self._cap)
+        delay = backoff_delay(self.failures, cap=self._cap)
         self.failures += 1
         if delay >= self.remaining():
             if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):

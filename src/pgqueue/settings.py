@@ -53,6 +53,14 @@ class Settings:
     max_snoozes: int = 100
     # Maintenance.
     reap_interval_seconds: float = 5.0
+    # Each worker records its heartbeat connection's PostgreSQL session, and
+    # every death_check_interval_seconds looks for workers whose session has
+    # ended (SIGKILL, crash) to take their jobs back without waiting for the
+    # leases. Off behind a transaction-mode pooler (transaction_pooler: the
+    # session is not the worker's own; see detects_dead_sessions): then only
+    # leases find dead workers.
+    session_death_detection: bool = True
+    death_check_interval_seconds: float = 1.0
     reap_batch: int = 1000
     retention_seconds: float = 7 * 24 * 3600.0
     prune_interval_seconds: float = 60.0
@@ -117,6 +125,7 @@ class Settings:
             "backoff_base_seconds",
             "backoff_cap_seconds",
             "reap_interval_seconds",
+            "death_check_interval_seconds",
             "retention_seconds",
             "prune_interval_seconds",
             "worker_retention_seconds",
@@ -159,6 +168,12 @@ class Settings:
         values.update(_read_environment(os.environ if environ is None else environ))
         values.update({name: value for name, value in flags.items() if value is not None})
         return cls(**values)
+
+    @property
+    def detects_dead_sessions(self) -> bool:
+        """Whether workers find dead peers by their sessions: asked for, and
+        not behind a transaction-mode pooler."""
+        return self.session_death_detection and not self.transaction_pooler
 
     def replace(self, **changes: Any) -> Self:
         return dataclasses.replace(self, **changes)

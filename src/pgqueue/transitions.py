@@ -98,10 +98,13 @@ class Outcome:
         return cls(job.id, _token(job), False, error=_storable(error), retryable=retryable)
 
     @classmethod
-    def snooze(cls, job: Job, seconds: float, *, max_snoozes: int | None = None) -> Outcome:
-        """Queued again after ``seconds``, the attempt given back. A job that
-        already snoozed ``max_snoozes`` times (None: no bound) is dead instead,
-        so that a job waiting for something that never comes ends visibly."""
+    def snooze(
+        cls, job: Job, seconds: float, *, max_snoozes: int | None = None, error: str | None = None
+    ) -> Outcome:
+        """Queued again after ``seconds``, the attempt given back (``error``:
+        why, kept as last_error; None leaves it). A job that already snoozed
+        ``max_snoozes`` times (None: no bound) is dead instead, so that a job
+        waiting for something that never comes ends visibly."""
         seconds = snooze_seconds(seconds)
         if max_snoozes is not None and job.snoozes >= max_snoozes:
             return cls.failure(
@@ -110,7 +113,8 @@ class Outcome:
                 f"allowed (max_snoozes {max_snoozes}): giving up",
                 retryable=False,
             )
-        return cls(job.id, _token(job), False, snooze_seconds=seconds)
+        text = None if error is None else _storable(error)
+        return cls(job.id, _token(job), False, error=text, snooze_seconds=seconds)
 
     @classmethod
     def cancel(cls, job: Job, reason: str) -> Outcome:
@@ -246,7 +250,14 @@ def _finish_statement(settings: Settings, group: Sequence[Outcome]) -> Statement
     """The statement that writes one group of ``finish_groups``."""
     fenced = {"ids": [o.job_id for o in group], "tokens": [o.token for o in group]}
     if group[0].snooze_seconds is not None:
-        return Statement("job_snooze", {**fenced, "seconds": [o.snooze_seconds for o in group]})
+        return Statement(
+            "job_snooze",
+            {
+                **fenced,
+                "seconds": [o.snooze_seconds for o in group],
+                "errors": [o.error for o in group],
+            },
+        )
     if group[0].cancelled:
         return Statement(
             "job_cancel_held",

@@ -191,10 +191,29 @@ def test_maintenance_smoke(bench_url: str, out_dir: Path) -> None:
     from bench.perf import maintenance
 
     out = out_dir / "maintenance.json"
-    maintenance.main(["--running", "20", "--finished", "200", "--calls", "20", "--out", str(out)])
+    maintenance.main(
+        [
+            "--running",
+            "20",
+            "--finished",
+            "200",
+            "--calls",
+            "20",
+            "--backends",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
     results = _read(out, "maintenance", "bench.perf.maintenance").results
-    assert set(results["statement_ms"]) == {"reap_ms", "prune_ms", "try_lock_not_leader_ms"}
+    assert set(results["statement_ms"]) == {
+        "reap_ms",
+        "prune_ms",
+        "try_lock_not_leader_ms",
+        "death_check_ms",
+    }
     assert results["per_reap_interval_for_workers"]["every_worker_ms"] > 0
+    assert results["death_check_finding_one"]["held_jobs"] == 4  # a fifth of 20
 
 
 def test_scheduled_smoke(out_dir: Path) -> None:
@@ -264,6 +283,16 @@ def test_crash_smoke(bench_url: str, out_dir: Path) -> None:
     assert code == 0, results
     assert results["jobs_succeeded"] == 30
     assert results["invariants"]["ok"], results["invariants"]["violations"]
+
+
+def test_recovery_smoke(bench_url: str, out_dir: Path) -> None:
+    from bench.faults import recovery
+
+    out = out_dir / "recovery.json"
+    recovery.main(["--runs", "1", "--jobs", "2", "--out", str(out)])
+    results = _read(out, "recovery", "bench.faults.recovery").results
+    [seconds] = results["recovery_seconds"]["runs"]
+    assert 0 < seconds == results["recovery_seconds"]["max"]
 
 
 def test_restart_smoke(out_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:

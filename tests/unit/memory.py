@@ -198,9 +198,12 @@ class MemoryDatabase:
             if row is not None:
                 yield row, value
 
-    def job_snooze(self, ids: list[int], tokens: list[int], seconds: list[float]) -> list[Row]:
+    def job_snooze(
+        self, ids: list[int], tokens: list[int], seconds: list[float], errors: list[str | None]
+    ) -> list[Row]:
         snoozed = []
-        for row, delay in self._fenced(ids, tokens, seconds):
+        for (row, delay), error in zip(self._fenced(ids, tokens, seconds), errors, strict=False):
+            row["last_error"] = error or row["last_error"]
             row.update(
                 state="queued",
                 attempts=row["attempts"] - 1,
@@ -246,6 +249,20 @@ class MemoryDatabase:
             return []
         self.workers[name].update(load)
         return [{"name": name}]
+
+    def worker_reap_dead(self, worker: str) -> list[Row]:
+        """The workers a test marked ``session_ended`` (never the caller):
+        dead now, their running jobs' leases ended."""
+        out = []
+        for name, row in self.workers.items():
+            if name == worker or not row.pop("session_ended", False) or not row["session"]:
+                continue
+            row["session"] = False
+            held = [j for j in self.jobs.values() if (j["state"], j["worker"]) == ("running", name)]
+            for job in held:
+                job["lease_expires_at"] = datetime(1970, 1, 1, tzinfo=UTC)
+            out.append({"name": name, "jobs": len(held)})
+        return out
 
     def worker_leave(self, name: str) -> list[Row]:
         self.workers.pop(name, None)

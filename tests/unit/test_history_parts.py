@@ -21,10 +21,11 @@ def _update_of(name: str) -> str:
 def test_every_statement_that_records_a_failure_appends_its_history_in_the_same_update() -> None:
     """A failure whose history was not written cannot exist: each statement
     that sets last_error for a failed attempt appends to errors in the same
-    UPDATE (the only other writer of last_error is a handler's cancel)."""
+    UPDATE, an exception retried without an attempt too (job_snooze); the
+    only other writer of last_error is a handler's cancel."""
     writers = {name for name, text in QUERIES.items() if re.search(r"\blast_error\s*=", text)}
-    assert writers == {"job_finish", "job_reap", "job_cancel_held"}
-    for name in ("job_finish", "job_reap"):
+    assert writers == {"job_finish", "job_reap", "job_snooze", "job_cancel_held"}
+    for name in ("job_finish", "job_reap", "job_snooze"):
         assert re.search(r"\berrors\s*=.*pgqueue_errors_append\(", _update_of(name), re.DOTALL)
     assert "errors" not in _update_of("job_cancel_held").replace("last_error", "")
 

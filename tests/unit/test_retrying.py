@@ -99,7 +99,7 @@ def test_a_bulk_retry_inserts_with_the_ids_the_first_attempt_reserved() -> None:
     first = Scripted(
         job_reserve_ids=lambda p: [{"ids": [7, 8, 9]}],
         job_copy=lambda p: [],
-        job_notify_queues=lambda p: [],
+        job_copied=lambda p: [],
     )
     assert driver.run(t.enqueue_many(specs, call=call), first) == [
         Enqueued(7, True),
@@ -138,10 +138,10 @@ def test_a_bulk_attempt_whose_reservation_was_lost_reserves_again_and_copies() -
     again = Scripted(
         job_reserve_ids=lambda p: [{"ids": [4]}],
         job_copy=lambda p: [],
-        job_notify_queues=lambda p: [],
+        job_copied=lambda p: [],
     )
     assert driver.run(t.enqueue_many(specs, call=call), again) == [Enqueued(4, True)]
-    assert [s.name for s in again.sent] == ["job_reserve_ids", "job_copy", "job_notify_queues"]
+    assert [s.name for s in again.sent] == ["job_reserve_ids", "job_copy", "job_copied"]
 
 
 # -- the loop ---------------------------------------------------------------------

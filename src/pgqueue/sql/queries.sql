@@ -309,14 +309,21 @@ SELECT id, state FROM finished, (SELECT count(*) FROM woken) w, (SELECT count(*)
 -- given back (the claim counted it), the job counts one more snooze, and the
 -- queue's counters count a snooze, not a failure. run_at is now() plus the
 -- delay asked for; jobs due at once are a hint to the workers of their queue.
+-- An error (a task's exception retried without an attempt) becomes
+-- last_error and joins the job's errors (under the attempt given back);
+-- without one, both stay.
 -- A separate statement, so that job_finish costs nothing more when nobody snoozes.
 WITH request AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(seconds)s::double precision[])
-         AS t(id, token, seconds)
+    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(seconds)s::double precision[],
+                         %(errors)s::text[])
+         AS t(id, token, seconds, error)
 ), snoozed AS (
     UPDATE pgqueue_jobs j
     SET state = 'queued', attempts = j.attempts - 1, snoozes = j.snoozes + 1,
-        run_at = now() + make_interval(secs => r.seconds), lease_expires_at = NULL
+        run_at = now() + make_interval(secs => r.seconds), lease_expires_at = NULL,
+        last_error = coalesce(r.error, j.last_error),
+        errors = CASE WHEN r.error IS NULL THEN j.errors
+                      ELSE pgqueue_errors_append(j.errors, j.attempts, r.error, j.worker) END
     FROM request r
     WHERE j.id = r.id AND j.lease_token = r.token AND j.state = 'running'
     RETURNING j.id, j.queue, j.state, j.run_at
@@ -361,11 +368,15 @@ SELECT id, state FROM cancelled, (SELECT count(*) FROM woken) w, (SELECT count(*
 
 -- name: job_reap
 -- Take back up to `limit` jobs whose lease expired (their worker died or
--- stalled). An expired lease is a failed attempt: back to queued after the
--- same backoff as any failure, or dead when out of attempts. Rows another
--- reaper is handling are skipped, so every worker may run this at once.
+-- stalled), or was ended by worker_reap_dead (their worker's session
+-- ended: 'epoch', taken first). An expired lease is a failed attempt:
+-- back to queued after the same backoff as any failure, or dead when out of
+-- attempts. Rows another reaper is handling are skipped, so every worker
+-- may run this at once.
 WITH expired AS (
-    SELECT id, format('lease expired (worker %%s, attempt %%s)', worker, attempts) AS error
+    SELECT id, format('lease expired (worker %%s%%s, attempt %%s)', worker,
+                      CASE WHEN lease_expires_at = 'epoch' THEN ' whose session ended' END,
+                      attempts) AS error
     FROM pgqueue_jobs
     WHERE state = 'running' AND lease_expires_at < now()
     ORDER BY lease_expires_at
@@ -756,28 +767,37 @@ SELECT written.* FROM written, (SELECT count(*) FROM woken) w;
 
 -- name: worker_register
 -- A worker process starts: its row in the registry (a restarted name
--- starts afresh).
-INSERT INTO pgqueue_workers AS w (name, host, pid, version, queues, concurrency, expires_at)
-VALUES (%(name)s, %(host)s, %(pid)s, %(version)s, %(queues)s::text[], %(concurrency)s,
-        now() + make_interval(secs => %(expires_in)s))
+-- starts afresh). With `session`, the PostgreSQL session this statement
+-- runs on (the worker's heartbeat connection) is recorded, so that the
+-- reapers notice at once when it ends (worker_reap_dead).
+INSERT INTO pgqueue_workers AS w (name, host, pid, version, queues, concurrency, expires_at,
+                                  session_pid, session_start, server_start)
+SELECT %(name)s, %(host)s, %(pid)s, %(version)s, %(queues)s::text[], %(concurrency)s,
+       now() + make_interval(secs => %(expires_in)s), s.pid, s.backend_start, s.server_start
+FROM pgqueue_own_session(%(session)s) s
 ON CONFLICT (name) DO UPDATE
 SET host = excluded.host, pid = excluded.pid, version = excluded.version,
     queues = excluded.queues, concurrency = excluded.concurrency,
     started_at = now(), last_seen_at = now(), expires_at = excluded.expires_at,
-    held = 0, running = 0, hung = 0, claimed = 0, last_claim_at = NULL;
+    held = 0, running = 0, hung = 0, claimed = 0, last_claim_at = NULL,
+    session_pid = excluded.session_pid, session_start = excluded.session_start,
+    server_start = excluded.server_start;
 
 -- name: worker_seen
 -- A worker's heartbeat: it is alive, and this is what it holds. Its last
 -- claim comes as seconds ago (the worker's own clock only measures
--- durations). Returns nothing when the row is gone (pruned while the worker
--- was cut off): the worker then registers again.
-UPDATE pgqueue_workers
+-- durations). The session is recorded again (as in worker_register): after
+-- a reconnect or a restart it is a new one. Returns nothing when the row is
+-- gone (pruned while the worker was cut off): the worker then registers again.
+UPDATE pgqueue_workers w
 SET last_seen_at = now(), expires_at = now() + make_interval(secs => %(expires_in)s),
     held = %(held)s, running = %(running)s, hung = %(hung)s, claimed = %(claimed)s,
     last_claim_at = CASE WHEN %(claim_seconds_ago)s::double precision IS NULL THEN NULL
-                         ELSE now() - make_interval(secs => %(claim_seconds_ago)s) END
-WHERE name = %(name)s
-RETURNING name;
+                         ELSE now() - make_interval(secs => %(claim_seconds_ago)s) END,
+    session_pid = s.pid, session_start = s.backend_start, server_start = s.server_start
+FROM pgqueue_own_session(%(session)s) s
+WHERE w.name = %(name)s
+RETURNING w.name;
 
 -- name: worker_leave
 -- A worker stops gracefully: its row goes.
@@ -793,13 +813,55 @@ WITH pruned AS (
 )
 SELECT count(*) AS pruned FROM pruned;
 
+-- name: worker_reap_dead
+-- Workers whose recorded session has ended (killed, crashed, or their
+-- connection cut by the server): marked dead at once (expired, the session
+-- forgotten, so that only one reaper finds each), and the leases of their
+-- running jobs ended (set to 'epoch', 1970-01-01, a time no real lease
+-- has: job_reap takes those back first and says why). Never the calling
+-- worker itself, and only sessions recorded on this server since it
+-- started (server_start; after a restart or failover the leases decide
+-- until each worker records its new session). A session is
+-- gone when no backend has its pid, or one has it that started at another
+-- time (the pid was reused). Every role sees every backend's pid, but its
+-- start only for its own role's sessions (or with pg_read_all_stats); a
+-- session whose start it cannot see counts as alive, and its worker is left
+-- to its leases. Cost: one pass over the backends (the pg_stat_get_backend_*
+-- functions, cheaper than pg_stat_activity) hashed against the registry; the
+-- jobs are read only when some worker is dead.
+WITH sessions AS (
+    SELECT pg_stat_get_backend_pid(b) AS pid, pg_stat_get_backend_start(b) AS backend_start
+    FROM pg_stat_get_backend_idset() b
+), dead AS (
+    UPDATE pgqueue_workers w
+    SET expires_at = least(w.expires_at, now()),
+        session_pid = NULL, session_start = NULL, server_start = NULL
+    WHERE w.session_pid IS NOT NULL AND w.name <> %(worker)s
+      AND w.server_start = pg_postmaster_start_time()
+      AND NOT EXISTS (
+          SELECT 1 FROM sessions a
+          WHERE a.pid = w.session_pid
+            AND (a.backend_start IS NULL OR a.backend_start = w.session_start))
+    RETURNING w.name
+), released AS (
+    UPDATE pgqueue_jobs j
+    SET lease_expires_at = 'epoch'
+    FROM dead
+    WHERE j.state = 'running' AND j.worker = dead.name
+    RETURNING j.worker
+)
+SELECT d.name, (SELECT count(*) FROM released r WHERE r.worker = d.name) AS jobs
+FROM dead d;
+
 -- name: worker_list
 -- The registry, with what the rows do not say themselves: whether each
 -- worker is alive (its last heartbeat has not expired), and whether it is
 -- stalled: alive, with free slots, yet it has not claimed since a job of its
 -- queues became runnable `stall_seconds` ago or more (its claim loop is not
 -- doing its job). One probe of the claim index per worker.
-SELECT w.*, w.expires_at > now() AS alive,
+SELECT w.name, w.host, w.pid, w.version, w.queues, w.concurrency, w.started_at,
+       w.last_seen_at, w.expires_at, w.held, w.running, w.hung, w.claimed, w.last_claim_at,
+       w.expires_at > now() AS alive,
        extract(epoch FROM now() - w.last_seen_at)::double precision AS last_seen_seconds,
        w.expires_at > now() AND w.running + w.hung < w.concurrency AND EXISTS (
            SELECT 1 FROM pgqueue_jobs j

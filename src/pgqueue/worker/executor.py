@@ -6,20 +6,24 @@ process if the task is isolated (isolation.py). A handler that
 raises, times out, or returns what PostgreSQL cannot store is a failed
 attempt; a task name without a handler too. A handler that raises ``Snooze``
 or ``CancelJob`` (pgqueue.control) gets what it asked for: a snooze (bounded
-by the task's max_snoozes, else the setting's) or a cancel.
+by the task's max_snoozes, else the setting's) or a cancel. An exception the
+task declared ``retry_without_attempt`` is a snooze after a backoff (the
+setting's, by the job's snoozes so far) within the same bound, and past it a
+failed attempt like any other.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from ..control import CancelJob, Snooze
 from ..jobs import Job
 from ..transitions import Outcome
 from ._threads import ThreadPool
-from .faults import EventLog, describe
+from .faults import EventLog, backoff_delay, describe
 from .handlers import Task
 from .isolation import HandlerProcesses, HandlerTimedOut
 
@@ -35,12 +39,15 @@ class Executor:
         events: EventLog,
         *,
         max_snoozes: int,
+        retry_delay: Callable[[int], float] = backoff_delay,
     ) -> None:
         self.tasks = tasks
         self.threads = threads
         self.processes = processes
         self.events = events
         self.max_snoozes = max_snoozes  # for tasks that do not set their own
+        # Seconds before a retry without an attempt, by the job's snoozes so far.
+        self.retry_delay = retry_delay
 
     async def execute(self, job: Job) -> Outcome:
         """Run the job's handler and say how the attempt ended. Cancelling
@@ -69,15 +76,43 @@ class Executor:
         except TimeoutError as exc:
             if timeout is not None and deadline.expired():
                 return self._timed_out(job, spec, timeout)
-            return Outcome.failure(job, describe(exc))
+            return self._failed(job, spec, exc)
         except Snooze as request:
-            bound = self.max_snoozes if spec.max_snoozes is None else spec.max_snoozes
-            return Outcome.snooze(job, request.seconds, max_snoozes=bound)
+            return Outcome.snooze(job, request.seconds, max_snoozes=self._snoozes(spec))
         except CancelJob as request:
             return Outcome.cancel(job, request.reason)
         except Exception as exc:
-            return Outcome.failure(job, describe(exc))
+            return self._failed(job, spec, exc)
         return Outcome.success(job, result)
+
+    def _snoozes(self, spec: Task) -> int:
+        return self.max_snoozes if spec.max_snoozes is None else spec.max_snoozes
+
+    def _failed(self, job: Job, spec: Task, exc: Exception) -> Outcome:
+        """A failed attempt; or, for an exception the task retries without
+        an attempt, a snooze after a backoff while the job has snoozes left."""
+        error = describe(exc)
+        if not isinstance(exc, spec.retry_without_attempt):
+            return Outcome.failure(job, error)
+        bound = self._snoozes(spec)
+        if job.snoozes >= bound:
+            return Outcome.failure(
+                job,
+                f"counted as a failed attempt: {job.snoozes} snoozes already, the most "
+                f"allowed (max_snoozes {bound}): {error}",
+            )
+        delay = self.retry_delay(job.snoozes)
+        self.events(
+            logging.INFO,
+            "retry_without_attempt",
+            "job %d: %s; again in %.2f s, the attempt not counted",
+            job.id,
+            type(exc).__name__,
+            delay,
+            job=job,
+        )
+        note = f"retried without counting an attempt (snooze {job.snoozes + 1} of {bound})"
+        return Outcome.snooze(job, delay, error=f"{note}: {error}")
 
     async def _invoke(self, spec: Task, job: Job) -> Any:
         if spec.is_async:

@@ -5,11 +5,12 @@ JSON-able result (or raising ``Snooze``/``CancelJob``, see pgqueue.control);
 ``async def`` handlers run on the worker's event loop, plain functions in its
 bounded thread pool. Give the worker either a plain mapping ``{"task": fn}``
 or a ``TaskRegistry`` filled with its decorator, which can also carry a
-per-task timeout and bound on snoozes::
+per-task timeout, bound on snoozes, and the exceptions that put the job
+back without counting an attempt (a database outage, say)::
 
     registry = TaskRegistry()
 
-    @registry.task(timeout=30, max_snoozes=10)
+    @registry.task(timeout=30, max_snoozes=10, retry_without_attempt=(OperationalError,))
     async def send_email(job: Job) -> dict[str, str]:
         ...
 
@@ -62,8 +63,9 @@ R = TypeVar("R")
 class Task:
     """One registered handler: its callable, whether it is a coroutine
     function, its default timeout (a job's own timeout wins), how many
-    times one job may snooze (None: the setting ``max_snoozes``), and
-    whether it runs in a child process."""
+    times one job may snooze (None: the setting ``max_snoozes``), whether
+    it runs in a child process, and the exceptions that snooze it after a
+    backoff instead of failing the attempt (within the same bound)."""
 
     name: str
     fn: Handler
@@ -71,6 +73,7 @@ class Task:
     timeout_seconds: float | None = None
     max_snoozes: int | None = None
     isolated: bool = False
+    retry_without_attempt: tuple[type[Exception], ...] = ()
 
 
 def _is_async(fn: Any) -> bool:
@@ -88,6 +91,7 @@ def _task(
     timeout: float | None = None,
     max_snoozes: int | None = None,
     isolated: bool = False,
+    retry_without_attempt: Any = (),
 ) -> Task:
     if not callable(fn):
         raise TypeError(f"handler for task {name!r} is not callable: {fn!r}")
@@ -105,7 +109,20 @@ def _task(
             f"task {name!r}: isolated=True is for plain functions; an async handler "
             "is cancelled on timeout already"
         )
-    return Task(name, fn, is_async, timeout, max_snoozes, isolated)
+    retried = _exception_classes(name, retry_without_attempt)
+    return Task(name, fn, is_async, timeout, max_snoozes, isolated, retried)
+
+
+def _exception_classes(name: str, value: Any) -> tuple[type[Exception], ...]:
+    """An exception class or a tuple of them, as in an ``except`` clause."""
+    classes = value if isinstance(value, tuple) else (value,)
+    for cls in classes:
+        if not (isinstance(cls, type) and issubclass(cls, Exception)):
+            raise ValueError(
+                f"retry_without_attempt of task {name!r} must be an exception class or a "
+                f"tuple of them, got {value!r}"
+            )
+    return classes
 
 
 class TaskRegistry(Mapping[str, Handler]):
@@ -131,6 +148,7 @@ class TaskRegistry(Mapping[str, Handler]):
         timeout: float | None = None,
         max_snoozes: int | None = None,
         isolated: bool = False,
+        retry_without_attempt: type[Exception] | tuple[type[Exception], ...] = (),
         **options: Any,
     ) -> Register: ...
 
@@ -143,16 +161,21 @@ class TaskRegistry(Mapping[str, Handler]):
         timeout: float | None = None,
         max_snoozes: int | None = None,
         isolated: bool = False,
+        retry_without_attempt: type[Exception] | tuple[type[Exception], ...] = (),
         **options: Any,
     ) -> Any:
         """Register ``fn`` under ``name`` (default: the function's name).
         ``max_snoozes``: how many times one job may snooze (default: the
         setting ``max_snoozes``). ``isolated``: run this plain function in
-        a child process, which its timeout kills. A function whose
-        parameters are the payload becomes a TypedTask (worker/typed.py):
-        ``queue``, ``priority`` and ``max_attempts`` are then its jobs'
-        fields. With ``cron=`` or ``every=`` (and any other argument of
-        ``periodic``), also declare a schedule of the same name that runs it."""
+        a child process, which its timeout kills. ``retry_without_attempt``:
+        exceptions (e.g. ``psycopg.OperationalError``) that put the job back
+        after a backoff without counting the attempt, as a snooze and within
+        the same bound; past it, such an exception fails the attempt as any
+        other. A function whose parameters are the payload becomes a
+        TypedTask (worker/typed.py): ``queue``, ``priority`` and
+        ``max_attempts`` are then its jobs' fields. With ``cron=`` or
+        ``every=`` (and any other argument of ``periodic``), also declare a
+        schedule of the same name that runs it."""
 
         def register(fn: Callable[..., Any]) -> Any:
             key = name or getattr(fn, "__name__", None)
@@ -161,7 +184,8 @@ class TaskRegistry(Mapping[str, Handler]):
             if key in self._tasks:
                 raise ValueError(f"task {key!r} is registered twice")
             typed = None if is_job_handler(fn) else _typed(key, fn, options, isolated)
-            task = _task(key, typed.handler() if typed else fn, timeout, max_snoozes, isolated)
+            handler = typed.handler() if typed else fn
+            task = _task(key, handler, timeout, max_snoozes, isolated, retry_without_attempt)
             if options:
                 self.periodic(key, task=key, **options)
             self._tasks[key] = task
@@ -189,8 +213,15 @@ class TaskRegistry(Mapping[str, Handler]):
         timeout: float | None = None,
         max_snoozes: int | None = None,
         isolated: bool = False,
+        retry_without_attempt: type[Exception] | tuple[type[Exception], ...] = (),
     ) -> None:
-        self.task(name=name, timeout=timeout, max_snoozes=max_snoozes, isolated=isolated)(fn)
+        self.task(
+            name=name,
+            timeout=timeout,
+            max_snoozes=max_snoozes,
+            isolated=isolated,
+            retry_without_attempt=retry_without_attempt,
+        )(fn)
 
     def tasks(self) -> dict[str, Task]:
         return dict(self._tasks)

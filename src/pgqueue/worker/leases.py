@@ -2,7 +2,9 @@
 
 Every ``heartbeat_seconds`` (and once at the start) the lease keeper says in
 the workers registry that this worker is alive and what it holds
-(``presence.seen``; registering again if its row was pruned meanwhile), then
+(``presence.seen``; registering again if its row was pruned meanwhile;
+with ``session_death_detection``, naming the PostgreSQL session this runs
+on, whose end tells the other workers this one died), then
 extends the leases of all held jobs in one ``job_heartbeat``, fenced by
 their tokens. A job missing from the
 reply lost its lease (it was reaped after a stall, or cancelled): an async
@@ -57,8 +59,11 @@ class LeaseKeeper:
         """Say the worker is alive; extend every held lease once; drop the
         jobs whose lease is gone."""
         interval = self.settings.heartbeat_seconds
-        if not await self.conn.run(presence.seen(self.info.name, self.load(), interval)):
-            await self.conn.run(presence.register(self.info, interval))
+        session = self.settings.detects_dead_sessions
+        if not await self.conn.run(
+            presence.seen(self.info.name, self.load(), interval, session=session)
+        ):
+            await self.conn.run(presence.register(self.info, interval, session=session))
         leases = self.held.leases()
         if not leases:
             return

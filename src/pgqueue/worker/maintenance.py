@@ -1,11 +1,15 @@
-"""Maintenance: where expired leases are reaped, old jobs pruned, and the
-per-minute history snapshotted.
+"""Maintenance: where dead workers are found, expired leases reaped, old
+jobs pruned, and the per-minute history snapshotted.
 
-Every worker runs all three (they are idempotent and skip rows another
+Every worker runs all four (they are idempotent and skip rows another
 worker has locked; of the snapshots of one minute, the first taken is the
 one kept), so there is no leader to elect and none to lose. Intervals are
 jittered so that workers started together do not run them together, and
-each runs in bounded batches, repeated while batches come back full.
+reaps and prunes run in bounded batches, repeated while batches come back
+full. The death check (every ``death_check_interval_seconds``, unless
+``session_death_detection`` is off) is one cheap statement: it looks for
+workers whose PostgreSQL session has ended, and when it finds one, the reap
+that takes its jobs back runs at once instead of at the reap interval.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Awaitable, Callable
 
 from .. import history, presence
 from ..settings import Settings
@@ -32,19 +37,22 @@ SNAPSHOT_INTERVAL_SECONDS = 5.0
 
 
 class Maintenance:
-    def __init__(self, conn: FlowRunner, settings: Settings, events: EventLog) -> None:
+    def __init__(self, conn: FlowRunner, settings: Settings, events: EventLog, worker: str) -> None:
         self.conn = conn
         self.settings = settings
         self.events = events
+        self.worker = worker  # this worker's name: it never finds itself dead
 
     async def maintenance_loop(self) -> None:
-        """Reap, prune and snapshot at their (jittered) intervals, for ever."""
+        """Each chore at its (jittered) interval, for ever."""
         s = self.settings
-        chores = (
+        chores: list[tuple[float, Callable[[], Awaitable[None]]]] = [
             (s.reap_interval_seconds, self.reap),
             (s.prune_interval_seconds, self.prune),
             (SNAPSHOT_INTERVAL_SECONDS, self.snapshot),
-        )
+        ]
+        if s.detects_dead_sessions:
+            chores.append((s.death_check_interval_seconds, self.reap_dead))
         now = time.monotonic()
         due = [now + random.uniform(0, interval) for interval, _ in chores]
         backoff = Backoff(self.events, "maintenance")
@@ -61,6 +69,21 @@ class Maintenance:
                 continue
             backoff.succeeded()
 
+    async def reap_dead(self) -> None:
+        """Find the workers whose session has ended; take their jobs back now."""
+        dead = await self.conn.run(presence.reap_dead(self.worker))
+        for name, jobs in dead.items():
+            self.events(
+                logging.WARNING,
+                "worker_dead",
+                "worker %s: its session ended; taking back its %d running jobs",
+                name,
+                jobs,
+                dead_worker=name,
+            )
+        if any(dead.values()):
+            await self.reap()
+
     async def reap(self) -> None:
         """Take back jobs whose lease expired: failed attempts, retried or dead."""
         for _ in range(MAX_BATCHES):
@@ -69,7 +92,7 @@ class Maintenance:
                 self.events(
                     logging.WARNING,
                     "reap",
-                    "job %d: lease expired; now %s",
+                    "job %d: lease expired or worker dead; now %s",
                     job_id,
                     state,
                     job_id=job_id,

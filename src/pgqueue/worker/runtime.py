@@ -8,7 +8,8 @@ One job's path, by calls::
                             -> Completer.submit (completer.py): written in a batch by
                                Completer.write_loop, fenced by the attempt's token
     LeaseKeeper.heartbeat_loop      extends the leases of held jobs (leases.py)
-    Maintenance.maintenance_loop    reaps expired leases, prunes old jobs (maintenance.py)
+    Maintenance.maintenance_loop    finds dead workers, reaps expired leases, prunes old jobs
+                                    (maintenance.py)
     Scheduler.schedule_loop         enqueues the ticks of schedules (scheduler.py)
 
 Supervision: each part runs as a task of its own. A part waits out database
@@ -45,7 +46,7 @@ from ._threads import ThreadPool
 from .completer import Completer
 from .connection import Connection, FlowRunner, listen_for_hints
 from .executor import Executor
-from .faults import Backoff, EventLog
+from .faults import Backoff, EventLog, backoff_delay
 from .handlers import Task, TaskRegistry, resolve_schedules, resolve_tasks
 from .isolation import HandlerProcesses
 from .leases import LeaseKeeper
@@ -117,13 +118,17 @@ class AsyncWorker:
         self.events = EventLog(self.name)
         self.threads = ThreadPool(self.concurrency, on_hung_return=self._hung_returned)
         self.held = HeldJobs(self.concurrency, hung_threads=lambda: self.threads.hung)
-        self.processes = HandlerProcesses(self.tasks.values(), self.settings.handler_processes)
+        s = self.settings
+        self.processes = HandlerProcesses(self.tasks.values(), s.handler_processes)
         self.executor = Executor(
             self.tasks,
             self.threads,
             self.processes,
             self.events,
-            max_snoozes=self.settings.max_snoozes,
+            max_snoozes=s.max_snoozes,
+            retry_delay=functools.partial(
+                backoff_delay, base=s.backoff_base_seconds, cap=s.backoff_cap_seconds
+            ),
         )
         self._dropped = 0  # results discarded because the lease was lost
         self._hung_reported = 0
@@ -227,7 +232,7 @@ class AsyncWorker:
             self.name, socket.gethostname(), os.getpid(), _version(), self.queues, self.concurrency
         )
         self.lease_keeper = LeaseKeeper(upkeep, self.held, s, events, info, self._load)
-        self.maintenance = Maintenance(upkeep, s, events)
+        self.maintenance = Maintenance(upkeep, s, events, self.name)
         self.scheduler = Scheduler(upkeep, s, events, declared=self.schedules, tasks=self.tasks)
 
     def _load(self) -> WorkerLoad:
