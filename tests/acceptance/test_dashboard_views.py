@@ -151,7 +151,7 @@ def populate(queue: Queue, sql: psycopg.Connection[Any]) -> dict[str, int]:
 
     def worker(name: str, queues: list[str]) -> None:
         info = WorkerInfo(name, "host-1", 100, "0.1.0", queues, 4)
-        queue.run(register(info, 5.0))
+        queue.run(register(info, 5.0, session=False))
 
     worker("w-ok", ["emails", "reports"])
     worker("w-stalled", ["images"])
@@ -183,13 +183,16 @@ def test_overview_numbers_are_the_databases(
 ) -> None:  # fmt: skip
     with LiveServer(create_app(settings)) as server:
         open_page(page, server)
-        until(page, 'document.getElementById("history-status").textContent')
+        until(page, '!document.getElementById("charts").hidden')
         queues = rows(page, "queues-body", "queue")
         workers_alive = page.run('document.getElementById("workers-alive").textContent')
         cards = page.run('["total-queued", "total-running", "total-dead"]'
                          '.map((id) => document.getElementById(id).textContent)')  # fmt: skip
         history = page.run('[document.getElementById("history-status").textContent, '
-                           'document.getElementById("charts").hidden]')  # fmt: skip
+                           '[...document.querySelectorAll("#legend-throughput span")]'
+                           '.map((s) => s.textContent), '
+                           'document.querySelectorAll("#chart-throughput svg, #chart-latency svg")'
+                           '.length]')  # fmt: skip
         path = page.screenshot(shots / "overview-laptop.png")
         if target := os.environ.get("PGQUEUE_SCREENSHOT_TO"):
             page.screenshot(Path(target))
@@ -226,8 +229,9 @@ def test_overview_numbers_are_the_databases(
         str(scalar(sql, "SELECT count(*) FROM pgqueue_jobs WHERE state = 'running'")),
         str(sum(dead.values())),
     ]
-    # This server keeps no per-minute history: the page says so and goes on.
-    assert history == ["no history yet", True]
+    # The per-minute history drawn: a throughput line per queue and the total.
+    assert history[0] == "" and history[2] == 2
+    assert sorted(history[1]) == sorted(["total", *live])
     assert path.stat().st_size > 10_000
 
 
@@ -338,14 +342,18 @@ def test_a_job_by_id_its_timeline_lease_holder_and_refresh_until_it_finishes(
 
 
 def test_every_attempts_error_is_listed_when_the_api_gives_them(
-    settings: Settings, stack: dict[str, int], page: DevTools
+    settings: Settings, stack: dict[str, int], sql: psycopg.Connection[Any], page: DevTools
 ) -> None:
-    # Until the API keeps every attempt's error, a job has last_error only
-    # and the list stays hidden; the page draws the list from `errors`.
     with LiveServer(create_app(settings)) as server:
         open_page(page, server, f"#job={stack['retrying']}")
         until(page, 'document.getElementById("detail-error").textContent === "out of memory"')
-        assert page.run('document.getElementById("detail-attempts").hidden') is True
+        until(page, '!document.getElementById("detail-attempts").hidden')
+        listed = page.run('document.getElementById("detail-attempts").textContent')
+    [(errors,)] = sql.execute(
+        "SELECT errors FROM pgqueue_jobs WHERE id = %s", (stack["retrying"],)
+    ).fetchall()
+    assert len(errors) == 1 and errors[0]["error"] == "out of memory"
+    assert "out of memory" in str(listed)
 
 
 # -- dead letters ---------------------------------------------------------------------------------

@@ -28,7 +28,9 @@ def busy(queue: Queue) -> None:
         for job in queue.claim(2, worker="w", queues=[name]):
             queue.ack(job)
     for n in (1, 2):
-        queue.run(register(WorkerInfo(f"worker-{n}", "host", n, "1", None, 10), 10.0))
+        queue.run(
+            register(WorkerInfo(f"worker-{n}", "host", n, "1", None, 10), 10.0, session=False)
+        )
 
 
 def last_frame(output: str) -> list[str]:

@@ -48,7 +48,8 @@ WHERE idempotency_key = %(idempotency_key)s
 -- call reserved (job_reserve_ids). Rows whose key is held (by another job,
 -- or by an earlier row of the same array) are skipped, and so are rows an
 -- earlier attempt of the same call committed (their id exists): no conflict
--- target, so that the primary key is an arbiter too.
+-- target, so that the primary key is an arbiter too. (The chunks of one
+-- call go in one after another: keys are ordered within a chunk.)
 -- One notification per queue, not per job.
 WITH inserted AS (
     INSERT INTO pgqueue_jobs (id, queue, task, payload, priority, run_at, max_attempts,
@@ -64,6 +65,10 @@ WITH inserted AS (
                 %(unique_scope)s::text[], %(concurrency_key)s::text[])
          AS t(id, queue, task, payload, priority, run_at, delay, max_attempts,
               timeout_seconds, idempotency_key, unique_scope, concurrency_key)
+    -- In key order: two calls whose keys overlap take them in the same
+    -- order, so that neither waits for a key the other holds while it
+    -- holds one the other waits for (a deadlock).
+    ORDER BY idempotency_key
     ON CONFLICT DO NOTHING
     RETURNING id, queue, run_at
 ), woken AS (
