@@ -274,6 +274,24 @@ def test_worker_throughput_smoke(bench_url: str, out_dir: Path) -> None:
     assert results["latency_idle_100_per_second"]["p50_ms"] > 0
 
 
+def test_before_after_smoke(bench_url: str, out_dir: Path) -> None:
+    """Both sides this checkout (its .venv): the script's rounds and pairing."""
+    from bench.compare import before_after
+
+    out = out_dir / "before_after.json"
+    repo = Path(__file__).resolve().parents[2]
+    args = ["--before", str(repo), "--rounds", "1", "--only", "async1", "--jobs", "200"]
+    before_after.main([*args, "--out", str(out)])
+    record = _read(out, "before_after", "bench.compare.before_after")
+    paired = record.results["summary"]["async1"]
+    assert paired["before_median_jobs_per_second"] > 0 < paired["after_median_jobs_per_second"]
+    assert len(paired["paired_rate_ratios"]) == 1
+    assert [(r["side"], r["round"]) for r in record.results["runs"]] == [
+        ("before", 1),
+        ("after", 1),
+    ]
+
+
 def test_crash_smoke(bench_url: str, out_dir: Path) -> None:
     from bench.faults import crash
 

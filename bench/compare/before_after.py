@@ -1,0 +1,130 @@
+"""The worker benchmark, before and after a change, interleaved.
+
+    python -m bench.compare.before_after --before DIR [--rounds 4] [--only async1,async2]
+                                         [--jobs 50000] [--name NAME]
+
+DIR is a checkout of the "before" commit with its own virtualenv
+(``DIR/.venv``; ``git worktree add DIR REV && make -C DIR setup``). Each
+round runs ``bench.perf.worker_throughput --only S --repeats 1
+--skip-latency`` once per scenario S on each side, before then after, each
+side with its own code and its own copy of the script (so each drains with
+its own worker and measures its own pgbench reference in the same run).
+Interleaving puts the machine's drift on both sides alike; the figures to
+read are the medians of the paired ratios, after over before, of the rate
+and of the ratio to the same run's pure-SQL reference.
+
+Writes results/<NAME>.json (default: before_after).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.record import ResultRecord, command_line, write_result
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIOS = {"async1": "async_1_process", "async2": "async_2_processes", "sync1": "sync_1_process"}
+
+
+def _git(folder: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(folder), *args], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def one_run(folder: Path, python: str, scenario: str, jobs: int) -> dict[str, Any]:
+    """One drain by one side: its rate and its reference's."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "run.json"
+        command = [python, "-m", "bench.perf.worker_throughput", "--only", scenario]
+        command += ["--jobs", str(jobs), "--repeats", "1", "--skip-latency", "--out", str(out)]
+        subprocess.run(command, cwd=folder, check=True, capture_output=True, text=True)
+        written = json.loads(out.read_text())
+    rates = written["results"]["rates_jobs_per_second"]
+    rate = rates[SCENARIOS[scenario]]["median"]
+    reference = rates["reference_pgbench"]["median"]
+    return {
+        "jobs_per_second": rate,
+        "reference": reference,
+        "ratio": rate / reference,
+        "server": written["server"],
+    }
+
+
+def summarise(runs: list[dict[str, Any]], scenario: str) -> dict[str, Any]:
+    mine = [r for r in runs if r["scenario"] == scenario]
+    before = [r for r in mine if r["side"] == "before"]
+    after = [r for r in mine if r["side"] == "after"]
+    pairs = list(zip(before, after, strict=True))
+    return {
+        "before_median_jobs_per_second": statistics.median(r["jobs_per_second"] for r in before),
+        "after_median_jobs_per_second": statistics.median(r["jobs_per_second"] for r in after),
+        "paired_rate_ratios": [a["jobs_per_second"] / b["jobs_per_second"] for b, a in pairs],
+        "median_paired_rate_ratio": statistics.median(
+            a["jobs_per_second"] / b["jobs_per_second"] for b, a in pairs
+        ),
+        "median_paired_reference_ratio": statistics.median(
+            a["ratio"] / b["ratio"] for b, a in pairs
+        ),
+    }
+
+
+def main(argv: list[str] | None = None) -> ResultRecord:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--before", required=True, type=Path)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--only", default="async1,async2")
+    parser.add_argument("--jobs", type=int, default=50_000)
+    parser.add_argument("--name", default="before_after")
+    parser.add_argument("--out", default=None, help="default: results/NAME.json")
+    args = parser.parse_args(argv)
+    scenarios = args.only.split(",")
+    if unknown := set(scenarios) - set(SCENARIOS):
+        parser.error(f"--only: unknown {', '.join(sorted(unknown))}")
+    sides = {
+        "before": (args.before.resolve(), str(args.before.resolve() / ".venv/bin/python")),
+        "after": (ROOT, sys.executable),
+    }
+    runs: list[dict[str, Any]] = []
+    server: dict[str, Any] = {}
+    for round_ in range(1, args.rounds + 1):
+        for scenario in scenarios:
+            for side, (folder, python) in sides.items():
+                run = one_run(folder, python, scenario, args.jobs)
+                server = run.pop("server")
+                runs.append({"round": round_, "scenario": scenario, "side": side, **run})
+                print(f"round {round_} {scenario} {side}: {run['jobs_per_second']:,.0f} jobs/s "
+                      f"(reference {run['reference']:,.0f})", flush=True)  # fmt: skip
+    summary = {scenario: summarise(runs, scenario) for scenario in scenarios}
+    results = {"summary": summary, "runs": runs}
+    record = ResultRecord(
+        name=args.name,
+        command=command_line(__spec__, argv),
+        server=server,
+        parameters={
+            "before_commit": _git(args.before, "rev-parse", "--short", "HEAD"),
+            "after_commit": _git(ROOT, "rev-parse", "--short", "HEAD"),
+            "rounds": args.rounds,
+            "jobs": args.jobs,
+            "scenarios": scenarios,
+            "interleaved": True,
+        },
+        results=results,
+    )
+    path = write_result(record, args.out)
+    for scenario, paired in summary.items():
+        print(f"{scenario}: after/before rate x{paired['median_paired_rate_ratio']:.2f}, "
+              f"ratio to reference x{paired['median_paired_reference_ratio']:.2f}")  # fmt: skip
+    print(f"written to {path}")
+    return record
+
+
+if __name__ == "__main__":
+    main()
