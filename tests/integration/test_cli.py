@@ -178,6 +178,26 @@ def test_jobs_list_filters_and_pages(db_url: str, queue: Queue) -> None:
     assert f"--before {ids[4]}" in table.stderr
 
 
+def test_jobs_list_views_of_queued_jobs_and_error_text(db_url: str, queue: Queue) -> None:
+    later = queue.enqueue("a", delay_seconds=3600).id
+    queue.enqueue("a")  # runnable now: in neither view
+    failing = queue.enqueue("b", queue="f", max_attempts=3)
+    [claimed] = queue.claim(queues=["f"])
+    assert claimed.id == failing.id
+    queue.fail(claimed, "disk full on /var")  # queued again, after a backoff
+
+    def ids(*args: str) -> list[int]:
+        return [job["id"] for job in run_json(db_url, "jobs", "list", *args)]
+
+    assert ids("--state", "scheduled") == [failing.id, later]
+    assert ids("--state", "retrying") == [failing.id]
+    assert ids("--error-contains", "disk full") == [failing.id]
+    assert ids("--error-contains", "Disk") == []  # case-sensitive
+    assert_one_line_error(
+        run(db_url, "jobs", "list", "--error-contains", "x" * 1001), 2, "--error-contains"
+    )
+
+
 def test_jobs_show(db_url: str, queue: Queue) -> None:
     job = queue.enqueue("echo", {"greeting": "hello"}, queue="mail")
     out = run_json(db_url, "jobs", "show", str(job.id))

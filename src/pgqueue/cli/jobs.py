@@ -16,6 +16,7 @@ from rich.table import Table
 
 from ..jobs import Job, JobState
 from ..queue import Queue
+from ..transitions import LIST_VIEWS, MAX_ERROR_SEARCH
 from . import output
 from .app import jobs_app, state_of, wants_json
 from .options import JsonFlag
@@ -25,14 +26,27 @@ __all__: list[str] = []
 JobIdArgument = Annotated[int, typer.Argument(metavar="ID")]
 
 
+# The states a listing takes: every job state, and the views of queued jobs.
+_STATES = (*JobState, *LIST_VIEWS)
+
+
 @jobs_app.command("list")
 def jobs_list(
     ctx: typer.Context,
     state_filter: Annotated[
-        str | None, typer.Option("--state", help=f"One of {', '.join(JobState)}.")
+        str | None,
+        typer.Option(
+            "--state",
+            help=f"One of {', '.join(_STATES)} (scheduled: queued for later; retrying: queued "
+            "after a failed attempt).",
+        ),
     ] = None,
     queue: Annotated[str | None, typer.Option(help="Only this queue.")] = None,
     task: Annotated[str | None, typer.Option(help="Only this task.")] = None,
+    error_contains: Annotated[
+        str | None,
+        typer.Option(help="Only jobs whose last error contains this text (case-sensitive)."),
+    ] = None,
     limit: Annotated[int, typer.Option(min=1, max=1000, help="At most this many.")] = 50,
     before: Annotated[
         int | None, typer.Option(help="Only ids below this one (the next page: the last id shown).")
@@ -41,11 +55,20 @@ def jobs_list(
 ) -> None:
     """Jobs, newest first."""
     state = state_of(ctx)
-    if state_filter is not None and state_filter not in set(JobState):
-        raise typer.BadParameter(f"must be one of {', '.join(JobState)}", param_hint="'--state'")
+    if state_filter is not None and state_filter not in _STATES:
+        raise typer.BadParameter(f"must be one of {', '.join(_STATES)}", param_hint="'--state'")
+    if error_contains is not None and not 1 <= len(error_contains) <= MAX_ERROR_SEARCH:
+        raise typer.BadParameter(
+            f"must be 1 to {MAX_ERROR_SEARCH} characters", param_hint="'--error-contains'"
+        )
     with state.queue() as q:
         jobs = q.list_jobs(
-            state=state_filter, queue=queue, task=task, before_id=before, limit=limit
+            state=state_filter,
+            queue=queue,
+            task=task,
+            error_contains=error_contains,
+            before_id=before,
+            limit=limit,
         )
     if wants_json(ctx, json_out):
         output.emit_json([job.to_dict() for job in jobs])
