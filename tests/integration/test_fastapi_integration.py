@@ -100,3 +100,10 @@ async def test_the_dependency_says_when_the_lifespan_is_missing(settings: Settin
     pgq = PgQueue(settings)
     with pytest.raises(RuntimeError, match=r"lifespan=pgq\.lifespan"):
         await pgq.queue()
+
+
+async def test_bad_handlers_stop_the_apps_start(settings: Settings) -> None:
+    pgq = PgQueue(settings, worker={"welcome": 42})
+    with pytest.raises(TypeError, match="not callable"):
+        async with _client(_app(pgq)):
+            pass

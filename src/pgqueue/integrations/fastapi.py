@@ -10,8 +10,9 @@ in the app's own process, for small apps that want one process::
         job = await queue.enqueue("send_receipt", {"to": "ada@example.com"})
         return {"job": job.id}
 
-The in-process worker is supervised: if it fails (``WorkerFailed``: a part
-crashed; the traceback is logged), it is started again after a growing delay
+The in-process worker is supervised: bad handlers stop the app's start; if
+the worker fails (``WorkerFailed``: a part crashed; the traceback is
+logged), it is started again after a growing delay
 (1 s, doubling, at most 60 s), so that the app never goes on serving while
 its jobs silently stop. It stops gracefully with the app (running jobs
 finish, within ``shutdown_timeout_seconds``). Its concurrency is the
@@ -26,7 +27,6 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from ..errors import WorkerFailed
 from ..queue import AsyncQueue
 from ..settings import Settings
 from ..worker import AsyncWorker, TaskRegistry
@@ -70,11 +70,14 @@ class PgQueue:
         """Open the queue (and start the worker) with the app; close them after."""
         async with AsyncQueue(settings=self.settings) as queue:
             self._queue = queue
-            supervisor = (
-                asyncio.create_task(self._supervise(), name="pgqueue-in-app-worker")
-                if self.handlers is not None
-                else None
-            )
+            supervisor = None
+            if self.handlers is not None:
+                # Made here, so that bad handlers or settings stop the app's
+                # start rather than a task nobody watches.
+                self._worker = self._new_worker(self.handlers)
+                supervisor = asyncio.create_task(
+                    self._supervise(self.handlers), name="pgqueue-in-app-worker"
+                )
             try:
                 yield
             finally:
@@ -93,20 +96,24 @@ class PgQueue:
         with contextlib.suppress(asyncio.CancelledError):
             await supervisor
 
-    async def _supervise(self) -> None:
+    def _new_worker(self, handlers: Mapping[str, Any] | TaskRegistry) -> AsyncWorker:
+        return AsyncWorker(
+            handlers,
+            settings=self.settings,
+            queues=self.queues,
+            concurrency=self.worker_concurrency,
+        )
+
+    async def _supervise(self, handlers: Mapping[str, Any] | TaskRegistry) -> None:
+        """Run the worker; after a failure (logged with its traceback), a new
+        one after a growing delay."""
         delay = RESTART_MIN_SECONDS
         while not self._stopping:
-            assert self.handlers is not None
-            self._worker = AsyncWorker(
-                self.handlers,
-                settings=self.settings,
-                queues=self.queues,
-                concurrency=self.worker_concurrency,
-            )
+            assert self._worker is not None
             try:
                 await self._worker.run()
                 return  # stopped on purpose
-            except WorkerFailed:
+            except Exception:  # WorkerFailed, or anything run() did not expect
                 log.exception(
                     "the in-app worker failed; starting it again in %.0f s",
                     delay,
@@ -115,3 +122,4 @@ class PgQueue:
             self.restarts += 1
             await asyncio.sleep(delay)
             delay = min(delay * 2, RESTART_MAX_SECONDS)
+            self._worker = self._new_worker(handlers)
