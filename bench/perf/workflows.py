@@ -12,8 +12,9 @@ drained by one AsyncWorker process (concurrency 100, no-op handlers):
   fan-in for every child (its claim reads the CHILDREN results).
 
 Rates are the claim-and-ack rate of the CHILDREN jobs (first start to last
-finish, database clock), medians over the rounds; the target is the
-workflow's rate within 20% of the plain jobs'. Also: how long the first
+finish, database clock); the figure is the median over the rounds of the
+workflow's rate over the plain jobs' in the same round, and the target is
+within 20%. Also: how long the first
 job's ack took to release the children (its finish to the first child's
 start), how long the fan-in waited after the last child ended (release and
 claim, with its 10,000 parents' results), and the enqueue times.
@@ -97,11 +98,16 @@ def run(url: str, *, children: int, rounds: int) -> dict[str, Any]:
         return summary([r[key] for r in runs[case]])
 
     rates = {case: med(case, "rate") for case in CASES}
-    ratio = rates["workflow"]["median"] / rates["plain"]["median"]
+    # Both cases of a round share its moment of the (shared, noisy) machine:
+    # the ratio within each round is the figure, their median the verdict.
+    ratios = [w["rate"] / p["rate"] for w, p in zip(runs["workflow"], runs["plain"], strict=True)]
+    ratio = summary(ratios)["median"]
     return {
         "parameters": {"children": children, "rounds": rounds, "workers": 1, "concurrency": 100},
         "rates_jobs_per_second": rates,
         "workflow_over_plain": ratio,
+        "workflow_over_plain_per_round": ratios,
+        "ratio_of_median_rates": rates["workflow"]["median"] / rates["plain"]["median"],
         "target": TARGET,
         "within_target": ratio >= TARGET,
         "release_children_seconds": med("workflow", "release_children_seconds"),

@@ -1,5 +1,6 @@
-"""Jobs that wait for other jobs: the flows that insert a graph of jobs, give
-a claimed job its parents' results, and show, cancel or retry a workflow.
+"""Jobs that wait for other jobs: the flows that insert a graph of jobs, and
+show, cancel or retry a workflow. (A claimed job's parents' results come
+with the claim: job_claim reads them.)
 
 A graph is a list of new jobs, each with the ids of existing jobs it depends
 on (``JobSpec.depends_on``) and the places of the graph's own jobs it waits
@@ -14,12 +15,11 @@ for (``after``). ``enqueue_graph`` inserts it in one transaction:
                        its existing parents
 
 From then on the statements that end a job release its dependents
-(pgqueue_release, migrations/0011_workflows.sql). No I/O here.
+(pgqueue_release, migrations/0011_workflows.sql and 0013_release_by_key.sql). No I/O here.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import uuid
 from collections.abc import Sequence
@@ -38,7 +38,6 @@ __all__ = [
     "get_workflow",
     "plan",
     "retry_workflow",
-    "with_parents",
 ]
 
 _FAILED = {JobState.DEAD.value, JobState.CANCELLED.value}
@@ -176,22 +175,6 @@ def _graph_params(
         "children": children,
         "outside": outside,
     }
-
-
-def with_parents(jobs: list[Job]) -> Flow[list[Job]]:
-    """The claimed jobs, each with its parents' results (one statement for
-    the whole batch, and none when no job has parents)."""
-    wanted = sorted({i for job in jobs for i in job.depends_on or ()})
-    if not wanted:
-        return jobs
-    rows = yield Statement("job_results", {"ids": wanted})
-    results = {row["id"]: row["result"] for row in rows}
-    return [
-        dataclasses.replace(job, parents=tuple(results.get(i) for i in job.depends_on))
-        if job.depends_on
-        else job
-        for job in jobs
-    ]
 
 
 @dataclass(frozen=True, slots=True)

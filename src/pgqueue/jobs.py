@@ -181,14 +181,25 @@ class Job:
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any], *, duplicate: bool = False) -> Job:
-        return cls(*_values(row[name] for name in _COLUMNS), duplicate=duplicate)  # type: ignore[misc]  # mypy cannot count a list
+        return cls(  # type: ignore[misc]  # mypy cannot count a list
+            *_values(row[name] for name in _COLUMNS),
+            duplicate=duplicate,
+            parents=tuple(row.get("parents") or ()),
+        )
 
     @classmethod
     def from_tuples(cls, names: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[Job]:
         """Jobs from plain result tuples whose columns are ``names``: the
-        claim's hot path, without a dict per row."""
+        claim's hot path, without a dict per row. A ``parents`` column (the
+        claim's) gives each job its parents' results."""
         picks = [names.index(name) for name in _COLUMNS]
-        return [cls(*_values(row[i] for i in picks)) for row in rows]
+        if "parents" not in names:
+            return [cls(*_values(row[i] for i in picks)) for row in rows]
+        at = names.index("parents")
+        return [
+            cls(*_values(row[i] for i in picks), parents=tuple(row[at] or ()))  # type: ignore[misc]  # mypy cannot count a list
+            for row in rows
+        ]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form: datetimes as ISO 8601 strings."""

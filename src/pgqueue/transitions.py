@@ -25,7 +25,6 @@ from typing import Any, TypeVar
 
 from .checks import printable
 from .control import snooze_seconds
-from .dependencies import with_parents
 from .enqueue import KEY_ROUNDS, Enqueued, enqueue, enqueue_many
 from .errors import (
     InvalidJob,
@@ -180,7 +179,7 @@ def claim(
         # queues) has not been asked yet.
         names = [name for name in names if got[name] >= shares.get(name, 0)]
         turn += 1
-    return (yield from with_parents(jobs))
+    return jobs
 
 
 def round_robin(

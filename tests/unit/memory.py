@@ -141,7 +141,15 @@ class MemoryDatabase:
                 worker=worker,
                 started_at=self.clock,
             )
-        return [dict(row) for row in claimed]
+        return [dict(row, parents=self._parents_results(row)) for row in claimed]
+
+    def _parents_results(self, row: Row) -> list[Any] | None:
+        """As job_claim's ``parents``: the results of ``depends_on`` in
+        order (None for a parent that did not succeed), or None."""
+        if row.get("depends_on") is None:
+            return None
+        parents = [self.jobs.get(parent) for parent in row["depends_on"]]
+        return [p["result"] if p and p["state"] == "succeeded" else None for p in parents]
 
     def queue_names_queued(self) -> list[Row]:
         names = {row["queue"] for row in self.jobs.values() if row["state"] == "queued"}

@@ -1,6 +1,6 @@
 """The I/O-free parts of workflows: what chain and group compose, the order
 a graph is planned in, the cycles it refuses, the first state of each new
-job, and the claim's one statement for a batch's parents."""
+job, and the parents' results a claimed job gets."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from pgqueue import InvalidJob, Job, JobSpec, chain, group
-from pgqueue.dependencies import Graph, plan, with_parents
+from pgqueue import InvalidJob, Job, JobSpec, Settings, chain, driver, group
+from pgqueue.dependencies import Graph, plan
+from pgqueue.transitions import claim
 from pgqueue.workflows import by_name, graph_of, specs_maker
 from tests.unit.memory import MemoryDatabase
 
@@ -89,24 +90,22 @@ def test_a_workflow_job_has_no_key_and_names_are_checked() -> None:
     assert caught.value.field == "jobs[0].depends_on"
 
 
-def test_a_claimed_batch_reads_its_parents_results_in_one_statement() -> None:
+def test_a_claimed_job_gets_its_parents_results_in_order_from_the_claim() -> None:
     db = MemoryDatabase()
+    done = db.add(result=7)
+    db.jobs[done]["state"] = "succeeded"
+    failed = db.add()
+    db.jobs[failed]["state"] = "dead"
     plain = db.add()
-    child = db.add(depends_on=[plain, 99])
-    batch = [Job.from_row(db.jobs[plain]), Job.from_row(db.jobs[child])]
-    flow = with_parents(batch)
-    statement = next(flow)
-    assert (statement.name, statement.params) == ("job_results", {"ids": [plain, 99]})
-    with pytest.raises(StopIteration) as done:
-        flow.send([{"id": plain, "result": 7}])
-    first, second = done.value.value
-    assert first.parents == () and second.parents == (7, None)
+    child = db.add(depends_on=[done, failed, 99])
+    jobs = driver.run(claim(Settings(), limit=10, worker="w"), db)
+    assert {job.id: job.parents for job in jobs} == {plain: (), child: (7, None, None)}
 
 
-def test_a_batch_without_dependencies_sends_nothing() -> None:
+def test_claim_rows_give_their_parents_column_to_the_jobs() -> None:
     db = MemoryDatabase()
-    batch = [Job.from_row(db.jobs[db.add()])]
-    flow = with_parents(batch)
-    with pytest.raises(StopIteration) as done:
-        next(flow)
-    assert done.value.value == batch
+    row = db.jobs[db.add(depends_on=[1, 2])]
+    names = [*row, "parents"]
+    values = tuple(row.values())
+    with_parents, without = Job.from_tuples(names, [(*values, [{"a": 1}, None]), (*values, None)])
+    assert with_parents.parents == ({"a": 1}, None) and without.parents == ()

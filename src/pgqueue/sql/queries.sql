@@ -170,12 +170,6 @@ WITH edge AS (
 )
 SELECT inserted.* FROM inserted, (SELECT count(*) FROM woken) w ORDER BY id;
 
--- name: job_results
--- The results of jobs that succeeded (the parents of a claimed batch: what
--- their dependents' handlers get as job.parents).
-SELECT id, result FROM pgqueue_jobs
-WHERE id = ANY(%(ids)s::bigint[]) AND state = 'succeeded';
-
 -- name: job_copied
 -- After a job_copy in the same transaction: the jobs it inserted counted as
 -- enqueued (`counts[i]` of `queues[i]`; a COPY cannot count them itself),
@@ -245,7 +239,16 @@ WITH wanted AS (
     ON CONFLICT (queue, shard, bucket) DO UPDATE
     SET count = h.count + excluded.count, sum_seconds = h.sum_seconds + excluded.sum_seconds
 )
-SELECT * FROM claimed ORDER BY priority DESC, run_at, id;
+-- A job with dependencies comes with its parents' results, in the order of
+-- depends_on (NULL for a parent that did not succeed or was pruned): no
+-- second statement per batch. A plain job's depends_on is NULL: it reads
+-- nothing.
+SELECT c.*, CASE WHEN c.depends_on IS NOT NULL THEN (
+        SELECT jsonb_agg(p.result ORDER BY u.place)
+        FROM unnest(c.depends_on) WITH ORDINALITY AS u(id, place)
+        LEFT JOIN pgqueue_jobs p ON p.id = u.id AND p.state = 'succeeded'
+    ) END AS parents
+FROM claimed c ORDER BY priority DESC, run_at, id;
 
 -- name: job_heartbeat
 -- Extend the leases of many held jobs at once, only where the fencing token
