@@ -30,7 +30,7 @@ lint: setup
 
 # The documentation site (mkdocs.yml), strict: a broken link or any warning fails.
 docs: setup
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 $(CHROMIUM):
 	$(SUDO) apt-get update -qq

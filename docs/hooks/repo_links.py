@@ -62,7 +62,9 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str
         if path is None:
             return link[0]
         if not path.exists() or not path.is_relative_to(root):
-            log.warning("%s: link to %s, which is not in the repository", page.file.src_uri, path)
+            log.warning(
+                "%s: link to %s, which does not exist in the repository", page.file.src_uri, path
+            )
             return link[0]
         relative = path.relative_to(root).as_posix()
         if link["bang"] and path.suffix.lower() in IMAGE_SUFFIXES:
