@@ -2,7 +2,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run test lint setup
+.PHONY: run test lint setup docs
 
 # The dashboard's test drives a real headless Chromium: Debian's package.
 CHROMIUM := /usr/bin/chromium
@@ -23,10 +23,14 @@ run: setup
 	$(VENV)/bin/pgqueue up
 
 lint: setup
-	$(VENV)/bin/ruff check src tests bench harness examples
-	$(VENV)/bin/ruff format --check src tests bench harness examples
+	$(VENV)/bin/ruff check src tests bench harness examples docs/hooks
+	$(VENV)/bin/ruff format --check src tests bench harness examples docs/hooks
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+
+# The documentation site (mkdocs.yml), strict: a broken link or any warning fails.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 $(CHROMIUM):
 	$(SUDO) apt-get update -qq
@@ -36,5 +40,5 @@ $(PGBOUNCER) $(IPROUTE):
 	$(SUDO) apt-get update -qq
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer iproute2 >/dev/null
 
-test: setup lint $(CHROMIUM) $(PGBOUNCER) $(IPROUTE)
+test: setup lint docs $(CHROMIUM) $(PGBOUNCER) $(IPROUTE)
 	$(VENV)/bin/pytest

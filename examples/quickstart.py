@@ -1,5 +1,5 @@
-"""The README's quick start, as printed there (a test checks that the two
-agree, and runs this file).
+"""The quick start of docs/getting-started.md, as printed there (a test
+checks that the two agree, and runs this file).
 
     python examples/quickstart.py
 

@@ -1,4 +1,4 @@
-"""The dashboard screenshot of the README: docs/img/dashboard.png.
+"""The dashboard screenshot of the docs (Getting started): docs/img/dashboard.png.
 
     python -m bench.plots.screenshot [--out docs/img/dashboard.png]
 

@@ -48,6 +48,10 @@ MAX_ERROR_TEXT = 1000
 
 
 class BulkAction(enum.StrEnum):
+    """What a bulk action does to the jobs its ``JobFilter`` matches:
+    cancel waiting, queued or running ones, retry dead or cancelled ones, delete
+    finished ones (``Queue.bulk_cancel``, ``bulk_retry``, ``bulk_delete``)."""
+
     CANCEL = "cancel"
     RETRY = "retry"
     DELETE = "delete"

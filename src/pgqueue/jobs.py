@@ -96,6 +96,10 @@ MAX_DEPENDENCIES = 100_000
 
 
 class JobState(enum.StrEnum):
+    """Where a job is in its life (the diagram: docs/architecture.md).
+    ``succeeded``, ``dead`` and ``cancelled`` are finished: no worker
+    changes them again; a retry queues a dead or cancelled job anew."""
+
     WAITING = "waiting"  # for the jobs it depends on; never claimed
     QUEUED = "queued"
     RUNNING = "running"
@@ -105,6 +109,7 @@ class JobState(enum.StrEnum):
 
     @property
     def finished(self) -> bool:
+        """True for the states a worker leaves a job in for good."""
         return self in (JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED)
 
 

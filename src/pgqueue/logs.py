@@ -40,6 +40,8 @@ class JsonFormatter(logging.Formatter):
     """One JSON object per record, on one line."""
 
     def format(self, record: logging.LogRecord) -> str:
+        """The record as JSON: time (UTC), level, logger, message, pid, the
+        record's ``extra`` fields, and its traceback if it has one."""
         line: dict[str, Any] = {
             "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,

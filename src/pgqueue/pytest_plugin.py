@@ -54,6 +54,7 @@ def pgqueue_admin_url() -> Iterator[str]:
 
 @pytest.fixture
 def pgqueue_url(pgqueue_admin_url: str) -> Iterator[str]:
+    """A fresh migrated database for this test only, dropped after it."""
     name = f"pgqueue_test_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(pgqueue_admin_url, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
@@ -68,16 +69,19 @@ def pgqueue_url(pgqueue_admin_url: str) -> Iterator[str]:
 
 @pytest.fixture
 def pgqueue_settings(pgqueue_url: str) -> Settings:
+    """Settings whose ``database_url`` is this test's database."""
     return Settings(database_url=pgqueue_url)
 
 
 @pytest.fixture
 def pgqueue_queue(pgqueue_settings: Settings) -> Iterator[Queue]:
+    """A ``Queue`` on this test's database, closed after it."""
     with Queue(settings=pgqueue_settings) as queue:
         yield queue
 
 
 async def _aqueue(pgqueue_settings: Settings) -> AsyncIterator[AsyncQueue]:
+    """An ``AsyncQueue`` on this test's database, closed after it."""
     async with AsyncQueue(settings=pgqueue_settings) as queue:
         yield queue
 

@@ -1,6 +1,6 @@
-"""What a payload or a result comes back as: the rule the README states
-("Bad input writes nothing; accepted input round-trips as JSON"), tested
-exactly as it is written there.
+"""What a payload or a result comes back as: the rule docs/concepts.md states
+("What round-trips", behind the guarantee "Bad input writes nothing; good
+input round-trips" of docs/guarantees.md), tested exactly as it is written.
 
 PostgreSQL keeps payloads and results as jsonb, which stores numbers as
 decimals and objects with their keys sorted and unique. So:
