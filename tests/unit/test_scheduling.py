@@ -250,6 +250,17 @@ def test_the_registry_declares_schedules_with_its_tasks() -> None:
         def broken(job: Job) -> None: ...
 
     assert "broken" not in tasks  # nothing half-registered
+    with pytest.raises(ValueError, match=r"gets max_attempts from each job, given at enqueue"):
+
+        @tasks.task(max_attempts=5)
+        def fields_of_a_job(job: Job) -> None: ...
+
+    with pytest.raises(ValueError, match=r"unknown option\(s\) timout; a schedule's options"):
+
+        @tasks.task(timout=5)
+        def misspelt(job: Job) -> None: ...
+
+    assert "fields_of_a_job" not in tasks and "misspelt" not in tasks
     assert resolve_schedules({"t": nightly}) is None
     assert resolve_schedules(tasks) == tasks.schedules()
 

@@ -184,6 +184,8 @@ class TaskRegistry(Mapping[str, Handler]):
             if key in self._tasks:
                 raise ValueError(f"task {key!r} is registered twice")
             typed = None if is_job_handler(fn) else _typed(key, fn, options, isolated)
+            if options and not {"cron", "every"} & options.keys():
+                raise ValueError(_not_an_option(key, sorted(options), typed is not None))
             handler = typed.handler() if typed else fn
             task = _task(key, handler, timeout, max_snoozes, isolated, retry_without_attempt)
             if options:
@@ -255,6 +257,21 @@ def _typed(
         for key in fields:  # not a schedule's: the task's own
             del options[key]
     return TypedTask(name, fn, fields)
+
+
+def _not_an_option(name: str, given: list[str], typed: bool) -> str:
+    """Why ``task()`` refuses ``given``: without cron= or every= they are no
+    schedule's, and a handler of Job takes no job field (its producer, not
+    its worker, sets them)."""
+    words = f"task {name!r}: unknown option(s) {', '.join(given)}"
+    fields = [key for key in given if key in _JOB_FIELDS]
+    if fields and not typed:
+        return (
+            f"{words}: a handler that takes a Job gets {', '.join(fields)} from each "
+            f"job, given at enqueue (queue.enqueue({name!r}, payload, {fields[0]}=...)); "
+            "a typed task (parameters for the payload) takes them here"
+        )
+    return f"{words}; a schedule's options need cron= or every="
 
 
 class Register(Protocol):
