@@ -292,6 +292,22 @@ def test_before_after_smoke(bench_url: str, out_dir: Path) -> None:
     ]
 
 
+def test_cost_per_job_smoke(out_dir: Path) -> None:
+    """Both sides this checkout, one round: each side drains on a server of
+    its own with pg_stat_statements, and the work per job is paired."""
+    from bench.compare import cost_per_job
+
+    out = out_dir / "cost_per_job.json"
+    repo = Path(__file__).resolve().parents[2]
+    cost_per_job.main(["--before", str(repo), "--rounds", "1", "--jobs", "300", "--out", str(out)])
+    record = _read(out, "cost_per_job", "bench.compare.cost_per_job")
+    summary = record.results["summary"]
+    for name in ("claim.wal_bytes", "finish.shared_blks_hit", "jobs_per_second"):
+        assert summary[name]["before"] > 0 < summary[name]["after"]
+    assert summary["worker_cpu_us_per_job"]["after"] >= 0  # whole clock ticks: may be 0
+    assert [r["side"] for r in record.results["runs"]] == ["before", "after"]
+
+
 def test_crash_smoke(bench_url: str, out_dir: Path) -> None:
     from bench.faults import crash
 
