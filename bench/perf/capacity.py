@@ -292,8 +292,9 @@ def medians(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]
         runs = [r[phase] for r in rounds]
         row: dict[str, Any] = {}
         for key, value in runs[0].items():
-            if isinstance(value, dict):
-                row[key] = {k: summary([run[key][k] for run in runs]) for k in value}
+            if isinstance(value, dict):  # by statement: the top ones differ a little by round
+                names = dict.fromkeys(name for run in runs for name in run[key])
+                row[key] = {k: summary([run[key].get(k, 0.0) for run in runs]) for k in names}
             else:
                 row[key] = summary([run[key] for run in runs])
         table[phase] = row

@@ -64,7 +64,7 @@ def test_the_setting_reads_a_json_object_from_the_environment() -> None:
 
 @pytest.mark.parametrize("text", ["emails=x", "[1]", '{"emails": 1}', '{"emails": ""}'])
 def test_a_bad_environment_value_is_refused_without_echoing_it(text: str) -> None:
-    with pytest.raises(InvalidSettings, match="(?i)clusters") as caught:
+    with pytest.raises(InvalidSettings, match=r"(?i)clusters") as caught:
         Settings.load(environ={"PGQUEUE_CLUSTERS": text})
     assert text not in str(caught.value)
 
