@@ -54,11 +54,13 @@ from typing import Any
 
 import psycopg
 
-from bench.common import bench_database, clear, summary
+from bench.common import bench_database, bench_server, clear, summary
+from bench.perf.standby import set_synchronous, streaming_standby
 from bench.perf.worker_throughput import BATCH, CLIENTS, pgbench_drain
 from bench.record import ResultRecord, command_line, server_info, write_result
 from bench.workers import async_workers, wait_drained
-from pgqueue import Queue, Settings
+from pgqueue import Queue, Settings, migrate
+from pgqueue.embedded import EmbeddedPostgres
 from pgqueue.sql import QUERIES
 
 Admin = psycopg.Connection[tuple[Any, ...]]
@@ -116,7 +118,7 @@ def has_pgss(admin: Admin) -> bool:
     return True
 
 
-def snapshot(admin: Admin, postmaster: int, pgss: bool) -> dict[str, Any]:
+def snapshot(admin: Admin, postmaster: int, pgss: bool, standby: int | None) -> dict[str, Any]:
     admin.execute("SELECT pg_stat_clear_snapshot()")
     row = admin.execute(
         "SELECT pg_current_wal_lsn(), w.wal_records, w.wal_fpi, d.xact_commit,"
@@ -134,6 +136,8 @@ def snapshot(admin: Admin, postmaster: int, pgss: bool) -> dict[str, Any]:
     }
     if pgss:
         taken["statements"] = statement_times(admin)
+    if standby is not None:
+        taken["standby_cpu_seconds"] = server_cpu_seconds(standby)
     return taken
 
 
@@ -182,6 +186,9 @@ def per_job(
         "wal_fsyncs": (after["wal_fsyncs"] - before["wal_fsyncs"]) / jobs,
         "server_cpu_us": (after["cpu_seconds"] - before["cpu_seconds"]) * 1e6 / jobs,
     }
+    if "standby_cpu_seconds" in after:
+        spent = after["standby_cpu_seconds"] - before["standby_cpu_seconds"]
+        cost["standby_cpu_us"] = spent * 1e6 / jobs
     if "statements" in after:
         cost["statement_exec_us"] = statement_costs(before["statements"], after["statements"], jobs)
     return cost
@@ -201,16 +208,18 @@ def statement_costs(
 
 @contextmanager
 def measured(
-    admin: Admin, postmaster: int, pgss: bool, jobs: int, into: dict[str, Any]
+    admin: Admin, servers: tuple[int, int | None], pgss: bool, jobs: int, into: dict[str, Any]
 ) -> Iterator[None]:
-    """Fill ``into`` with the per-job cost of the block (snapshots around it)."""
-    before = snapshot(admin, postmaster, pgss)
+    """Fill ``into`` with the per-job cost of the block (snapshots around
+    it) on ``servers``: the primary's postmaster, the standby's (or None)."""
+    before = snapshot(admin, servers[0], pgss, servers[1])
     started = time.perf_counter()
     yield
     seconds = time.perf_counter() - started
     time.sleep(0.5)  # the phase's backends exit, flushing their statistics
-    into.update(per_job(admin, before, snapshot(admin, postmaster, pgss), jobs))
+    into.update(per_job(admin, before, snapshot(admin, servers[0], pgss, servers[1]), jobs))
     into["seconds"] = seconds
+    into["wall_us"] = seconds * 1e6 / jobs
 
 
 def table_bytes_per_job(admin: Admin, jobs: int) -> float:
@@ -236,17 +245,21 @@ def enqueue_single(url: str, jobs: int) -> None:
 class Round:
     """One round of every phase on one database; ``costs`` by phase."""
 
-    def __init__(self, url: str, admin: Admin, args: argparse.Namespace) -> None:
+    def __init__(
+        self, url: str, admin: Admin, args: argparse.Namespace, standby: int | None = None
+    ) -> None:
         self.url, self.admin, self.args = url, admin, args
-        self.postmaster = postmaster_pid(admin)
+        self.servers = (postmaster_pid(admin), standby)
         self.pgss = has_pgss(admin)
         self.costs: dict[str, dict[str, Any]] = {}
+        self.phase = ""
 
     def measure(self, phase: str, jobs: int, work: Callable[[], None]) -> dict[str, Any]:
         cost = self.costs.setdefault(phase, {})
+        self.phase = phase
         if self.pgss:
             self.admin.execute(f"SELECT {PGSS}_reset()")
-        with measured(self.admin, self.postmaster, self.pgss, jobs, cost):
+        with measured(self.admin, self.servers, self.pgss, jobs, cost):
             work()
         return cost
 
@@ -265,6 +278,17 @@ class Round:
         self.measure("enqueue_single", self.args.single_jobs, self._enqueue_single)
         return self.costs
 
+    def run_standby(self, mode: str) -> dict[str, dict[str, Any]]:
+        """The phases whose commits a synchronous standby slows: single
+        enqueues (a commit each) and the worker's drain."""
+        set_synchronous(self.admin, mode == "sync")
+        clear(self.url)
+        self.measure(f"enqueue_single_{mode}_standby", self.args.single_jobs, self._enqueue_single)
+        clear(self.url)
+        self._enqueue_batches()
+        self.measure(f"drain_worker_{mode}_standby", self.args.jobs, self._drain_worker)
+        return self.costs
+
     def _enqueue_batches(self) -> None:
         enqueue_batches(self.url, self.args.jobs, self.args.batch)
 
@@ -279,7 +303,7 @@ class Round:
         with async_workers(1, settings, name="capacity") as procs:
             wait_drained(self.url, self.args.jobs, procs)
             worker_cpu = process_cpu_seconds(procs[0].pid or 0)
-        self.costs["drain_worker"]["worker_process_cpu_us"] = worker_cpu * 1e6 / self.args.jobs
+        self.costs[self.phase]["worker_process_cpu_us"] = worker_cpu * 1e6 / self.args.jobs
 
 
 # -- main ------------------------------------------------------------------------------------
@@ -316,39 +340,77 @@ def derived(table: dict[str, dict[str, Any]]) -> dict[str, float]:
     return model
 
 
+def show(repeat: int, costs: dict[str, dict[str, Any]]) -> None:
+    for phase, cost in costs.items():
+        print(
+            f"round {repeat + 1} {phase:>28}: {cost['wal_bytes']:6,.0f} WAL B/job "
+            f"{cost['server_cpu_us']:6,.1f} server CPU us/job {cost['wall_us']:7,.1f} us/job "
+            f"{cost['commits']:6.3f} transactions/job {cost['wal_fsyncs']:6.3f} fsyncs/job",
+            flush=True,
+        )
+
+
+@contextmanager
+def database(standby: bool) -> Iterator[tuple[str, EmbeddedPostgres | None]]:
+    """The run's database (with pg_stat_statements), and its server when
+    the run needs its own (for a standby)."""
+    options = {"shared_preload_libraries": PGSS}
+    if not standby:
+        with bench_database("capacity", options) as url:
+            yield url, None
+        return
+    with bench_server("capacity", options) as server:
+        migrate(server.url)
+        yield server.url, server
+
+
+def standby_rounds(
+    server: EmbeddedPostgres, admin: Admin, args: argparse.Namespace
+) -> list[dict[str, dict[str, Any]]]:
+    """Rounds of the commit-bound phases with an asynchronous, then a
+    synchronous standby (interleaved by round)."""
+    rounds = []
+    with streaming_standby(server) as standby:
+        for repeat in range(args.repeats):
+            costs: dict[str, dict[str, Any]] = {}
+            for mode in ("async", "sync"):
+                costs |= Round(server.url, admin, args, standby).run_standby(mode)
+            show(repeat, costs)
+            rounds.append(costs)
+        set_synchronous(admin, False)
+    return rounds
+
+
 def main(argv: list[str] | None = None) -> ResultRecord:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--single-jobs", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--standby", action="store_true", help="also with a streaming standby (own server only)"
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if args.jobs % (CLIENTS * BATCH) or args.jobs % args.batch:
         parser.error(f"--jobs must be a multiple of {CLIENTS * BATCH} and of --batch")
     rounds = []
-    with (
-        bench_database("capacity", options={"shared_preload_libraries": PGSS}) as url,
-        psycopg.connect(url, autocommit=True) as admin,
-    ):
+    with database(args.standby) as (url, server), psycopg.connect(url, autocommit=True) as admin:
         info = server_info(url)
         for repeat in range(args.repeats):
-            costs = Round(url, admin, args).run()
-            rounds.append(costs)
-            for phase, cost in costs.items():
-                print(
-                    f"round {repeat + 1} {phase:>15}: {cost['wal_bytes']:8,.0f} WAL B/job "
-                    f"{cost['server_cpu_us']:7,.1f} server CPU us/job "
-                    f"{cost['commits']:6.3f} commits/job {cost['wal_fsyncs']:6.3f} fsyncs/job",
-                    flush=True,
-                )
+            rounds.append(Round(url, admin, args).run())
+            show(repeat, rounds[-1])
+        with_standby = standby_rounds(server, admin, args) if server is not None else []
     table = medians(rounds)
+    results = {"per_job": table, "model": derived(table), "rounds": rounds}
+    if with_standby:
+        results |= {"per_job_with_standby": medians(with_standby), "standby_rounds": with_standby}
     record = ResultRecord(
         name="capacity",
         command=command_line(__spec__, argv),
         server=info,
         parameters=vars(args) | {"worker_concurrency": 100, "pgbench_clients": CLIENTS},
-        results={"per_job": table, "model": derived(table), "rounds": rounds},
+        results=results,
     )
     path = write_result(record, args.out)
     for name, value in record.results["model"].items():
