@@ -45,14 +45,14 @@ def reset_database(url: str) -> None:
 
 
 @contextlib.contextmanager
-def bench_server(name: str) -> Iterator[EmbeddedPostgres]:
+def bench_server(name: str, options: dict[str, str] | None = None) -> Iterator[EmbeddedPostgres]:
     """A fresh embedded server with PostgreSQL's default durability (fsync
     and synchronous_commit on), on disk (BENCH_DIR, default /var/tmp), for
-    one run; destroyed after it."""
+    one run; destroyed after it. ``options``: server settings (-c) besides."""
     folder = tempfile.mkdtemp(
         prefix=f"pgqueue-{name}-", dir=os.environ.get("BENCH_DIR", "/var/tmp")
     )
-    server = EmbeddedPostgres(folder)
+    server = EmbeddedPostgres(folder, options)
     try:
         server.ensure_running()
         yield server
@@ -61,8 +61,8 @@ def bench_server(name: str) -> Iterator[EmbeddedPostgres]:
 
 
 @contextlib.contextmanager
-def bench_database(name: str = "bench") -> Iterator[str]:
-    """A migrated database on a fresh bench_server, for one run.
+def bench_database(name: str = "bench", options: dict[str, str] | None = None) -> Iterator[str]:
+    """A migrated database on a fresh bench_server (with ``options``), for one run.
 
     DATABASE_URL, when set, is used instead (the database must be empty or
     disposable: reset_database empties it)."""
@@ -71,7 +71,7 @@ def bench_database(name: str = "bench") -> Iterator[str]:
         reset_database(url)
         yield url
         return
-    with bench_server(name) as server:
+    with bench_server(name, options) as server:
         migrate(server.url)
         yield server.url
 

@@ -167,6 +167,13 @@ def reference(url: str, jobs: int, bare: bool) -> float:
     clear(url)
     with Queue(url, settings=Settings(database_url=url)) as q:
         q.enqueue_many([{"task": "noop"}] * jobs)
+    pgbench_drain(url, jobs, bare)
+    return rate(url, jobs)
+
+
+def pgbench_drain(url: str, jobs: int, bare: bool) -> None:
+    """Claim and ack ``jobs`` queued jobs with pgbench: CLIENTS clients,
+    BATCH jobs a claim (``jobs`` a multiple of CLIENTS * BATCH)."""
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
         f.write(pgbench_script(bare))
         script = f.name
@@ -207,7 +214,6 @@ def reference(url: str, jobs: int, bare: bool) -> float:
         os.unlink(script)
     if done.returncode != 0:
         raise RuntimeError(f"pgbench failed: {done.stderr}\n{done.stdout}")
-    return rate(url, jobs)
 
 
 # -- latency -----------------------------------------------------------------------------

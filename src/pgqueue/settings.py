@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 import tomllib
 import typing
@@ -42,6 +43,10 @@ class Settings:
     transaction_pooler: bool = False
     # The same database without the pooler, for LISTEN.
     direct_url: str = ""
+    # Queues over several PostgreSQL clusters (clusters.py, docs/scaling.md):
+    # queue name (or "*", every other queue) -> URL. Empty: database_url
+    # holds every queue. In the environment, PGQUEUE_CLUSTERS is a JSON object.
+    clusters: Mapping[str, str] = field(default_factory=dict)
     # Claiming and leases.
     lease_seconds: float = 30.0
     heartbeat_seconds: float = 10.0
@@ -159,6 +164,10 @@ class Settings:
             )
         if list(self.latency_buckets) != sorted(set(self.latency_buckets)):
             raise InvalidSettings("latency_buckets must be strictly increasing")
+        if not all(
+            isinstance(k, str) and k and isinstance(v, str) and v for k, v in self.clusters.items()
+        ):
+            raise InvalidSettings("clusters must map queue names (or '*') to database URLs")
 
     @classmethod
     def load(cls, *, environ: Mapping[str, str] | None = None, **flags: Any) -> Self:
@@ -237,6 +246,8 @@ def _from_text(kind: Any, raw: str) -> Any:
             return float(raw)
         if kind == tuple[float, ...]:
             return [float(part) for part in raw.split(",")]
+        if typing.get_origin(kind) is Mapping:
+            return json.loads(raw)
     except ValueError:
         pass
     return raw
@@ -245,6 +256,11 @@ def _from_text(kind: Any, raw: str) -> Any:
 def _check(where: str, kind: Any, value: Any) -> Any:
     """A value as its field's type, with no silent conversion between types
     (an int may be a float; a comma-separated string is a tuple of strings)."""
+    if typing.get_origin(kind) is Mapping:
+        if isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):
+            return dict(value)
+        # Not shown: the URLs may hold passwords.
+        raise InvalidSettings(f"{where}: expected a table of queue name = database URL")
     item = typing.get_args(kind)[0] if typing.get_origin(kind) is tuple else None
     if item is str and isinstance(value, str):
         value = [part.strip() for part in value.split(",") if part.strip()]

@@ -411,3 +411,56 @@ def test_workflows_smoke(bench_url: str, out_dir: Path) -> None:
     for case in workflows.CASES:
         assert results["rates_jobs_per_second"][case]["median"] > 0
     assert results["fan_in_start_seconds"]["median"] >= 0
+
+
+def test_capacity_smoke(bench_url: str, out_dir: Path) -> None:
+    """On the session's server (no pg_stat_statements there): the /proc and
+    statistics views of each phase."""
+    from bench.perf import capacity
+
+    out = out_dir / "capacity.json"
+    capacity.main(
+        [
+            "--jobs",
+            "400",
+            "--batch",
+            "200",
+            "--single-jobs",
+            "20",
+            "--repeats",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
+    results = _read(out, "capacity", "bench.perf.capacity").results
+    phases = {"enqueue_batch", "drain_worker", "drain_pgbench", "enqueue_single"}
+    assert set(results["per_job"]) == phases
+    for phase in phases:
+        cost = results["per_job"][phase]
+        assert cost["wal_bytes"]["median"] > 0 and cost["commits"]["median"] > 0
+    # A commit (and its WAL flush) per single enqueue at least.
+    assert results["per_job"]["enqueue_single"]["commits"]["median"] >= 1
+    assert results["per_job"]["drain_worker"]["table_bytes_finished"]["median"] > 0
+    assert results["model"]["jobs_per_second_per_core[enqueue_batch+drain_worker]"] > 0
+
+
+def test_capacity_standby_smoke(out_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its own server (a standby needs pg_basebackup of it), on tmpfs: both
+    standby modes measured, the standby's CPU counted, no folder left."""
+    from bench.perf import capacity
+
+    root = Path("/dev/shm" if Path("/dev/shm").is_dir() else "/tmp")
+    monkeypatch.setenv("BENCH_DIR", str(root))
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    before = set(root.glob("pgqueue-capacity-*"))
+    out = out_dir / "capacity_standby.json"
+    args = ["--jobs", "200", "--batch", "100", "--single-jobs", "20", "--repeats", "1"]
+    capacity.main([*args, "--standby", "--out", str(out)])
+    results = _read(out, "capacity", "bench.perf.capacity").results
+    standby = results["per_job_with_standby"]
+    for mode in ("async", "sync"):
+        assert standby[f"enqueue_single_{mode}_standby"]["wal_bytes"]["median"] > 0
+        assert standby[f"drain_worker_{mode}_standby"]["standby_cpu_us"]["median"] >= 0
+    assert results["per_job"]["enqueue_batch"]["statement_exec_us"]
+    assert set(root.glob("pgqueue-capacity-*")) == before, "the server's folder was left behind"

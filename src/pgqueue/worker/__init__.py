@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 
+from ..clusters import worker_groups
 from ..logs import ENV_LOG_FORMAT, stderr_handler
 from ..processes import Child, ProcessSupervisor
 from ..queue import resolve_url
@@ -79,24 +80,23 @@ def run_from_cli(
         raise ValueError(f"processes must be >= 1, got {processes}")
     # Fail here, with a clear error, rather than in every child.
     load_handlers(handlers)
-    # Resolve (and start, if embedded) the database once, for all children.
-    settings = settings.replace(database_url=resolve_url(settings))
-    if processes == 1:
-        # Sync handlers run on daemon threads: one stuck past its timeout
-        # does not keep the process alive after the shutdown.
-        return run_worker(handlers, queues=queues, concurrency=concurrency, settings=settings)
-    config = pickle.dumps(
-        {
-            "handlers": handlers,
-            "queues": queues,
-            "concurrency": concurrency,
-            "settings": settings,
-            "log_level": logging.getLogger("pgqueue").getEffectiveLevel(),
-            "parent": os.getpid(),
-        }
-    )
+    if settings.clusters:
+        # One set of workers per cluster (clusters.py), all supervised here.
+        groups = worker_groups(settings, queues)
+    else:
+        # Resolve (and start, if embedded) the database once, for all children.
+        settings = settings.replace(database_url=resolve_url(settings))
+        if processes == 1:
+            # Sync handlers run on daemon threads: one stuck past its timeout
+            # does not keep the process alive after the shutdown.
+            return run_worker(handlers, queues=queues, concurrency=concurrency, settings=settings)
+        groups = [(settings, queues)]
     children = [
-        Child(f"worker-{n}", [sys.executable, "-c", _CHILD_COMMAND], stdin=config, restart=True)
+        _child(
+            f"worker-{n}" if len(groups) == 1 else f"cluster-{c}-worker-{n}",
+            {"handlers": handlers, "queues": wanted, "concurrency": concurrency, "settings": each},
+        )
+        for c, (each, wanted) in enumerate(groups, 1)
         for n in range(1, processes + 1)
     ]
     supervisor = ProcessSupervisor(
@@ -105,6 +105,18 @@ def run_from_cli(
         on_event=_log_event,
     )
     return supervisor.run()
+
+
+def _child(name: str, config: dict[str, object]) -> Child:
+    """A worker process of the supervisor; its config goes on stdin (no
+    password on the command line)."""
+    config |= {
+        "log_level": logging.getLogger("pgqueue").getEffectiveLevel(),
+        "parent": os.getpid(),
+    }
+    return Child(
+        name, [sys.executable, "-c", _CHILD_COMMAND], stdin=pickle.dumps(config), restart=True
+    )
 
 
 def _log_event(action: str, message: str, level: int) -> None:
