@@ -10,7 +10,8 @@ their runs are one trace.
 
 Spans (``tracer`` "pgqueue"):
 
-    enqueue {task}   PRODUCER  one per enqueue call (enqueue_many: one per call)
+    enqueue {task}   PRODUCER  one per enqueue
+    enqueue_many     PRODUCER  one per enqueue_many (its batch size)
     workflow         PRODUCER  one per workflow enqueued
     claim            CLIENT    one per claim statement that claimed jobs
     run {task}       CONSUMER  one per attempt, child of the enqueuer's context
@@ -129,7 +130,7 @@ class Producing:
         on = enabled(settings)
         self.stamp = _stamped if on else _unchanged
         self.enqueue = _enqueued(on, enqueue)
-        self.enqueue_many = _enqueued(on, enqueue_many)
+        self.enqueue_many = _enqueued(on, enqueue_many, "enqueue_many")
         enqueue_workflow = _enqueued(on, workflows.enqueue, "workflow")
         self.workflow: Callable[[workflows.Workflow], Flow[WorkflowJobs]] = lambda flow: (
             enqueue_workflow(flow, settings.default_max_attempts, self.stamp)

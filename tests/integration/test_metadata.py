@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 import psycopg
 import pytest
@@ -19,10 +20,9 @@ from typer.testing import CliRunner
 from pgqueue import AsyncQueue, Job, Queue, Settings, chain, migrate
 from pgqueue.cli import app as cli
 from pgqueue.jobs import MAX_METADATA_BYTES
-from pgqueue.sql import QUERIES, migration_files
 from pgqueue.worker import AsyncWorker
 from tests.input_support import count_jobs, refusals
-from tests.support import api_client, running
+from tests.support import api_client, migrated_before, running
 
 JSON = {"Content-Type": "application/json"}
 META = {"tenant": "acme", "request_id": "r-1", "nested": {"é": [1, 2.5, None, True]}}
@@ -54,9 +54,20 @@ async def test_the_library_stores_it_on_every_enqueue_path(
     assert queue.enqueue("t").metadata is None
 
 
-async def test_the_handler_gets_it_as_job_metadata(
-    aqueue: AsyncQueue, settings: Settings
+async def test_a_callers_asyncpg_connection_reads_it_back_as_json(
+    aqueue: AsyncQueue, db_url: str, sql: psycopg.Connection[Any]
 ) -> None:
+    conn = await asyncpg.connect(db_url)
+    try:
+        job = await aqueue.enqueue("t", metadata=META, connection=conn)
+        await aqueue.enqueue_many([{"task": "t", "metadata": META}], connection=conn)
+    finally:
+        await conn.close()
+    assert job.metadata == META
+    assert stored(sql) == [META, META]
+
+
+async def test_the_handler_gets_it_as_job_metadata(aqueue: AsyncQueue, settings: Settings) -> None:
     seen: dict[int, Any] = {}
 
     async def remember(job: Job) -> None:
@@ -170,12 +181,8 @@ def test_enqueue_file_refuses_a_bad_value_naming_the_field(
 
 def test_the_migration_adds_a_null_column_to_a_table_that_has_jobs(empty_db: str) -> None:
     """Jobs enqueued before migration 0012 read back with no metadata."""
-    before = [(v, text) for v, text in migration_files() if v < "0012"]
+    migrated_before(empty_db, "0012")
     with psycopg.connect(empty_db, autocommit=True) as conn:
-        conn.execute(QUERIES["migration_table"])
-        for version, text in before:
-            conn.execute(text)
-            conn.execute(QUERIES["migration_record"], {"version": version})
         conn.execute("INSERT INTO pgqueue_jobs (task) VALUES ('old')")
     assert migrate(empty_db) == ["0012_job_metadata"]
     with Queue(empty_db, settings=Settings(database_url=empty_db)) as queue:
