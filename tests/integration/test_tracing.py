@@ -7,7 +7,10 @@ recorded or written."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -288,3 +291,23 @@ async def test_with_tracing_off_nothing_is_recorded_or_written(
     assert made.json()["metadata"] is None
     scopes = {s.instrumentation_scope.name for s in spans.get_finished_spans()}
     assert "app" in scopes and "pgqueue" not in scopes
+
+
+def test_the_example_runs_and_its_handler_span_is_a_child_of_checkout(db_url: str) -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "tracing.py"
+    done = subprocess.run(
+        [sys.executable, str(example)],
+        env={"DATABASE_URL": db_url, "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    first, *edges = done.stdout.splitlines()
+    assert first == "metadata keys: ['otel', 'tenant']"
+    assert sorted(edges) == [
+        "enqueue send_receipt <- checkout",
+        "render receipt <- run send_receipt",
+        "run send_receipt <- checkout",
+    ]
