@@ -239,8 +239,7 @@ def running(job: Job) -> Iterator[Callable[[Outcome], None]]:
     the context its enqueuer left in the job's metadata (a root span
     without one). Yields the function that records how it ended; an
     exception the executor catches is recorded by ``failed``."""
-    carrier = (job.metadata or {}).get(CONTEXT_KEY)
-    parent = propagate.extract(carrier) if isinstance(carrier, dict) else context.Context()
+    parent = propagate.extract(_headers(job))
     attributes = _attributes(
         job.queue,
         task=job.task,
@@ -258,6 +257,16 @@ def running(job: Job) -> Iterator[Callable[[Outcome], None]]:
         set_status_on_exception=False,
     ) as span:
         yield lambda outcome: _ended(span, outcome)
+
+
+def _headers(job: Job) -> dict[str, str]:
+    """The W3C headers in the job's metadata. Only text is kept: a caller
+    may have written anything under the key, and the propagator expects
+    strings (it ignores a malformed one)."""
+    carrier = (job.metadata or {}).get(CONTEXT_KEY)
+    if not isinstance(carrier, dict):
+        return {}
+    return {k: v for k, v in carrier.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 def _ended(span: trace.Span, outcome: Outcome) -> None:

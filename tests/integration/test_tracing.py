@@ -250,6 +250,20 @@ async def test_each_ending_is_named_on_the_span_and_only_a_failure_is_an_error(
     }
 
 
+@pytest.mark.parametrize(
+    "carried",
+    ["junk", {"traceparent": 5}, {"traceparent": "00-zz-yy-01"}, {"traceparent": ["a", "b"]}],
+)
+async def test_a_job_whose_otel_metadata_is_junk_runs_under_a_root_span(
+    spans: InMemorySpanExporter, queue: Queue, aqueue: AsyncQueue, settings: Settings, carried: Any
+) -> None:
+    job = queue.enqueue("ok", metadata={CONTEXT_KEY: carried})  # no span current: kept
+    assert job.metadata == {CONTEXT_KEY: carried}
+    await run_all(settings, {"ok": ok}, aqueue, [job.id])
+    [run] = runs(spans, job.id)
+    assert run.parent is None and (run.attributes or {})["pgqueue.outcome"] == "succeeded"
+
+
 async def test_spans_a_sync_handler_makes_are_children_of_its_attempt(
     spans: InMemorySpanExporter, queue: Queue, aqueue: AsyncQueue, settings: Settings
 ) -> None:
