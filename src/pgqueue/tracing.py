@@ -81,9 +81,21 @@ def enabled(settings: Settings) -> bool:
 
 
 def _tracer() -> trace.Tracer:
-    # Asked each time: a tracer taken before the application installed its
-    # TracerProvider would stay a no-op.
-    return trace.get_tracer(SYSTEM)
+    # Made once: before the application installs its TracerProvider this is
+    # OpenTelemetry's proxy, which hands over to the provider once there is one.
+    global _TRACER
+    if _TRACER is None:
+        _TRACER = trace.get_tracer(SYSTEM)
+    return _TRACER
+
+
+_TRACER: trace.Tracer | None = None
+
+
+def _sdk_installed() -> bool:
+    """Whether the application installed a TracerProvider (without one,
+    every span is a no-op)."""
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
 
 
 # -- the producer's side -----------------------------------------------------------
@@ -233,13 +245,22 @@ def _attributes(queue: str, **more: Any) -> dict[str, Any]:
     return {"messaging.system": SYSTEM, "messaging.destination.name": queue, **named}
 
 
-@contextlib.contextmanager
-def running(job: Job) -> Iterator[Callable[[Outcome], None]]:
+def running(job: Job) -> contextlib.AbstractContextManager[Callable[[Outcome], None]]:
     """The span of one attempt, current while the handler runs: a child of
     the context its enqueuer left in the job's metadata (a root span
-    without one). Yields the function that records how it ended; an
+    without one). Gives the function that records how it ended; an
     exception the executor catches is recorded by ``failed``."""
-    parent = propagate.extract(_headers(job))
+    headers = _headers(job)
+    if not headers and not _sdk_installed():
+        # Nothing would be recorded, and there is no context to hand on to
+        # the handler's own calls: the no-op span is not worth its cost.
+        return _UNRECORDED
+    return _span_of(job, headers)
+
+
+@contextlib.contextmanager
+def _span_of(job: Job, headers: dict[str, str]) -> Iterator[Callable[[Outcome], None]]:
+    parent = propagate.extract(headers)
     attributes = _attributes(
         job.queue,
         task=job.task,
@@ -257,6 +278,13 @@ def running(job: Job) -> Iterator[Callable[[Outcome], None]]:
         set_status_on_exception=False,
     ) as span:
         yield lambda outcome: _ended(span, outcome)
+
+
+def _unrecorded(outcome: Outcome) -> None:
+    pass
+
+
+_UNRECORDED = contextlib.nullcontext(_unrecorded)
 
 
 def _headers(job: Job) -> dict[str, str]:
