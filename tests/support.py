@@ -17,7 +17,7 @@ import uvicorn
 from pgqueue import Job, JobState, Queue, Settings
 from pgqueue.api import create_app
 from pgqueue.api.server import uvicorn_config
-from pgqueue.sql import QUERIES
+from pgqueue.sql import QUERIES, migration_files
 from pgqueue.worker import AsyncWorker
 
 
@@ -109,3 +109,14 @@ def query_plan(sql: psycopg.Connection[Any], name: str, params: dict[str, Any]) 
     finally:
         sql.execute("RESET enable_seqscan")
     return "\n".join(row[0] for row in rows)
+
+
+def migrated_before(url: str, version: str) -> None:
+    """Apply (and record) every migration older than ``version`` to an empty
+    database, as a server upgraded from an older release has them."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(QUERIES["migration_table"])
+        for name, text in migration_files():
+            if name < version:
+                conn.execute(text)
+                conn.execute(QUERIES["migration_record"], {"version": name})

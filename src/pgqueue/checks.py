@@ -261,12 +261,20 @@ class Cutoff:
 
 @dataclass(frozen=True, slots=True)
 class Payload:
-    """A JSON object, kept as its JSON text."""
+    """A JSON object, kept as its JSON text: at most ``max_bytes`` bytes of
+    it (UTF-8) when given."""
+
+    max_bytes: int | None = None
 
     def check(self, name: str, value: Any) -> str:
         if not isinstance(value, dict):
             raise InvalidJob(name, f"must be a JSON object (dict), got {type(value).__name__}")
-        return dump_json(value, name)
+        text = dump_json(value, name)
+        if self.max_bytes is not None and len(text.encode()) > self.max_bytes:
+            raise InvalidJob(
+                name, f"must be at most {self.max_bytes} bytes as JSON, got {len(text.encode())}"
+            )
+        return text
 
     def json_schema(self) -> dict[str, Any]:
         return {"type": "object"}

@@ -170,6 +170,7 @@ def _graph_params(
         ],
         "policy": [s.on_dependency_failure for s in specs],
         "has_dependents": [p in has_dependents for p in range(len(specs))],
+        "metadata": [s.metadata_json for s in specs],
         "workflow_id": workflow_id,
         "parents": parents,
         "children": children,

@@ -266,7 +266,7 @@ def register_array_dumper(context: AdaptContext) -> None:
 # -- asyncpg ------------------------------------------------------------------------
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
-_JSON_COLUMNS = ("payload", "result")
+_JSON_COLUMNS = ("payload", "result", "metadata")
 
 
 def is_asyncpg_connection(connection: Any) -> bool:

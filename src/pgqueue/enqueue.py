@@ -55,6 +55,7 @@ def _spec_params(spec: JobSpec) -> dict[str, Any]:
         "idempotency_key": spec.idempotency_key,
         "unique_scope": spec.unique_scope,
         "concurrency_key": spec.concurrency_key,
+        "metadata": spec.metadata_json,
     }
 
 
@@ -234,6 +235,7 @@ def _copy_many(specs: Sequence[JobSpec], ids: Sequence[int]) -> Flow[list[Enqueu
                 s.max_attempts,
                 s.timeout_seconds,
                 s.concurrency_key,
+                s.metadata_json,
             )
             for job_id, s in zip(ids, specs, strict=True)
         ],

@@ -1,10 +1,10 @@
 """What a job is, and the one shape every new job has on every surface.
 
-A new job has fourteen fields, named after the columns of the jobs table:
+A new job has fifteen fields, named after the columns of the jobs table:
 
     task, payload, queue, priority, delay_seconds, run_at, max_attempts,
     timeout_seconds, idempotency_key, unique_scope, unique_period_seconds,
-    concurrency_key, depends_on, on_dependency_failure
+    concurrency_key, depends_on, on_dependency_failure, metadata
 
 ``delay`` and ``timeout`` are aliases of ``delay_seconds`` and
 ``timeout_seconds``; a job that gives a name and its alias is refused.
@@ -24,6 +24,10 @@ Dependencies: ``depends_on`` lists the ids of jobs this one waits for (it is
 ``waiting`` until they end), and ``on_dependency_failure`` what it does when
 one of them dies or is cancelled (``DEPENDENCY_POLICIES``; see
 docs/workflows.md). A job with dependencies has no key.
+
+Metadata: a JSON object about the job rather than its arguments, shown with
+it and given to its handler (``Job.metadata``); the key ``otel`` is where
+tracing.py carries the enqueuer's trace context (docs/tracing.md).
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ __all__ = [
     "MAX_ATTEMPT_ERRORS",
     "MAX_DELAY_SECONDS",
     "MAX_KEY_LENGTH",
+    "MAX_METADATA_BYTES",
     "MAX_PRIORITY",
     "MAX_TIMEOUT_SECONDS",
     "QUEUE_NAME",
@@ -82,6 +87,8 @@ DEFAULT_MAX_ATTEMPTS = 5
 MAX_DELAY_SECONDS = 10 * 365 * 24 * 3600.0
 MAX_TIMEOUT_SECONDS = 7 * 24 * 3600.0
 MAX_KEY_LENGTH = 255
+# Metadata is for small facts about a job (a trace context is ~120 bytes).
+MAX_METADATA_BYTES = 16_384
 TASK_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:\-]{0,199}")
 QUEUE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,62}")
 # While which states a job holds its key (the index predicate pgqueue_key_held):
@@ -179,6 +186,7 @@ class Job:
     # Its failed attempts, oldest first (the last MAX_ATTEMPT_ERRORS); an
     # operator's retry keeps them, and numbers the next attempts from 1 again.
     errors: tuple[AttemptError, ...] = ()
+    metadata: dict[str, Any] | None = None  # None: the job was given none
     duplicate: bool = False
     # The results of the jobs of ``depends_on``, in that order (None for a
     # job that did not succeed, or was pruned): filled in by the claim.
@@ -336,6 +344,14 @@ JOB_FIELDS: tuple[JobField, ...] = (
         default="cancel",
         nullable=False,
     ),
+    JobField(
+        "metadata",
+        Payload(MAX_METADATA_BYTES),
+        f"Facts about the job, not its arguments: a JSON object of at most "
+        f"{MAX_METADATA_BYTES} bytes, shown with the job and given to its handler as "
+        "job.metadata. The key otel is pgqueue's: the trace context of the code that "
+        "enqueued the job, when tracing is on (docs/tracing.md).",
+    ),
 )
 FIELD_ALIASES = {f.alias: f.name for f in JOB_FIELDS if f.alias}
 _REQUIRED = [f.name for f in JOB_FIELDS if f.required]
@@ -373,6 +389,7 @@ class JobSpec(NamedTuple):
     concurrency_key: str | None = None
     depends_on: tuple[int, ...] = ()
     on_dependency_failure: str = "cancel"
+    metadata_json: str | None = None
 
     @classmethod
     def from_fields(
@@ -420,6 +437,7 @@ class JobSpec(NamedTuple):
             values["concurrency_key"],
             values["depends_on"] or (),
             values["on_dependency_failure"],
+            values["metadata"],
         )
 
     @classmethod

@@ -101,6 +101,11 @@ class Settings:
     # Without tokens, Host names the API answers to besides IP addresses,
     # localhost and api_host (a page on any other name is DNS rebinding).
     api_allowed_hosts: tuple[str, ...] = ()
+    # OpenTelemetry spans (enqueue, claim, each attempt) and the enqueuer's
+    # trace context carried in each job's metadata, when opentelemetry-api
+    # is installed (pgqueue[otel]); they record nothing until the
+    # application installs an SDK. Off: none even then (docs/tracing.md).
+    tracing: bool = True
     # Upper bounds of the enqueue-to-start histogram, in seconds.
     latency_buckets: tuple[float, ...] = field(
         default=(

@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from . import tracing
 from .jobs import Job, JobState
 from .queue import AsyncQueue, Queue
 from .worker._threads import ThreadPool
@@ -65,8 +66,14 @@ async def drain_async(
     tasks = resolve_tasks(handlers)
     threads = ThreadPool(1, name="pgqueue-testing")
     processes = HandlerProcesses(tasks.values())
+    settings = queue.settings
     executor = Executor(
-        tasks, threads, processes, EventLog(WORKER), max_snoozes=queue.settings.max_snoozes
+        tasks,
+        threads,
+        processes,
+        EventLog(WORKER),
+        max_snoozes=settings.max_snoozes,
+        traced=tracing.enabled(settings),
     )
     ran: list[Ran] = []
     try:

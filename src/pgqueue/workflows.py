@@ -87,6 +87,7 @@ def group(*steps: Step) -> Group:
 
 
 MakeSpecs = Callable[[Sequence[JobSpec | Mapping[str, Any]]], list[JobSpec]]
+Stamp = Callable[[list[JobSpec]], list[JobSpec]]
 
 
 def graph_of(workflow: Step, make_specs: MakeSpecs) -> Graph:
@@ -160,11 +161,14 @@ def _check_size(count: int) -> None:
         raise InvalidJob("jobs", f"a workflow has 1 to {MAX_WORKFLOW_JOBS} jobs, got {count}")
 
 
-def enqueue(workflow: Workflow, default_max_attempts: int) -> Flow[WorkflowJobs]:
+def enqueue(
+    workflow: Workflow, default_max_attempts: int, stamp: Stamp = list
+) -> Flow[WorkflowJobs]:
     """Insert a workflow's jobs (a composition, or named jobs as ``by_name``
     reads them) under a new workflow id; run it in one transaction: all or
-    nothing."""
-    make = specs_maker(default_max_attempts)
+    nothing. ``stamp`` is given the checked jobs (tracing.py puts the
+    caller's trace context in their metadata)."""
+    make = specs_maker(default_max_attempts, stamp)
     # (A JobSpec is a tuple too: a sequence, but one job.)
     if isinstance(workflow, JobSpec | Mapping | Chain | Group):
         graph = graph_of(workflow, make)
@@ -190,12 +194,12 @@ def act(action: str, workflow_id: uuid.UUID | str) -> Flow[WorkflowJobs]:
     return _ACTIONS[action](key)
 
 
-def specs_maker(default_max_attempts: int) -> MakeSpecs:
+def specs_maker(default_max_attempts: int, stamp: Stamp = list) -> MakeSpecs:
     """Check a workflow's jobs as ``enqueue_many`` checks a batch; a workflow
     job has no key (InvalidJob naming it)."""
 
     def make(jobs: Sequence[JobSpec | Mapping[str, Any]]) -> list[JobSpec]:
-        specs = build_specs(jobs, default_max_attempts=default_max_attempts)
+        specs = stamp(build_specs(jobs, default_max_attempts=default_max_attempts))
         for index, spec in enumerate(specs):
             if spec.idempotency_key is not None:
                 raise InvalidJob(

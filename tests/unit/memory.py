@@ -81,6 +81,7 @@ class MemoryDatabase:
             "workflow_id": None,
             "depends_on": None,
             "errors": None,
+            "metadata": None,
         }
         row.update(fields)
         self.jobs[job_id] = row

@@ -55,6 +55,7 @@ from .models import (
     batch_request_model,
 )
 from .pages import install_pages
+from .tracing import add_trace_context
 
 __all__ = ["HEALTH_TIMEOUT_SECONDS", "create_app"]
 
@@ -116,7 +117,9 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
     app.state.settings = settings
     install_handlers(app)
     # Added last runs first: auth (or, without tokens, the same-origin
-    # checks), then the body limit, then HEAD as GET, then routing.
+    # checks), then the body limit, then HEAD as GET, then the request's
+    # trace context (tracing on), then routing.
+    add_trace_context(app, settings)
     app.add_middleware(HeadAsGet)
     app.add_middleware(BodyLimit, max_bytes=settings.api_max_body_bytes)
     if tokens.enabled:
@@ -228,7 +231,8 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
         fields: Annotated[
             Literal["full", "summary"],
             Query(
-                description="summary: every field but payload, result, last_error and errors, "
+                description="summary: every field but payload, result, last_error, errors "
+                "and metadata, "
                 "which can be large (for listings that refresh often; GET /jobs/{id} "
                 "has them all)."
             ),

@@ -151,6 +151,11 @@ class JobOut(JobSummary):
         description=f"Its failed attempts, oldest first: the last {MAX_ATTEMPT_ERRORS}."
     )
     result: Any = Field(description="What the handler returned (any JSON), once succeeded.")
+    metadata: dict[str, Any] | None = Field(
+        default=None,
+        description="Facts about the job given at enqueue (null: none); the key otel holds "
+        "the trace context of its enqueuer when tracing is on.",
+    )
 
     @classmethod
     def of(cls, job: Job) -> JobOut:
@@ -179,6 +184,7 @@ class JobOut(JobSummary):
             finished_at=job.finished_at,
             workflow_id=job.workflow_id,
             depends_on=job.depends_on,
+            metadata=job.metadata,
         )
 
 
@@ -196,8 +202,8 @@ class BatchEnqueued(BaseModel):
 
 class JobList(BaseModel):
     jobs: list[JobOut | JobSummary] = Field(
-        description="Every field, or with fields=summary, all but payload, result, last_error "
-        "and errors."
+        description="Every field, or with fields=summary, all but payload, result, last_error, "
+        "errors and metadata."
     )
     next_cursor: int | None = Field(
         description="Pass as `cursor` to get the next page; null on the last page."

@@ -108,7 +108,7 @@ def _print_job(out: Console, job: Job) -> None:
     table.add_column(style="bold")
     table.add_column()
     for name, value in job.to_dict().items():
-        if name in ("payload", "result", "errors"):
+        if name in ("payload", "result", "errors", "metadata"):
             continue
         if name == "state":
             shown = output.state_text(job.state)
@@ -120,7 +120,7 @@ def _print_job(out: Console, job: Job) -> None:
     out.print(Panel(table, title=f"job {job.id}", title_align="left", expand=False))
     if job.errors:
         out.print(_errors_table(job))
-    for name in ("payload", "result"):
+    for name in ("payload", "metadata", "result"):
         value = getattr(job, name)
         if value is not None:
             out.print(f"[bold]{name}[/]")

@@ -17,12 +17,12 @@
 WITH inserted AS (
     INSERT INTO pgqueue_jobs (id, queue, task, payload, priority, run_at, max_attempts,
                               timeout_seconds, idempotency_key, unique_scope,
-                              concurrency_key)
+                              concurrency_key, metadata)
     VALUES (coalesce(%(id)s::bigint, nextval('pgqueue_jobs_id_seq')),
             %(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s,
             greatest(coalesce(%(run_at)s, now() + make_interval(secs => %(delay)s)), now()),
             %(max_attempts)s, %(timeout_seconds)s, %(idempotency_key)s, %(unique_scope)s,
-            %(concurrency_key)s)
+            %(concurrency_key)s, %(metadata)s::jsonb)
     ON CONFLICT (idempotency_key)
         WHERE idempotency_key IS NOT NULL AND pgqueue_key_held(unique_scope, state, started_at)
         DO NOTHING
@@ -54,17 +54,18 @@ WHERE idempotency_key = %(idempotency_key)s
 WITH inserted AS (
     INSERT INTO pgqueue_jobs (id, queue, task, payload, priority, run_at, max_attempts,
                               timeout_seconds, idempotency_key, unique_scope,
-                              concurrency_key)
+                              concurrency_key, metadata)
     SELECT id, queue, task, payload, priority,
            greatest(coalesce(run_at, now() + make_interval(secs => delay)), now()),
-           max_attempts, timeout_seconds, idempotency_key, unique_scope, concurrency_key
+           max_attempts, timeout_seconds, idempotency_key, unique_scope, concurrency_key,
+           metadata
     FROM unnest(%(id)s::bigint[], %(queue)s::text[], %(task)s::text[], %(payload)s::jsonb[],
                 %(priority)s::integer[], %(run_at)s::timestamptz[],
                 %(delay)s::double precision[], %(max_attempts)s::integer[],
                 %(timeout_seconds)s::double precision[], %(idempotency_key)s::text[],
-                %(unique_scope)s::text[], %(concurrency_key)s::text[])
+                %(unique_scope)s::text[], %(concurrency_key)s::text[], %(metadata)s::jsonb[])
          AS t(id, queue, task, payload, priority, run_at, delay, max_attempts,
-              timeout_seconds, idempotency_key, unique_scope, concurrency_key)
+              timeout_seconds, idempotency_key, unique_scope, concurrency_key, metadata)
     -- In key order: two calls whose keys overlap take them in the same
     -- order, so that neither waits for a key the other holds while it
     -- holds one the other waits for (a deadlock).
@@ -101,10 +102,10 @@ SELECT array_agg(nextval('pgqueue_jobs_id_seq')) AS ids FROM generate_series(1, 
 -- name: job_copy
 -- Bulk load of plain jobs (runnable now, no idempotency key): the fastest
 -- path into the table. Rows are (id, queue, task, payload, priority,
--- max_attempts, timeout_seconds, concurrency_key); the rest takes the column
--- defaults.
+-- max_attempts, timeout_seconds, concurrency_key, metadata); the rest takes
+-- the column defaults.
 COPY pgqueue_jobs (id, queue, task, payload, priority, max_attempts, timeout_seconds,
-                   concurrency_key) FROM STDIN;
+                   concurrency_key, metadata) FROM STDIN;
 
 -- name: job_lock_parents
 -- The existing jobs new jobs will depend on, and their states, locked until
@@ -133,22 +134,24 @@ WITH edge AS (
     INSERT INTO pgqueue_jobs (id, queue, task, payload, priority, run_at, max_attempts,
                               timeout_seconds, concurrency_key, state, waiting_on,
                               on_dependency_failure, has_dependents, workflow_id, depends_on,
-                              finished_at, last_error)
+                              finished_at, last_error, metadata)
     SELECT t.id, t.queue, t.task, t.payload, t.priority,
            greatest(coalesce(t.run_at, now() + make_interval(secs => t.delay)), now()),
            t.max_attempts, t.timeout_seconds, t.concurrency_key, t.state, t.waiting_on,
            t.policy, t.has_dependents, %(workflow_id)s::uuid, p.depends_on,
            CASE WHEN t.state = 'cancelled' THEN now() END,
            CASE WHEN t.state = 'cancelled'
-                THEN 'cancelled: a job it depends on failed or was cancelled' END
+                THEN 'cancelled: a job it depends on failed or was cancelled' END,
+           t.metadata
     FROM unnest(%(ids)s::bigint[], %(queue)s::text[], %(task)s::text[], %(payload)s::jsonb[],
                 %(priority)s::integer[], %(run_at)s::timestamptz[],
                 %(delay)s::double precision[], %(max_attempts)s::integer[],
                 %(timeout_seconds)s::double precision[], %(concurrency_key)s::text[],
                 %(state)s::text[], %(waiting_on)s::integer[], %(policy)s::text[],
-                %(has_dependents)s::boolean[])
+                %(has_dependents)s::boolean[], %(metadata)s::jsonb[])
          AS t(id, queue, task, payload, priority, run_at, delay, max_attempts,
-              timeout_seconds, concurrency_key, state, waiting_on, policy, has_dependents)
+              timeout_seconds, concurrency_key, state, waiting_on, policy, has_dependents,
+              metadata)
     LEFT JOIN parents_of p ON p.child = t.id
     RETURNING *
 ), edges AS (

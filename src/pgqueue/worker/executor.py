@@ -19,6 +19,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from .. import tracing
 from ..control import CancelJob, Snooze
 from ..jobs import Job
 from ..transitions import Outcome
@@ -40,6 +41,7 @@ class Executor:
         *,
         max_snoozes: int,
         retry_delay: Callable[[int], float] = backoff_delay,
+        traced: bool = False,
     ) -> None:
         self.tasks = tasks
         self.threads = threads
@@ -48,11 +50,20 @@ class Executor:
         self.max_snoozes = max_snoozes  # for tasks that do not set their own
         # Seconds before a retry without an attempt, by the job's snoozes so far.
         self.retry_delay = retry_delay
+        self.traced = traced  # a span per attempt (tracing.py)
 
     async def execute(self, job: Job) -> Outcome:
         """Run the job's handler and say how the attempt ended. Cancelling
         the call cancels an async handler and kills an isolated one; a sync
         handler's thread runs on and its result is dropped."""
+        if not self.traced:
+            return await self._execute(job)
+        with tracing.running(job) as ended:
+            outcome = await self._execute(job)
+            ended(outcome)
+        return outcome
+
+    async def _execute(self, job: Job) -> Outcome:
         spec = self.tasks.get(job.task)
         if spec is None:
             known = ", ".join(sorted(self.tasks)) or "none"
@@ -92,6 +103,8 @@ class Executor:
         """A failed attempt; or, for an exception the task retries without
         an attempt, a snooze after a backoff while the job has snoozes left."""
         error = describe(exc)
+        if self.traced:
+            tracing.failed(exc)
         if not isinstance(exc, spec.retry_without_attempt):
             return Outcome.failure(job, error)
         bound = self._snoozes(spec)
@@ -117,7 +130,7 @@ class Executor:
     async def _invoke(self, spec: Task, job: Job) -> Any:
         if spec.is_async:
             return await spec.fn(job)
-        future = self.threads.submit(spec.fn, job)
+        future = self.threads.submit(tracing.carried(spec.fn) if self.traced else spec.fn, job)
         try:
             # Shielded: given up on, the future still learns when the thread
             # returns, which is when its slot is free again.

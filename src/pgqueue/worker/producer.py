@@ -29,6 +29,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
+from .. import tracing
 from ..jobs import Job
 from ..settings import Settings
 from ..transitions import claim, next_wake, queues_with_jobs
@@ -104,7 +105,7 @@ class Producer:
             try:
                 await self._list_queues()
                 jobs = await self.conn.run(
-                    claim(
+                    tracing.claims(self.settings, claim)(
                         self.settings,
                         limit=free,
                         worker=self.events.worker,

@@ -34,7 +34,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
-from .. import presence
+from .. import presence, tracing
 from ..connections import listen_url, resolve_url
 from ..driver import RETRYABLE_ERRORS
 from ..errors import WorkerFailed
@@ -129,6 +129,7 @@ class AsyncWorker:
             retry_delay=functools.partial(
                 backoff_delay, base=s.backoff_base_seconds, cap=s.backoff_cap_seconds
             ),
+            traced=tracing.enabled(s),
         )
         self._dropped = 0  # results discarded because the lease was lost
         self._hung_reported = 0

@@ -1,0 +1,343 @@
+"""OpenTelemetry tracing: spans for enqueue, claim and a handler's run, and
+the enqueuer's trace context carried in the job (docs/tracing.md).
+
+At enqueue, the trace context current in the caller (a span of theirs, or an
+HTTP request's ``traceparent``) is written into each job's metadata under
+``CONTEXT_KEY`` as W3C headers, by the propagator OpenTelemetry is set up
+with (``stamper``). The worker reads it back, and the span of each attempt is
+a child of that context (``running``): a request, the jobs it enqueued and
+their runs are one trace.
+
+Spans (``tracer`` "pgqueue"):
+
+    enqueue {task}   PRODUCER  one per enqueue
+    enqueue_many     PRODUCER  one per enqueue_many (its batch size)
+    workflow         PRODUCER  one per workflow enqueued
+    claim            CLIENT    one per claim statement that claimed jobs
+    run {task}       CONSUMER  one per attempt, child of the enqueuer's context
+
+Only this module imports OpenTelemetry (``opentelemetry-api``: ``pip install
+'pgqueue[otel]'``). Without it, or with the setting ``tracing`` off, every
+function here gives back what it was given, and nothing is written into jobs.
+OpenTelemetry's API records nothing until the application installs an SDK
+(a TracerProvider), so with the API alone the spans are no-ops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
+from . import workflows
+from .checks import dump_json
+from .dependencies import WorkflowJobs
+from .enqueue import enqueue, enqueue_many
+from .flows import Flow
+from .jobs import Job, JobSpec
+from .settings import Settings
+
+if TYPE_CHECKING:
+    from .transitions import Outcome
+
+try:
+    from opentelemetry import context, propagate, trace
+    from opentelemetry.trace import SpanKind, Status, StatusCode
+except ImportError:  # the bare install: tracing is off
+    trace = None  # type: ignore[assignment]
+
+__all__ = [
+    "CONTEXT_KEY",
+    "Producing",
+    "available",
+    "carried",
+    "claims",
+    "enabled",
+    "failed",
+    "outcome_name",
+    "remote_context",
+    "running",
+]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+# The key of job metadata that holds the enqueuer's trace context.
+CONTEXT_KEY = "otel"
+SYSTEM = "pgqueue"
+
+
+def available() -> bool:
+    """Whether OpenTelemetry's API is installed."""
+    return trace is not None
+
+
+def enabled(settings: Settings) -> bool:
+    """Whether to trace: the API is installed and the setting is on."""
+    return trace is not None and settings.tracing
+
+
+def _tracer() -> trace.Tracer:
+    # Made once: before the application installs its TracerProvider this is
+    # OpenTelemetry's proxy, which hands over to the provider once there is one.
+    global _TRACER
+    if _TRACER is None:
+        _TRACER = trace.get_tracer(SYSTEM)
+    return _TRACER
+
+
+_TRACER: trace.Tracer | None = None
+
+
+def _sdk_installed() -> bool:
+    """Whether the application installed a TracerProvider (without one,
+    every span is a no-op)."""
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
+# -- the producer's side -----------------------------------------------------------
+
+
+def _current_headers() -> dict[str, str] | None:
+    """The current trace context as W3C headers (traceparent, tracestate,
+    baggage), or None when no span is current."""
+    if not trace.get_current_span().get_span_context().is_valid:
+        return None
+    headers: dict[str, str] = {}
+    propagate.inject(headers)
+    return headers or None
+
+
+def _unchanged(specs: list[JobSpec]) -> list[JobSpec]:
+    return specs
+
+
+def _stamped(specs: list[JobSpec]) -> list[JobSpec]:
+    """The specs with the caller's trace context in their metadata (a
+    caller's other keys are kept; a ``CONTEXT_KEY`` of theirs is replaced
+    while a span is current)."""
+    headers = _current_headers()
+    if headers is None:
+        return specs
+    alone = dump_json({CONTEXT_KEY: headers}, "metadata")  # the usual case: no other key
+
+    def stamp(spec: JobSpec) -> JobSpec:
+        if spec.metadata_json is None:
+            return spec._replace(metadata_json=alone)
+        metadata = json.loads(spec.metadata_json) | {CONTEXT_KEY: headers}
+        return spec._replace(metadata_json=dump_json(metadata, "metadata"))
+
+    return [stamp(spec) for spec in specs]
+
+
+class Producing:
+    """A queue's flows that enqueue, each recorded as a PRODUCER span, and
+    its ``stamp`` of the caller's trace context on new jobs (tracing off:
+    the flows themselves, and a stamp that changes nothing)."""
+
+    def __init__(self, settings: Settings) -> None:
+        on = enabled(settings)
+        self.stamp = _stamped if on else _unchanged
+        self.enqueue = _enqueued(on, enqueue)
+        self.enqueue_many = _enqueued(on, enqueue_many, "enqueue_many")
+        enqueue_workflow = _enqueued(on, workflows.enqueue, "workflow")
+        self.workflow: Callable[[workflows.Workflow], Flow[WorkflowJobs]] = lambda flow: (
+            enqueue_workflow(flow, settings.default_max_attempts, self.stamp)
+        )
+
+
+def _enqueued(on: bool, make: Callable[P, Flow[T]], name: str = "enqueue") -> Callable[P, Flow[T]]:
+    if not on:
+        return make
+
+    def traced(*args: P.args, **kwargs: P.kwargs) -> Flow[T]:
+        attributes = _enqueue_attributes(args[0])
+        first = args[0]
+        span_name = f"{name} {first.task}" if isinstance(first, JobSpec) else name
+        return _recorded(make(*args, **kwargs), span_name, SpanKind.PRODUCER, attributes)
+
+    return traced
+
+
+def _enqueue_attributes(jobs: Any) -> dict[str, Any]:
+    if isinstance(jobs, JobSpec):
+        return _attributes(jobs.queue, task=jobs.task)
+    if isinstance(jobs, Sequence):
+        return {"messaging.system": SYSTEM, "messaging.batch.message_count": len(jobs)}
+    return {"messaging.system": SYSTEM}
+
+
+def _recorded(
+    flow: Flow[T],
+    name: str,
+    kind: SpanKind,
+    attributes: dict[str, Any],
+    keep: Callable[[T], bool] = lambda _: True,
+) -> Flow[T]:
+    """``flow``, recorded as a span from its first statement to its end,
+    made when it ends (under the context current then: the caller's): a
+    flow whose result ``keep`` refuses leaves no span. A flow that fails,
+    or is abandoned (its statement failed), is a span with status ERROR."""
+    start = time.time_ns()
+    try:
+        result = yield from flow
+    except BaseException as exc:
+        span = _tracer().start_span(name, kind=kind, attributes=attributes, start_time=start)
+        if not isinstance(exc, GeneratorExit):
+            span.record_exception(exc)
+        span.set_status(Status(StatusCode.ERROR, _describe(exc)))
+        span.end()
+        raise
+    if keep(result):
+        span = _tracer().start_span(name, kind=kind, attributes=attributes, start_time=start)
+        for key, value in _result_attributes(result).items():
+            span.set_attribute(key, value)
+        span.end()
+    return result
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, GeneratorExit):
+        return "abandoned: a statement failed"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _result_attributes(result: Any) -> dict[str, Any]:
+    if isinstance(result, Job):
+        return {"messaging.message.id": str(result.id), "pgqueue.duplicate": result.duplicate}
+    if isinstance(result, WorkflowJobs):
+        return {
+            "pgqueue.workflow.id": str(result.id),
+            "messaging.batch.message_count": len(result.jobs),
+        }
+    if isinstance(result, list):
+        return {"messaging.batch.message_count": len(result)}
+    return {}
+
+
+# -- the worker's side -----------------------------------------------------------------
+
+
+def claims(settings: Settings, make: Callable[P, Flow[list[Job]]]) -> Callable[P, Flow[list[Job]]]:
+    """``make`` (the claim flow), each claim recorded as a CLIENT span when
+    it claimed jobs (an idle worker's empty claims, one per poll, would be
+    noise), with the batch size and the slots it asked for (its ``limit``).
+    Off: ``make`` itself."""
+    if not enabled(settings):
+        return make
+
+    def traced(*args: P.args, **kwargs: P.kwargs) -> Flow[list[Job]]:
+        attributes: dict[str, Any] = {
+            "messaging.system": SYSTEM,
+            "messaging.operation.type": "receive",
+            "pgqueue.claim.limit": kwargs.get("limit"),
+        }
+        return _recorded(make(*args, **kwargs), "claim", SpanKind.CLIENT, attributes, keep=bool)
+
+    return traced
+
+
+def _attributes(queue: str, **more: Any) -> dict[str, Any]:
+    named = {f"pgqueue.{key}": value for key, value in more.items()}
+    return {"messaging.system": SYSTEM, "messaging.destination.name": queue, **named}
+
+
+def running(job: Job) -> contextlib.AbstractContextManager[Callable[[Outcome], None]]:
+    """The span of one attempt, current while the handler runs: a child of
+    the context its enqueuer left in the job's metadata (a root span
+    without one). Gives the function that records how it ended; an
+    exception the executor catches is recorded by ``failed``."""
+    headers = _headers(job)
+    if not headers and not _sdk_installed():
+        # Nothing would be recorded, and there is no context to hand on to
+        # the handler's own calls: the no-op span is not worth its cost.
+        return _UNRECORDED
+    return _span_of(job, headers)
+
+
+@contextlib.contextmanager
+def _span_of(job: Job, headers: dict[str, str]) -> Iterator[Callable[[Outcome], None]]:
+    parent = propagate.extract(headers)
+    attributes = _attributes(
+        job.queue,
+        task=job.task,
+        attempt=job.attempts,
+        **{"job.id": job.id},
+    )
+    attributes["messaging.message.id"] = str(job.id)
+    attributes["messaging.operation.type"] = "process"
+    with _tracer().start_as_current_span(
+        f"run {job.task}",
+        context=parent,
+        kind=SpanKind.CONSUMER,
+        attributes=attributes,
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        yield lambda outcome: _ended(span, outcome)
+
+
+def _unrecorded(outcome: Outcome) -> None:
+    pass
+
+
+_UNRECORDED = contextlib.nullcontext(_unrecorded)
+
+
+def _headers(job: Job) -> dict[str, str]:
+    """The W3C headers in the job's metadata. Only text is kept: a caller
+    may have written anything under the key, and the propagator expects
+    strings (it ignores a malformed one)."""
+    carrier = (job.metadata or {}).get(CONTEXT_KEY)
+    if not isinstance(carrier, dict):
+        return {}
+    return {k: v for k, v in carrier.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def _ended(span: trace.Span, outcome: Outcome) -> None:
+    name = outcome_name(outcome)
+    span.set_attribute("pgqueue.outcome", name)
+    if name == "failed":
+        span.set_status(Status(StatusCode.ERROR, (outcome.error or "").split("\n", 1)[0]))
+
+
+def outcome_name(outcome: Outcome) -> str:
+    """succeeded, failed, snoozed or cancelled."""
+    if outcome.succeeded:
+        return "succeeded"
+    if outcome.cancelled:
+        return "cancelled"
+    return "failed" if outcome.snooze_seconds is None else "snoozed"
+
+
+def failed(exc: BaseException) -> None:
+    """Record a handler's exception on the current span (the attempt's)."""
+    trace.get_current_span().record_exception(exc)
+
+
+def carried(fn: Callable[[Job], Any]) -> Callable[[Job], Any]:
+    """``fn`` to run in another thread in the current context, so that the
+    spans a sync handler makes are children of its attempt's."""
+    current = contextvars.copy_context()
+    return lambda job: current.run(fn, job)
+
+
+# -- HTTP --------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def remote_context(headers: Mapping[str, str]) -> Iterator[None]:
+    """The trace context of a request's headers (``traceparent``...) made
+    current, unless a span is current already (the application's own
+    server instrumentation made one, a child of those headers)."""
+    if trace.get_current_span().get_span_context().is_valid:
+        yield
+        return
+    token = context.attach(propagate.extract(headers))
+    try:
+        yield
+    finally:
+        context.detach(token)
