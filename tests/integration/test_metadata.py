@@ -193,7 +193,7 @@ def test_the_migration_adds_a_null_column_to_a_table_that_has_jobs(empty_db: str
     migrated_before(empty_db, "0012")
     with psycopg.connect(empty_db, autocommit=True) as conn:
         conn.execute("INSERT INTO pgqueue_jobs (task) VALUES ('old')")
-    assert migrate(empty_db) == ["0012_job_metadata"]
+    assert migrate(empty_db)[0] == "0012_job_metadata"  # and any later ones
     with Queue(empty_db, settings=Settings(database_url=empty_db)) as queue:
         [old] = queue.list_jobs()
         assert old.task == "old" and old.metadata is None
