@@ -69,6 +69,7 @@ class Ledger:
     http: Counter[str] = field(default_factory=Counter)  # "201", "503 database_read_only"...
     http_without_retry_after: int = 0  # 503 answers that lacked the header
     completed: dict[int, int] = field(default_factory=dict)  # job id -> token seen succeeded
+    seen_at: dict[int, float] = field(default_factory=dict)  # job id -> first seen succeeded
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def ack(self, job_id: int) -> None:
@@ -249,8 +250,11 @@ class FailoverLoad:
                         " AND finished_at >= to_timestamp(%s)",
                         (since - 5,),
                     ).fetchall()
+                    now = time.time()
                     with self.ledger.lock:
                         self.ledger.completed.update((r[0], r[1]) for r in rows)
+                        for job_id, *_ in rows:
+                            self.ledger.seen_at.setdefault(job_id, now)
                     since = max([since, *(r[2] for r in rows)])
 
     def warm(self, baseline: float = BASELINE_SECONDS, timeout: float = 120.0) -> None:
