@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import math
 import socket
 import subprocess
 import sys
@@ -70,6 +71,12 @@ class Ledger:
     http_without_retry_after: int = 0  # 503 answers that lacked the header
     completed: dict[int, int] = field(default_factory=dict)  # job id -> token seen succeeded
     seen_at: dict[int, float] = field(default_factory=dict)  # job id -> first seen succeeded
+    # The standby's lag behind the primary, sampled by the watcher: WAL the
+    # primary has and the standby has not flushed (bytes), and how long the
+    # last flush took to be confirmed (ms). Under asynchronous replication
+    # this is what a failover loses.
+    lag_bytes: list[int] = field(default_factory=list)
+    lag_ms: list[float] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def ack(self, job_id: int) -> None:
@@ -256,6 +263,18 @@ class FailoverLoad:
                         for job_id, *_ in rows:
                             self.ledger.seen_at.setdefault(job_id, now)
                     since = max([since, *(r[2] for r in rows)])
+                    self._sample_lag(conn)
+
+    def _sample_lag(self, conn: psycopg.Connection[Any]) -> None:
+        row = conn.execute(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), flush_lsn)::bigint,"
+            " extract(epoch FROM flush_lag)::float8 * 1000 FROM pg_stat_replication"
+        ).fetchone()
+        if row is not None and row[0] is not None:
+            with self.ledger.lock:
+                self.ledger.lag_bytes.append(row[0])
+                if row[1] is not None:
+                    self.ledger.lag_ms.append(row[1])
 
     def warm(self, baseline: float = BASELINE_SECONDS, timeout: float = 120.0) -> None:
         """Wait until the workers keep up (they take seconds to start on a
@@ -285,7 +304,10 @@ class FailoverLoad:
                 return
             time.sleep(0.5)
 
-    def verdict(self, fault_at: float) -> Verdict:
+    def verdict(self, fault_at: float, until: float = math.inf) -> Verdict:
+        """The ledger against the database; the outage and the recovery of
+        the fault at ``fault_at`` (wall clock), counted until ``until`` (the
+        next fault's time)."""
         with psycopg.connect(self.url, autocommit=True) as conn:
             rows = conn.execute(
                 "SELECT id, state, lease_token, extract(epoch FROM finished_at)::float8"
@@ -303,7 +325,7 @@ class FailoverLoad:
                 if held.get(job_id) != ("succeeded", token)
             ),
             unfinished=sum(1 for state, _ in held.values() if state != "succeeded"),
-            write_outage_s=_longest_gap(sorted(acked.values()), fault_at),
+            write_outage_s=_longest_gap(sorted(acked.values()), fault_at, until),
             recovery_s=_recovery(finished, fault_at),
             http=dict(self.ledger.http),
             refused=dict(self.ledger.refused),
@@ -316,10 +338,10 @@ def _scalar(url: str, sql: str) -> Any:
         return row[0] if row else None
 
 
-def _longest_gap(times: list[float], fault_at: float) -> float:
+def _longest_gap(times: list[float], fault_at: float, until: float) -> float:
     """The longest time between two acknowledgements, from just before the
-    fault on (a gap that spans the fault is the outage)."""
-    around = [t for t in times if t >= fault_at - 1.0]
+    fault until ``until`` (a gap that spans the fault is the outage)."""
+    around = [t for t in times if fault_at - 1.0 <= t < until]
     return max((b - a for a, b in itertools.pairwise(around)), default=0.0)
 
 

@@ -57,16 +57,7 @@ PG_PORT = 5432
 # loop_wait + 2 * retry_timeout <= ttl): a partitioned primary demotes and the
 # standby takes over within about ttl seconds.
 DCS_TIMINGS = {"ttl": 20, "loop_wait": 1, "retry_timeout": 5}
-
-
-def _etcd_binary() -> str:
-    path = shutil.which("etcd") or "/usr/bin/etcd"
-    if not os.path.exists(path):
-        raise RuntimeError(
-            "etcd is not installed: these tests need the real DCS. "
-            "Install Debian's package: apt-get install -y etcd-server"
-        )
-    return path
+ETCD = "/usr/bin/etcd"  # Debian's etcd-server (make test installs it)
 
 
 @dataclass
@@ -239,6 +230,8 @@ def _patroni_config(cluster: Cluster, node: str, scope: str) -> dict[str, Any]:
 
 
 def _start_etcd(cluster: Cluster) -> subprocess.Popen[bytes]:
+    if not os.path.exists(ETCD):
+        raise RuntimeError("etcd is not installed: apt-get install -y etcd-server")
     data = cluster.folder / "etcd"
     data.mkdir()
     _own(data)
@@ -248,7 +241,7 @@ def _start_etcd(cluster: Cluster) -> subprocess.Popen[bytes]:
     with open(cluster.folder / "etcd.log", "wb") as log:
         return subprocess.Popen(
             [
-                _etcd_binary(),
+                ETCD,
                 "--name=dcs",
                 f"--data-dir={data}",
                 f"--listen-client-urls={client}",

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import math
 import statistics
 import sys
 import time
@@ -61,22 +62,31 @@ def _fault(cluster: Cluster, mode: str) -> dict[str, Any]:
     return {"mode": mode, "at": at, "promoted_after_s": round(promoted, 2)}
 
 
-def run_cluster(synchronous: bool, modes: list[str], rounds: int, logs: Path) -> dict[str, Any]:
+def run_cluster(
+    synchronous: bool,
+    modes: list[str],
+    rounds: int,
+    logs: Path,
+    api_settings: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One cluster under load, ``rounds`` faults of each mode; the figures."""
     faults: list[dict[str, Any]] = []
+    plan = [mode for mode in modes for _ in range(rounds)]
     with ha_cluster(synchronous=synchronous) as cluster:
-        load = FailoverLoad(cluster.url, logs)
+        load = FailoverLoad(cluster.url, logs, api_settings=api_settings)
         with load.running():
             load.warm()
             server = server_info(cluster.url)
-            for mode in modes:
-                for _ in range(rounds):
-                    faults.append(_fault(cluster, mode))
-                    time.sleep(AFTER_SECONDS)
+            for n, mode in enumerate(plan, start=1):
+                faults.append(_fault(cluster, mode))
+                time.sleep(AFTER_SECONDS)
+                if n < len(plan):
                     cluster.wait_healthy()
                     load.warm()  # the next fault's baseline
             load.settle()
         report = check(cluster.url, enqueued_ids=list(load.ledger.acked))
-    verdicts = [load.verdict(f["at"]) for f in faults]
+        ends = [f["at"] for f in faults[1:]] + [math.inf]
+        verdicts = [load.verdict(f["at"], end) for f, end in zip(faults, ends, strict=True)]
     times = [f["at"] for f in faults]
     for fault, verdict in zip(faults, verdicts, strict=True):
         fault["write_outage_s"] = round(verdict.write_outage_s, 2)
@@ -110,7 +120,30 @@ def run_cluster(synchronous: bool, modes: list[str], rounds: int, logs: Path) ->
         "http": overall.http,
         "http_503_without_retry_after": load.ledger.http_without_retry_after,
         "refused": overall.refused,
+        "standby_lag": _lag(load.ledger.lag_bytes, load.ledger.lag_ms),
         "invariants": report.as_dict(),
+        "exit_codes": load.worker_codes(),  # the API's, then the workers'
+    }
+
+
+def _lag(lag_bytes: list[int], lag_ms: list[float]) -> dict[str, Any]:
+    """The standby's lag under the load, as sampled on the primary (the
+    window an asynchronous failover loses)."""
+
+    def spread(values: list[float]) -> dict[str, float] | None:
+        if not values:
+            return None
+        ordered = sorted(values)
+        return {
+            "p50": round(ordered[len(ordered) // 2], 2),
+            "p99": round(ordered[int(len(ordered) * 0.99)], 2),
+            "max": round(ordered[-1], 2),
+        }
+
+    return {
+        "samples": len(lag_bytes),
+        "wal_bytes": spread([float(b) for b in lag_bytes]),
+        "flush_ms": spread(lag_ms),
     }
 
 
