@@ -108,18 +108,6 @@ class Verdict:
     http: dict[str, int]
     refused: dict[str, int]
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "enqueued": self.enqueued,
-            "missing": len(self.missing),
-            "reverted": len(self.reverted),
-            "unfinished": self.unfinished,
-            "write_outage_s": round(self.write_outage_s, 2),
-            "recovery_to_90pct_s": None if self.recovery_s is None else round(self.recovery_s, 2),
-            "http": self.http,
-            "refused": self.refused,
-        }
-
 
 def _free_port() -> int:
     with socket.socket() as probe:

@@ -76,9 +76,6 @@ class Cluster:
             "?target_session_attrs=read-write"
         )
 
-    def node_url(self, node: str) -> str:
-        return f"postgresql://postgres:{self.password}@{self.net.address(node)}:{PG_PORT}/postgres"
-
     def role(self, node: str) -> dict[str, Any]:
         """Patroni's view of ``node`` (its REST API), {} if it does not answer."""
         return self._get(node, "patroni")
