@@ -9,6 +9,8 @@ CHROMIUM := /usr/bin/chromium
 # The scale-out tests run a real PgBouncer, and hosts in network namespaces.
 PGBOUNCER := /usr/sbin/pgbouncer
 IPROUTE := /usr/sbin/ip
+# The failover tests run PostgreSQL under Patroni (PyPI, the dev extra) with etcd.
+ETCD := /usr/bin/etcd
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 $(VENV)/.installed: pyproject.toml
@@ -36,9 +38,12 @@ $(CHROMIUM):
 	$(SUDO) apt-get update -qq
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 
-$(PGBOUNCER) $(IPROUTE):
+$(PGBOUNCER) $(IPROUTE) $(ETCD):
 	$(SUDO) apt-get update -qq
-	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer iproute2 >/dev/null
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer iproute2 etcd-server >/dev/null
 
 test: setup lint docs $(CHROMIUM) $(PGBOUNCER) $(IPROUTE)
 	$(VENV)/bin/pytest
+
+# The failover tests (tests/ha.py) need etcd too.
+test: $(ETCD)

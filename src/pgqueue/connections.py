@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import PoolTimeout
 
-from .driver import SCHEMA_ERRORS, is_asyncpg_connection
+from .driver import LIVENESS, SCHEMA_ERRORS, is_asyncpg_connection
 from .embedded import EmbeddedPostgres
 from .errors import DatabaseReadOnly, DatabaseUnavailable, SchemaNotMigrated
 from .settings import Settings
@@ -40,10 +40,11 @@ def pool_options(settings: Settings) -> dict[str, Any]:
         "min_size": settings.pool_min_size,
         "max_size": settings.pool_max_size,
         "timeout": settings.pool_timeout_seconds,
-        # A server that accepts connections but never answers must not hold
-        # a pool slot for minutes. Behind a transaction-mode pooler a
-        # statement prepared on one server session is unknown to the next.
-        "kwargs": {"autocommit": True, "connect_timeout": 5}
+        # A server that accepts connections but never answers, or that
+        # vanished (LIVENESS), must not hold a pool slot for minutes. Behind
+        # a transaction-mode pooler a statement prepared on one server
+        # session is unknown to the next.
+        "kwargs": {"autocommit": True, "connect_timeout": 5, **LIVENESS}
         | ({"prepare_threshold": None} if settings.transaction_pooler else {}),
         "name": "pgqueue",
     }

@@ -42,6 +42,7 @@ from .sql import QUERIES
 from .transitions import Flow, Statement
 
 __all__ = [
+    "LIVENESS",
     "RETRYABLE_ERRORS",
     "SCHEMA_ERRORS",
     "AsyncCursorSession",
@@ -58,6 +59,19 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+# How every connection pgqueue opens notices a server that vanished without a
+# word (a primary cut off by a partition, or powered off): keep-alives while
+# the connection is idle, and tcp_user_timeout while a statement's packets go
+# unacknowledged, without which the kernel retransmits for about 15 minutes
+# and the call hangs as long, whatever its own deadline.
+LIVENESS: dict[str, Any] = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 10_000,  # milliseconds
+}
 
 # Errors after which the same statement can succeed later: the database is
 # unreachable or the session is gone, or the server refuses for now (a

@@ -130,6 +130,7 @@ class Retrying:
         kwargs: dict[str, Any] = {
             "autocommit": True,
             "connect_timeout": max(2, math.ceil(retries.remaining())),
+            **driver.LIVENESS,
         }
         if not self.prepare:  # behind a transaction-mode pooler, as the pool's
             kwargs["prepare_threshold"] = None

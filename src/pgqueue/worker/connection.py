@@ -25,14 +25,11 @@ __all__ = ["CONNECT_KWARGS", "Connection", "FlowRunner", "listen_for_hints"]
 
 T = TypeVar("T")
 
-# Keep-alives so that a silently dead peer is noticed in ~10 s, not hours.
+# A silently dead peer is noticed in ~10 s, not hours (driver.LIVENESS).
 CONNECT_KWARGS: dict[str, Any] = {
     "autocommit": True,
     "connect_timeout": 5,
-    "keepalives": 1,
-    "keepalives_idle": 5,
-    "keepalives_interval": 2,
-    "keepalives_count": 3,
+    **driver.LIVENESS,
     "application_name": "pgqueue-worker",
 }
 
