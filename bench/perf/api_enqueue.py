@@ -47,14 +47,20 @@ def _free_port() -> int:
 def api_server(url: str, **settings: Any) -> Iterator[str]:
     """``pgqueue api`` in a child process, with the admin token TOKEN and
     ``settings`` (as PGQUEUE_* variables); yields its base URL."""
-    port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
     env |= {"PGQUEUE_DATABASE_URL": url, "PGQUEUE_API_TOKENS": TOKEN}
     env |= {f"PGQUEUE_{name.upper()}": str(value) for name, value in settings.items()}
+    with served([sys.executable, "-m", "pgqueue", "api"], env) as base:
+        yield base
+
+
+@contextmanager
+def served(command: list[str], env: dict[str, str]) -> Iterator[str]:
+    """``command --host 127.0.0.1 --port N`` in a child process, once its
+    GET /healthz answers 200; yields its base URL."""
+    port = _free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "pgqueue", "api", "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
+        [*command, "--host", "127.0.0.1", "--port", str(port)], env=env, stdout=subprocess.DEVNULL
     )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -66,7 +72,7 @@ def api_server(url: str, **settings: Any) -> Iterator[str]:
             except httpx.TransportError:
                 pass
             if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the API did not start")
+                raise RuntimeError(f"{command} did not start")
             time.sleep(0.1)
         yield base
     finally:

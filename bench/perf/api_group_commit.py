@@ -1,0 +1,104 @@
+"""POST /jobs against the framework's own limit, and group commit off against on.
+
+    python -m bench.perf.api_group_commit [--requests 4000] [--clients 4]
+                                          [--concurrency 8] [--rounds 5] [--out PATH]
+
+Three uvicorn servers, each started as ``pgqueue api`` starts its app (one
+process, the same uvicorn options): a no-op FastAPI POST /jobs that
+validates the same JSON body and writes nothing (bench.perf.noop_api), and
+``pgqueue api`` twice over one embedded PostgreSQL (fsync and
+synchronous_commit on), with group commit on (the default) and off
+(``api_group_commit = false``). Each round sends the same POST /jobs load
+(``--clients`` processes of httpx, ``--concurrency`` requests in flight
+each: bench.perf.api_enqueue's client) to each server in turn, the order
+rotating from round to round; per round the rates and the ratios of the
+round; medians over the rounds. Every accepted job must be in the table.
+
+Writes results/api_group_commit.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from contextlib import ExitStack
+
+from bench.common import bench_database, summary
+from bench.perf.api_enqueue import api_server, count_jobs, served, single_rate
+from bench.record import ResultRecord, command_line, server_info, write_result
+
+SERVERS = ("noop", "group_commit", "single_commits")
+
+
+def main(argv: list[str] | None = None) -> ResultRecord:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=4000, help="POST /jobs per run")
+    parser.add_argument("--clients", type=int, default=4, help="client processes")
+    parser.add_argument("--concurrency", type=int, default=8, help="in flight per client")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+
+    runs: dict[str, list[float]] = {name: [] for name in SERVERS}
+    ratios: dict[str, list[float]] = {"jobs_over_noop": [], "group_over_single": []}
+    with bench_database("api-group-commit") as url, ExitStack() as stack:
+        noop = [sys.executable, "-m", "bench.perf.noop_api"]
+        bases = {
+            "noop": stack.enter_context(served(noop, dict(os.environ))),
+            "group_commit": stack.enter_context(api_server(url)),
+            "single_commits": stack.enter_context(api_server(url, api_group_commit="false")),
+        }
+        for round_ in range(args.rounds):
+            order = SERVERS[round_ % 3 :] + SERVERS[: round_ % 3]
+            for name in order:
+                rate = single_rate(bases[name], args.requests, args.clients, args.concurrency)
+                runs[name].append(rate)
+            ratios["jobs_over_noop"].append(runs["group_commit"][-1] / runs["noop"][-1])
+            ratios["group_over_single"].append(
+                runs["group_commit"][-1] / runs["single_commits"][-1]
+            )
+            print(
+                f"round {round_ + 1}: "
+                + ", ".join(f"{name} {runs[name][-1]:.0f}/s" for name in SERVERS)
+                + ", "
+                + ", ".join(f"{name} x{values[-1]:.2f}" for name, values in ratios.items())
+            )
+        sent = args.requests // args.clients * args.clients
+        assert count_jobs(url) == 2 * args.rounds * sent, "every accepted job must be in the table"
+        info = server_info(url)
+    record = ResultRecord(
+        name="api_group_commit",
+        command=command_line(__spec__, argv),
+        server=info,
+        parameters={
+            "servers": {
+                "noop": "bench.perf.noop_api: FastAPI, same body model, writes nothing",
+                "group_commit": "pgqueue api, defaults (group commit on), auth on",
+                "single_commits": "pgqueue api, api_group_commit = false, auth on",
+            },
+            "uvicorn": "one process each, pgqueue.api.server.uvicorn_config, access log off",
+            "client": "httpx.AsyncClient processes on the same machine (api_enqueue.single_rate)",
+            "requests_per_run": sent,
+            "client_processes": args.clients,
+            "in_flight_per_process": args.concurrency,
+            "rounds": args.rounds,
+            "order": "rotating per round",
+            "payload": '{"task": "noop", "payload": {"i": <n>}}',
+            "load_average_at_end": os.getloadavg(),
+        },
+        results={
+            "jobs_per_second": {name: summary(values) for name, values in runs.items()},
+            "ratios_per_round": ratios,
+            "ratio_medians": {name: statistics.median(v) for name, v in ratios.items()},
+            "runs": runs,
+        },
+    )
+    path = write_result(record, args.out)
+    print(f"wrote {path}")
+    return record
+
+
+if __name__ == "__main__":
+    main()
