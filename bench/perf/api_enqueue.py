@@ -162,11 +162,17 @@ def count_jobs(url: str) -> int:
         return int(conn.execute("SELECT count(*) FROM pgqueue_jobs").fetchone()[0])  # type: ignore[index]
 
 
-def main(argv: list[str] | None = None) -> ResultRecord:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def single_load_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The options of ``single_rate``'s load, in a script's parser."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n")[0])
     parser.add_argument("--requests", type=int, default=4000, help="POST /jobs per run")
     parser.add_argument("--clients", type=int, default=4, help="client processes")
     parser.add_argument("--concurrency", type=int, default=8, help="in flight per client")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> ResultRecord:
+    parser = single_load_parser(__doc__)
     parser.add_argument("--batch-jobs", type=int, default=50_000, help="jobs per batch run")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=None)

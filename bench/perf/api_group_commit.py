@@ -19,24 +19,26 @@ Writes results/api_group_commit.json.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
 from contextlib import ExitStack
 
 from bench.common import bench_database, summary
-from bench.perf.api_enqueue import api_server, count_jobs, served, single_rate
+from bench.perf.api_enqueue import (
+    api_server,
+    count_jobs,
+    served,
+    single_load_parser,
+    single_rate,
+)
 from bench.record import ResultRecord, command_line, server_info, write_result
 
 SERVERS = ("noop", "group_commit", "single_commits")
 
 
 def main(argv: list[str] | None = None) -> ResultRecord:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--requests", type=int, default=4000, help="POST /jobs per run")
-    parser.add_argument("--clients", type=int, default=4, help="client processes")
-    parser.add_argument("--concurrency", type=int, default=8, help="in flight per client")
+    parser = single_load_parser(__doc__)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)

@@ -22,7 +22,7 @@ app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
 
 @app.post("/jobs", status_code=201)
 async def enqueue(body: EnqueueRequest) -> dict[str, object]:
-    return {"id": 0, "task": body.task, "state": "queued"}
+    return {"id": 0, "state": "queued", **body.fields()}
 
 
 @app.get("/healthz")

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from pgqueue import AsyncQueue, Settings
-from tests.integration.test_enqueue_retry import killing, named, retries
+from tests.integration.test_enqueue_retry import api_under_kills, named, retries
 from tests.support import api_client
 
 CONCURRENT = 32
@@ -116,14 +116,9 @@ async def test_a_job_the_database_refuses_fails_alone_among_concurrent_good_ones
 async def test_killed_connections_mid_group_lose_and_double_no_answered_job(
     db_url: str, sql: psycopg.Connection[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, "pgqueue.queue")
-    url = named(db_url, "producer-group")
     count = 600
-    async with api_client(Settings(database_url=url)) as http:
-        with killing(db_url, "producer-group") as killer:
-            responses = await post_all(
-                http, [{"task": "t", "payload": {"n": n}} for n in range(count)]
-            )
+    async with api_under_kills(db_url, caplog, "producer-group") as (http, killer):
+        responses = await post_all(http, [{"task": "t", "payload": {"n": n}} for n in range(count)])
     found = payload_ns(sql)
     answered = {n: r.json()["id"] for n, r in enumerate(responses) if r.status_code == 201}
     # A group still failing at the deadline is a 503 (maybe written: its
