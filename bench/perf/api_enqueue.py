@@ -47,17 +47,24 @@ def _free_port() -> int:
 def api_server(url: str, **settings: Any) -> Iterator[str]:
     """``pgqueue api`` in a child process, with the admin token TOKEN and
     ``settings`` (as PGQUEUE_* variables); yields its base URL."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
-    env |= {"PGQUEUE_DATABASE_URL": url, "PGQUEUE_API_TOKENS": TOKEN}
-    env |= {f"PGQUEUE_{name.upper()}": str(value) for name, value in settings.items()}
-    with served([sys.executable, "-m", "pgqueue", "api"], env) as base:
+    with api_process(url, **settings) as (base, _):
         yield base
 
 
 @contextmanager
-def served(command: list[str], env: dict[str, str]) -> Iterator[str]:
+def api_process(url: str, **settings: Any) -> Iterator[tuple[str, int]]:
+    """``api_server``, yielding its base URL and its process id."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
+    env |= {"PGQUEUE_DATABASE_URL": url, "PGQUEUE_API_TOKENS": TOKEN}
+    env |= {f"PGQUEUE_{name.upper()}": str(value) for name, value in settings.items()}
+    with served([sys.executable, "-m", "pgqueue", "api"], env) as server:
+        yield server
+
+
+@contextmanager
+def served(command: list[str], env: dict[str, str]) -> Iterator[tuple[str, int]]:
     """``command --host 127.0.0.1 --port N`` in a child process, once its
-    GET /healthz answers 200; yields its base URL."""
+    GET /healthz answers 200; yields its base URL and its process id."""
     port = _free_port()
     process = subprocess.Popen(
         [*command, "--host", "127.0.0.1", "--port", str(port)], env=env, stdout=subprocess.DEVNULL
@@ -74,7 +81,7 @@ def served(command: list[str], env: dict[str, str]) -> Iterator[str]:
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"{command} did not start")
             time.sleep(0.1)
-        yield base
+        yield base, process.pid
     finally:
         process.terminate()
         process.wait(15)
