@@ -206,11 +206,11 @@ class GroupCommitter:
             )
         except psycopg.Error:  # a job the database refused: each alone, so that it fails alone
             jobs = [None] * len(specs)
-        for index, (each, job) in enumerate(zip(group.waiting, jobs, strict=True)):
-            if job is None:
-                await self._alone(group, index)
-            else:
+        for each, job in zip(group.waiting, jobs, strict=True):
+            if job is not None:
                 each.settle(job)
+        for index in [i for i, job in enumerate(jobs) if job is None]:
+            await self._alone(group, index)
 
     async def _alone(self, group: _Group, index: int) -> None:
         each, call = group.waiting[index], group.alone(index)

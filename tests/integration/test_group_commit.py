@@ -18,7 +18,7 @@ import pytest
 
 from pgqueue import AsyncQueue, Settings
 from tests.integration.test_enqueue_retry import api_under_kills, named, retries
-from tests.support import api_client
+from tests.support import api_client, query_plan
 
 CONCURRENT = 32
 
@@ -174,3 +174,7 @@ async def test_a_connection_broken_while_idle_costs_a_retried_attempt_not_an_err
         assert (await queue.get(first.id)).id == first.id
         assert retries(caplog) == 1
     assert payload_ns(sql) == {0: [first.id], 1: [second.id]}
+
+
+def test_a_groups_read_of_its_rows_walks_the_primary_key(sql: psycopg.Connection[Any]) -> None:
+    assert "pgqueue_jobs_pkey" in query_plan(sql, "job_get_many", {"ids": [1, 2, 3]})
