@@ -395,3 +395,15 @@ def test_workflows_smoke(bench_url: str, out_dir: Path) -> None:
     for case in workflows.CASES:
         assert results["rates_jobs_per_second"][case]["median"] > 0
     assert results["fan_in_start_seconds"]["median"] >= 0
+
+
+def test_api_group_commit_smoke(bench_url: str, out_dir: Path) -> None:
+    from bench.perf import api_group_commit
+
+    out = out_dir / "api_group_commit.json"
+    small = ["--requests", "40", "--clients", "2", "--concurrency", "4", "--rounds", "1"]
+    api_group_commit.main([*small, "--out", str(out)])
+    results = _read(out, "api_group_commit", "bench.perf.api_group_commit").results
+    assert set(results["jobs_per_second"]) == {"noop", "group_commit", "single_commits"}
+    assert all(r["median"] > 0 for r in results["jobs_per_second"].values())
+    assert results["ratio_medians"]["jobs_over_noop"] > 0
