@@ -7,9 +7,11 @@ within ``group_commit_window_seconds`` of the oldest one waiting (or as
 soon as ``group_commit_max_jobs`` wait) go out together: enqueue_many's
 insert and one read of the rows (``enqueue.enqueue_group``) in one
 transaction, retried across lost connections under one call key, as every
-producer's call is (retrying.py). A few groups are written at once (half
-the pool); while they are, the next group gathers, so groups grow with the
-commit latency.
+producer's call is (retrying.py). ``group_commit_groups`` groups are written
+at once (2; half the pool at most); while they are, the next group gathers,
+so groups grow with the commit latency. One at a time makes larger groups,
+but a group whose insert waits for a key that another transaction holds
+(ON CONFLICT waits for it to end) then holds up every other job.
 
 Each caller is answered only after its group committed, with what
 ``enqueue`` alone would have answered: its job, or the job holding its key
@@ -104,7 +106,7 @@ class GroupCommitter:
         self.window = settings.group_commit_window_seconds
         self.max_jobs = settings.group_commit_max_jobs
         # Half the pool at most, so that the API's other calls find connections.
-        self.flushes = max(1, settings.pool_max_size // 2)
+        self.flushes = max(1, min(settings.group_commit_groups, settings.pool_max_size // 2))
         self._waiting: list[_Waiting] = []
         self._arrived = asyncio.Event()  # jobs are waiting
         self._slots = asyncio.Semaphore(self.flushes)

@@ -79,11 +79,14 @@ class Settings:
     # pooled connection included; then DatabaseUnavailable.
     enqueue_retry_seconds: float = 5.0
     # Group commit (grouping.py): single enqueues arriving within this long
-    # of the first, up to this many, go out as one statement and one commit.
+    # of the first, up to this many, go out as one statement and one commit,
+    # this many groups at once (fewer: larger groups, but a group that waits
+    # for a key another transaction holds holds up more of the others).
     # POST /jobs uses it unless api_group_commit is off; an AsyncQueue when
     # made with group_commit=True.
     group_commit_window_seconds: float = 0.001
     group_commit_max_jobs: int = 100
+    group_commit_groups: int = 2
     api_group_commit: bool = True
     notify_finished: bool = True
     # Worker.
@@ -152,6 +155,7 @@ class Settings:
             "api_max_body_bytes",
             "api_max_batch",
             "group_commit_max_jobs",
+            "group_commit_groups",
         ):
             if getattr(self, name) < 1:
                 raise InvalidSettings(f"{name} must be >= 1, got {getattr(self, name)!r}")
