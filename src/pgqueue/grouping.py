@@ -134,6 +134,9 @@ class GroupCommitter:
             await self._write_next()
         while self._writing:
             await asyncio.wait(set(self._writing))
+        # Bound to this event loop once used: the queue may be used again
+        # from another (asyncio.run per call), as its pool may.
+        self._arrived, self._slots = asyncio.Event(), asyncio.Semaphore(self.flushes)
 
     async def _gather_loop(self) -> None:
         """``_gather`` for good: an unexpected error is logged and given to

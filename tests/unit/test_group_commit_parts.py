@@ -204,3 +204,21 @@ async def test_a_caller_that_gave_up_before_its_group_left_writes_nothing() -> N
     await group.close()
     job: Job = kept.result()
     assert list(db.jobs) == [job.id] and gone.cancelled()
+
+
+def test_a_committer_closed_in_one_event_loop_serves_the_next() -> None:
+    db = MemoryDatabase()
+    # One job a group, one group at a time: groups wait for the slot, which
+    # ties it to the loop they wait in.
+    settings = Settings(group_commit_max_jobs=1, group_commit_groups=1)
+    group = GroupCommitter(Writer(db), settings)
+
+    async def use(first: int) -> list[Any]:
+        jobs = await enqueue_all(group, [spec(first), spec(first + 1)])
+        await group.close()
+        return jobs
+
+    for first in (0, 2):  # a new loop each time, as asyncio.run per call makes
+        jobs = asyncio.run(use(first))
+        assert [job.payload for job in jobs] == [{"n": first}, {"n": first + 1}]
+    assert len(db.sent("job_enqueue")) == 4  # one by one
