@@ -116,19 +116,26 @@ async def test_a_job_the_database_refuses_fails_alone_among_concurrent_good_ones
 async def test_killed_connections_mid_group_lose_and_double_no_answered_job(
     db_url: str, sql: psycopg.Connection[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
-    count = 600
+    responses: list[httpx.Response] = []
     async with api_under_kills(db_url, caplog, "producer-group") as (http, killer):
-        responses = await post_all(http, [{"task": "t", "payload": {"n": n}} for n in range(count)])
+        # Rounds of 200 concurrent posts until the kills have hit enough
+        # groups, however fast the machine is today.
+        for _ in range(50):
+            first = len(responses)
+            bodies = [{"task": "t", "payload": {"n": n}} for n in range(first, first + 200)]
+            responses += await post_all(http, bodies)
+            if killer.kills > 10 and retries(caplog) > 3:
+                break
     found = payload_ns(sql)
     answered = {n: r.json()["id"] for n, r in enumerate(responses) if r.status_code == 201}
     # A group still failing at the deadline is a 503 (maybe written: its
     # caller may retry with a key); on a busy machine, kills every 5-100 ms
-    # make that common, so only most must get through.
+    # make that common: a quarter must get through.
     assert {r.status_code for r in responses} <= {201, 503}
     assert all(
         r.json()["error"] == "database_unavailable" for r in responses if r.status_code == 503
     )
-    assert len(answered) > count / 4, len(answered)
+    assert len(answered) > len(responses) / 4, len(answered)
     assert all(found[n] == [job_id] for n, job_id in answered.items())
     assert all(len(ids) == 1 for ids in found.values())  # none twice, answered or not
     assert killer.kills > 10 and retries(caplog) > 3, (killer.kills, retries(caplog))
