@@ -47,14 +47,27 @@ def _free_port() -> int:
 def api_server(url: str, **settings: Any) -> Iterator[str]:
     """``pgqueue api`` in a child process, with the admin token TOKEN and
     ``settings`` (as PGQUEUE_* variables); yields its base URL."""
-    port = _free_port()
+    with api_process(url, **settings) as (base, _):
+        yield base
+
+
+@contextmanager
+def api_process(url: str, **settings: Any) -> Iterator[tuple[str, int]]:
+    """``api_server``, yielding its base URL and its process id."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
     env |= {"PGQUEUE_DATABASE_URL": url, "PGQUEUE_API_TOKENS": TOKEN}
     env |= {f"PGQUEUE_{name.upper()}": str(value) for name, value in settings.items()}
+    with served([sys.executable, "-m", "pgqueue", "api"], env) as server:
+        yield server
+
+
+@contextmanager
+def served(command: list[str], env: dict[str, str]) -> Iterator[tuple[str, int]]:
+    """``command --host 127.0.0.1 --port N`` in a child process, once its
+    GET /healthz answers 200; yields its base URL and its process id."""
+    port = _free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "pgqueue", "api", "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
+        [*command, "--host", "127.0.0.1", "--port", str(port)], env=env, stdout=subprocess.DEVNULL
     )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -66,9 +79,9 @@ def api_server(url: str, **settings: Any) -> Iterator[str]:
             except httpx.TransportError:
                 pass
             if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the API did not start")
+                raise RuntimeError(f"{command} did not start")
             time.sleep(0.1)
-        yield base
+        yield base, process.pid
     finally:
         process.terminate()
         process.wait(15)
@@ -156,11 +169,17 @@ def count_jobs(url: str) -> int:
         return int(conn.execute("SELECT count(*) FROM pgqueue_jobs").fetchone()[0])  # type: ignore[index]
 
 
-def main(argv: list[str] | None = None) -> ResultRecord:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def single_load_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The options of ``single_rate``'s load, in a script's parser."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n")[0])
     parser.add_argument("--requests", type=int, default=4000, help="POST /jobs per run")
     parser.add_argument("--clients", type=int, default=4, help="client processes")
     parser.add_argument("--concurrency", type=int, default=8, help="in flight per client")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> ResultRecord:
+    parser = single_load_parser(__doc__)
     parser.add_argument("--batch-jobs", type=int, default=50_000, help="jobs per batch run")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=None)

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Any
 
 import psycopg
-from psycopg_pool import PoolTimeout
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from .driver import LIVENESS, SCHEMA_ERRORS, is_asyncpg_connection
 from .embedded import EmbeddedPostgres
@@ -24,7 +25,11 @@ __all__ = [
     "listen_url",
     "pool_options",
     "resolve_url",
+    "unchecked",
 ]
+
+# Set while a producer's retried call takes a pooled connection (retrying.py).
+_UNCHECKED: ContextVar[bool] = ContextVar("pgqueue_unchecked", default=False)
 
 
 def resolve_url(settings: Settings) -> str:
@@ -34,9 +39,10 @@ def resolve_url(settings: Settings) -> str:
     return EmbeddedPostgres(settings.data_dir).ensure_running()
 
 
-def pool_options(settings: Settings) -> dict[str, Any]:
-    """How a Queue's (or AsyncQueue's) connection pool is made."""
+def pool_options(settings: Settings, *, asynchronous: bool = False) -> dict[str, Any]:
+    """How a Queue's (or, ``asynchronous``, AsyncQueue's) connection pool is made."""
     return {
+        "check": check_connection_async if asynchronous else check_connection,
         "min_size": settings.pool_min_size,
         "max_size": settings.pool_max_size,
         "timeout": settings.pool_timeout_seconds,
@@ -48,6 +54,32 @@ def pool_options(settings: Settings) -> dict[str, Any]:
         | ({"prepare_threshold": None} if settings.transaction_pooler else {}),
         "name": "pgqueue",
     }
+
+
+@contextlib.contextmanager
+def unchecked() -> Iterator[None]:
+    """Take pooled connections without the pool's check (a round trip each)
+    meanwhile: for the producers' hot path, whose attempts are retried, so
+    that a broken connection costs one failed attempt, known by its error,
+    instead of a round trip on every checkout."""
+    token = _UNCHECKED.set(True)
+    try:
+        yield
+    finally:
+        _UNCHECKED.reset(token)
+
+
+def check_connection(conn: psycopg.Connection[Any]) -> None:
+    """The pools' check on checkout (a connection that fails it is replaced
+    without failing the call), except within ``unchecked``."""
+    if not _UNCHECKED.get():
+        ConnectionPool.check_connection(conn)
+
+
+async def check_connection_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    """``check_connection`` for the async pool."""
+    if not _UNCHECKED.get():
+        await AsyncConnectionPool.check_connection(conn)
 
 
 def listen_url(settings: Settings, url: str) -> str | None:

@@ -26,6 +26,7 @@ __all__ = [
     "CallKey",
     "Enqueued",
     "enqueue",
+    "enqueue_group",
     "enqueue_many",
     "per_attempt",
 ]
@@ -178,6 +179,24 @@ def enqueue_many(
         end = start + ENQUEUE_CHUNK
         results += yield from _insert_chunk(specs[start:end], ids[start:end])
     return results
+
+
+def enqueue_group(specs: Sequence[JobSpec], call: CallKey) -> Flow[list[Job | None]]:
+    """The single enqueues of a group commit (grouping.py) as one insert
+    (enqueue_many's) and one read of the rows: per spec, what ``enqueue``
+    would return for it alone (the job that holds its key, ``duplicate``,
+    when it was not created; a later spec of the group with an earlier
+    one's key gets that job). None for a spec whose key holder is gone
+    since the insert (pruned): it must be enqueued again, alone."""
+    results = yield from enqueue_many(specs, call, copy=False)
+    ids = sorted({r.id for r in results})
+    rows: list[Job] = yield Statement("job_get_many", {"ids": ids}, jobs=True)
+    found = {job.id: job for job in rows}
+    return [_answer(found.get(r.id), r.created) for r in results]
+
+
+def _answer(job: Job | None, created: bool) -> Job | None:
+    return job if job is None or created else dataclasses.replace(job, duplicate=True)
 
 
 def _insert_chunk(chunk: Sequence[JobSpec], ids: Sequence[int]) -> Flow[list[Enqueued]]:

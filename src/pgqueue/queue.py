@@ -2,9 +2,10 @@
 
 Both drive the same transition generators from ``transitions``; this module
 only owns connections: a pool that checks connections on checkout (so a
-database restart costs one failed check, not a failed call), bounded waits,
-and running a transition on the caller's own connection so that a job
-commits or rolls back with the caller's data.
+database restart costs one failed check, not a failed call; the producers'
+retried calls skip it: retrying.py), bounded waits, and running a transition
+on the caller's own connection so that a job commits or rolls back with the
+caller's data.
 """
 
 from __future__ import annotations
@@ -12,12 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from types import TracebackType
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Self, TypeVar
 from uuid import UUID
 
-import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from . import controls, driver, tracing, workflows
@@ -37,6 +36,7 @@ from .dependencies import WorkflowJobs
 from .driver import is_asyncpg_connection
 from .enqueue import per_attempt
 from .errors import WaitTimeout
+from .grouping import GroupCommitter
 from .jobs import Job, JobSpec, JobState, build_specs
 from .retrying import Retrying
 from .settings import Settings
@@ -89,12 +89,7 @@ class Queue(_Common):
     def __init__(self, url: str | None = None, *, settings: Settings | None = None) -> None:
         super().__init__(url, settings)
         self.url = url or resolve_url(self.settings)
-        self._pool = ConnectionPool(
-            self.url,
-            check=ConnectionPool.check_connection,
-            open=True,
-            **pool_options(self.settings),
-        )
+        self._pool = ConnectionPool(self.url, open=True, **pool_options(self.settings))
         self._waiters = Waiters(listen_url(self.settings, self.url))
 
     def close(self) -> None:
@@ -289,11 +284,20 @@ class Queue(_Common):
 
 
 class AsyncQueue(_Common):
-    """The asyncio face: ``async with AsyncQueue() as q: await q.enqueue(...)``."""
+    """The asyncio face: ``async with AsyncQueue() as q: await q.enqueue(...)``.
+    With ``group_commit``, concurrent ``enqueue`` calls share statements and
+    commits (grouping.py)."""
 
-    def __init__(self, url: str | None = None, *, settings: Settings | None = None) -> None:
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        settings: Settings | None = None,
+        group_commit: bool = False,
+    ) -> None:
         super().__init__(url, settings)
         self.url = url or ""
+        self._group = GroupCommitter(self._retried, self.settings) if group_commit else None
         self._pool: AsyncConnectionPool | None = None
         self._waiters: AsyncWaiters | None = None
         self._opening = asyncio.Lock()
@@ -303,18 +307,16 @@ class AsyncQueue(_Common):
             if self._pool is None:
                 if not self.url:
                     self.url = await asyncio.to_thread(resolve_url, self.settings)
-                pool = AsyncConnectionPool(
-                    self.url,
-                    check=AsyncConnectionPool.check_connection,
-                    open=False,
-                    **pool_options(self.settings),
-                )
+                options = pool_options(self.settings, asynchronous=True)
+                pool = AsyncConnectionPool(self.url, open=False, **options)
                 await pool.open()
                 self._pool = pool
                 self._waiters = AsyncWaiters(listen_url(self.settings, self.url))
         return self
 
     async def close(self) -> None:
+        if self._group is not None:  # its callers are answered first
+            await self._group.close()
         if self._waiters is not None:
             await self._waiters.close()
             self._waiters = None
@@ -325,20 +327,8 @@ class AsyncQueue(_Common):
     async def __aenter__(self) -> Self:
         return await self.open()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-    @contextlib.asynccontextmanager
-    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        await self.open()
-        assert self._pool is not None
-        async with self._pool.connection() as conn:
-            yield conn
 
     async def run(self, flow: Flow[T], connection: Any = None, *, transaction: bool = False) -> T:
         """Run a transition on the caller's connection, or on a pooled one."""
@@ -350,7 +340,9 @@ class AsyncQueue(_Common):
             if connection is not None:
                 async with driver.async_tuple_cursor(connection) as cur:
                     return await driver.run_async(flow, driver.AsyncCursorSession(cur))
-            async with self._connection() as conn:
+            await self.open()
+            assert self._pool is not None
+            async with self._pool.connection() as conn:
                 return await driver.run_on_async(conn, flow, transaction=transaction)
 
     async def _retried(
@@ -370,6 +362,8 @@ class AsyncQueue(_Common):
         if connection is not None or spec.depends_on:
             flow = self._out.enqueue(spec)
             return await self.run(flow, connection, transaction=bool(spec.depends_on))
+        if self._group is not None:
+            return await self._out.grouped(self._group.enqueue, spec)
         return await self._retried(per_attempt(self._out.enqueue, spec), "enqueue")
 
     async def enqueue_workflow(

@@ -34,6 +34,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from . import driver
+from .connections import unchecked
 from .driver import RETRYABLE_ERRORS
 from .errors import DatabaseReadOnly, DatabaseUnavailable
 from .flows import Flow
@@ -110,7 +111,9 @@ class Retrying:
     every retry, a new connection of its own, because the pool replaces
     lost connections with a back-off of its own (psycopg_pool sleeps 1 s
     after a failed check, and 1 s, 2 s, 4 s... between failed
-    reconnections) that would spend the call's deadline."""
+    reconnections) that would spend the call's deadline. A pooled
+    connection is taken without the pool's check (``connections.unchecked``):
+    one that broke while idle fails its attempt, which is retried."""
 
     def __init__(self, settings: Settings) -> None:
         self.seconds = settings.enqueue_retry_seconds
@@ -177,7 +180,7 @@ class Retrying:
             with psycopg.connect(url, **self._connect_kwargs(retries)) as conn:
                 yield conn
         else:
-            with pool.connection(timeout=self._pool_wait(retries)) as conn:
+            with unchecked(), pool.connection(timeout=self._pool_wait(retries)) as conn:
                 yield conn
 
     @contextlib.asynccontextmanager
@@ -190,8 +193,9 @@ class Retrying:
             async with await psycopg.AsyncConnection.connect(url, **kwargs) as conn:
                 yield conn
         else:
-            async with pool.connection(timeout=self._pool_wait(retries)) as conn:
-                yield conn
+            with unchecked():
+                async with pool.connection(timeout=self._pool_wait(retries)) as conn:
+                    yield conn
 
     def call(self, attempt: Callable[[Retries], T], what: str) -> T:
         """``attempt(retries)`` until it returns, retrying RETRIED errors

@@ -83,6 +83,16 @@ class Settings:
     # retries across lost connections for this long in all, the waits for a
     # pooled connection included; then DatabaseUnavailable.
     enqueue_retry_seconds: float = 5.0
+    # Group commit (grouping.py): single enqueues arriving within this long
+    # of the first, up to this many, go out as one statement and one commit,
+    # this many groups at once (fewer: larger groups, but a group that waits
+    # for a key another transaction holds holds up more of the others).
+    # POST /jobs uses it unless api_group_commit is off; an AsyncQueue when
+    # made with group_commit=True.
+    group_commit_window_seconds: float = 0.001
+    group_commit_max_jobs: int = 100
+    group_commit_groups: int = 2
+    api_group_commit: bool = True
     notify_finished: bool = True
     # Worker.
     concurrency: int = 100
@@ -154,12 +164,19 @@ class Settings:
             "default_max_attempts",
             "api_max_body_bytes",
             "api_max_batch",
+            "group_commit_max_jobs",
+            "group_commit_groups",
         ):
             if getattr(self, name) < 1:
                 raise InvalidSettings(f"{name} must be >= 1, got {getattr(self, name)!r}")
         for name in ("handler_processes", "max_snoozes"):
             if getattr(self, name) < 0:
                 raise InvalidSettings(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if not 0 <= self.group_commit_window_seconds <= 1:
+            raise InvalidSettings(
+                "group_commit_window_seconds must be between 0 and 1, "
+                f"got {self.group_commit_window_seconds!r}"
+            )
         if self.pool_min_size < 0 or self.pool_min_size > self.pool_max_size:
             raise InvalidSettings("pool_min_size must be between 0 and pool_max_size")
         if self.heartbeat_seconds >= self.lease_seconds:

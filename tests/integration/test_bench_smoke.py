@@ -464,3 +464,15 @@ def test_capacity_standby_smoke(out_dir: Path, monkeypatch: pytest.MonkeyPatch) 
         assert standby[f"drain_worker_{mode}_standby"]["standby_cpu_us"]["median"] >= 0
     assert results["per_job"]["enqueue_batch"]["statement_exec_us"]
     assert set(root.glob("pgqueue-capacity-*")) == before, "the server's folder was left behind"
+
+
+def test_api_group_commit_smoke(bench_url: str, out_dir: Path) -> None:
+    from bench.perf import api_group_commit
+
+    out = out_dir / "api_group_commit.json"
+    small = ["--requests", "40", "--clients", "2", "--concurrency", "4", "--rounds", "1"]
+    api_group_commit.main([*small, "--out", str(out)])
+    results = _read(out, "api_group_commit", "bench.perf.api_group_commit").results
+    assert set(results["jobs_per_second"]) == {"noop", "group_commit", "single_commits"}
+    assert all(r["median"] > 0 for r in results["jobs_per_second"].values())
+    assert results["ratio_medians"]["jobs_over_noop"] > 0

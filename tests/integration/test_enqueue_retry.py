@@ -13,9 +13,10 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
@@ -142,21 +143,29 @@ async def test_single_enqueues_under_a_kill_loop_make_every_job_exactly_once(
     assert_each_once(sql, count)
 
 
+@contextlib.asynccontextmanager
+async def api_under_kills(
+    db_url: str, caplog: pytest.LogCaptureFixture, application: str
+) -> AsyncIterator[tuple[httpx.AsyncClient, Killer]]:
+    """The API, its database backends killed every 5-100 ms meanwhile."""
+    caplog.set_level(logging.WARNING, "pgqueue.queue")
+    async with api_client(Settings(database_url=named(db_url, application))) as http:
+        with killing(db_url, application) as killer:
+            yield http, killer
+
+
 async def test_the_api_under_a_kill_loop_makes_every_job_exactly_once(
     db_url: str, sql: psycopg.Connection[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, "pgqueue.queue")
-    url = named(db_url, "producer-api")
     singles = 300
-    async with api_client(Settings(database_url=url)) as http:
-        with killing(db_url, "producer-api") as killer:
-            for n in range(singles):
-                response = await http.post("/jobs", json={"task": "t", "payload": {"n": n}})
-                assert response.status_code == 201, response.text
-            for batch in batches(first=singles)[:20]:
-                response = await http.post("/jobs/batch", json={"jobs": batch})
-                assert response.status_code == 201, response.text
-                assert {item["outcome"] for item in response.json()["jobs"]} == {"created"}
+    async with api_under_kills(db_url, caplog, "producer-api") as (http, killer):
+        for n in range(singles):
+            response = await http.post("/jobs", json={"task": "t", "payload": {"n": n}})
+            assert response.status_code == 201, response.text
+        for batch in batches(first=singles)[:20]:
+            response = await http.post("/jobs/batch", json={"jobs": batch})
+            assert response.status_code == 201, response.text
+            assert {item["outcome"] for item in response.json()["jobs"]} == {"created"}
     assert_each_once(sql, singles + 20 * BATCH)
     assert killer.kills > 10 and retries(caplog) > 3, (killer.kills, retries(caplog))
 

@@ -201,6 +201,15 @@ async def test_over_http_the_handler_joins_the_trace_of_the_requests_traceparent
     assert alone.context.trace_id != TRACE_ID
     stamped = one.json()["metadata"][CONTEXT_KEY]["traceparent"]
     assert stamped.startswith(f"00-{TRACE_ID:032x}-")
+    # POST /jobs goes through group commit: its enqueue span is made all the same.
+    [enqueued] = [
+        span
+        for span in spans.get_finished_spans()
+        if span.name == "enqueue ok"
+        and span.attributes is not None
+        and span.attributes.get("messaging.message.id") == str(one.json()["id"])
+    ]
+    assert enqueued.context.trace_id == TRACE_ID
 
 
 async def test_a_failed_attempt_is_an_error_span_with_the_exception_and_its_attempt(

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from pgqueue import driver
+from pgqueue.errors import KeyTaken
 from pgqueue.jobs import Job
 from pgqueue.sql import migration_versions
 from pgqueue.transitions import Flow, Statement
@@ -54,7 +56,7 @@ class MemoryDatabase:
         return [s for s in self.statements if s.name == name]
 
     def add(self, task: str = "t", **fields: Any) -> int:
-        job_id = next(self._ids)
+        job_id = fields.pop("id", None) or next(self._ids)
         row: Row = {
             "id": job_id,
             "queue": "default",
@@ -111,6 +113,56 @@ class MemoryDatabase:
 
     def job_get(self, id: int) -> list[Row]:
         return [dict(self.jobs[id])] if id in self.jobs else []
+
+    # Enqueue, simplified: a key is held by any job that has it (no scopes),
+    # and run_at and delays are ignored.
+
+    def job_reserve_ids(self, count: int) -> list[Row]:
+        return [{"ids": [next(self._ids) for _ in range(count)]}]
+
+    def _holder(self, key: str | None) -> Row | None:
+        rows = (row for row in self.jobs.values() if row["idempotency_key"] == key)
+        return next(rows, None) if key is not None else None
+
+    def _insert(self, params: Row) -> Row | None:
+        """The new job's row, or None when its key is held."""
+        if self._holder(params["idempotency_key"]) is not None:
+            return None
+        names = ("queue", "priority", "max_attempts", "idempotency_key", "concurrency_key")
+        fields = {name: params[name] for name in names}
+        job_id = self.add(
+            params["task"], id=params["id"], payload=json.loads(params["payload"]), **fields
+        )
+        return dict(self.jobs[job_id])
+
+    def job_enqueue(self, **params: Any) -> list[Row]:
+        if params["id"] in self.jobs:
+            raise KeyTaken()  # the primary key: an earlier attempt's job
+        row = self._insert(params)
+        return [row] if row is not None else []
+
+    def job_enqueue_many(self, **columns: list[Any]) -> list[Row]:
+        rows = [
+            dict(zip(columns, values, strict=True))
+            for values in zip(*columns.values(), strict=True)
+        ]
+        fresh = [row for row in rows if row["id"] not in self.jobs]
+        return [{"id": row["id"]} for row in fresh if self._insert(row) is not None]
+
+    def job_enqueue_found(self, ids: list[int], idempotency_keys: list[str]) -> list[Row]:
+        holders = [row for key in idempotency_keys if (row := self._holder(key)) is not None]
+        found = [self.jobs[i] for i in ids if i in self.jobs] + holders
+        return [
+            {"id": row["id"], "ours": row["id"] in ids, "holds_key": row["idempotency_key"]}
+            for row in found
+        ]
+
+    def job_get_many(self, ids: list[int]) -> list[Row]:
+        return [dict(self.jobs[i]) for i in ids if i in self.jobs]
+
+    def job_get_by_idempotency_key(self, idempotency_key: str) -> list[Row]:
+        holder = self._holder(idempotency_key)
+        return [dict(holder)] if holder is not None else []
 
     def job_claim(
         self,

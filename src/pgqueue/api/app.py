@@ -94,7 +94,11 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
             "the API has no token configured: anyone who can reach it may use it",
             extra={"action": "api_no_auth"},
         )
-    queue = AsyncQueue(_bounded_connect(url or settings.database_url), settings=settings)
+    queue = AsyncQueue(
+        _bounded_connect(url or settings.database_url),
+        settings=settings,
+        group_commit=settings.api_group_commit,  # POST /jobs: grouping.py
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -80,6 +80,11 @@ WITH inserted AS (
 )
 SELECT id FROM inserted, (SELECT count(*) FROM woken) w;
 
+-- name: job_get_many
+-- The jobs of a group commit (enqueue.enqueue_group) by id: those it
+-- created and those holding the keys of the jobs it did not.
+SELECT * FROM pgqueue_jobs WHERE id = ANY(%(ids)s::bigint[]);
+
 -- name: job_enqueue_found
 -- For the rows job_enqueue_many skipped: which of their ids exist (an
 -- earlier attempt of the same call committed them: `ours`), and the jobs

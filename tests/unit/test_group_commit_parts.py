@@ -1,0 +1,224 @@
+"""The group committer's batching (grouping.py) over the in-memory database:
+the window, the size cap, one caller's error against the group's, the
+supervision of its tasks and the shutdown. What the database does with a
+group is proven against PostgreSQL in tests/integration/test_group_commit.py."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import psycopg
+import pytest
+
+from pgqueue import driver
+from pgqueue.errors import DatabaseUnavailable
+from pgqueue.flows import Flow
+from pgqueue.grouping import GroupCommitter
+from pgqueue.jobs import Job, JobSpec
+from pgqueue.settings import Settings
+from tests.unit.memory import MemoryDatabase, MemorySession
+
+T = TypeVar("T")
+
+
+class Writer:
+    """``AsyncQueue._retried`` over the in-memory database: each call runs
+    one attempt of the flow, after ``gate`` opens; ``calls`` records
+    (what, transaction) per call."""
+
+    def __init__(self, db: MemoryDatabase) -> None:
+        self.db = db
+        self.calls: list[tuple[str, bool]] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def __call__(
+        self, flow: Callable[[], Flow[T]], what: str, *, transaction: bool = False
+    ) -> T:
+        self.calls.append((what, transaction))
+        await self.gate.wait()
+        return await driver.run_async(flow(), MemorySession(self.db))
+
+
+def committer(db: MemoryDatabase, window: float = 0.001, max_jobs: int = 100) -> GroupCommitter:
+    group = GroupCommitter(Writer(db), Settings(group_commit_max_jobs=max_jobs))
+    group.window = window  # longer than a setting may be: a window no test outlives
+    return group
+
+
+def writer(group: GroupCommitter) -> Writer:
+    return group._write  # type: ignore[return-value]
+
+
+def spec(n: int, **fields: Any) -> JobSpec:
+    return JobSpec.build("t", {"n": n}, **fields)
+
+
+def group_sizes(db: MemoryDatabase) -> list[int]:
+    return [len(s.params["id"]) for s in db.sent("job_enqueue_many")]
+
+
+async def enqueue_all(group: GroupCommitter, specs: list[JobSpec]) -> list[Any]:
+    return await asyncio.gather(*(group.enqueue(s) for s in specs), return_exceptions=True)
+
+
+async def test_jobs_arriving_together_go_out_as_one_group_each_caller_its_own_job() -> None:
+    db = MemoryDatabase()
+    group = committer(db)
+    jobs = await enqueue_all(group, [spec(n) for n in range(10)])
+    assert group_sizes(db) == [10]
+    assert writer(group).calls == [("enqueue", True)]
+    assert [job.payload for job in jobs] == [{"n": n} for n in range(10)]
+    assert len({job.id for job in jobs}) == 10 and not any(job.duplicate for job in jobs)
+    assert sorted(db.jobs) == sorted(job.id for job in jobs)
+
+
+async def test_a_full_group_goes_without_waiting_for_the_window() -> None:
+    db = MemoryDatabase()
+    group = committer(db, window=60.0, max_jobs=4)
+    waiting = [asyncio.ensure_future(group.enqueue(spec(n))) for n in range(9)]
+    done, _ = await asyncio.wait(waiting[:8], timeout=30)  # far below the window
+    assert len(done) == 8 and group_sizes(db) == [4, 4]
+    assert not waiting[8].done()  # the ninth waits for the window, or more jobs
+    await group.close()
+    assert group_sizes(db) == [4, 4] and db.sent("job_enqueue")  # written alone at close
+    assert waiting[8].result().payload == {"n": 8}
+
+
+async def test_a_job_waits_out_the_window_for_others_then_goes() -> None:
+    db = MemoryDatabase()
+    group = committer(db, window=0.2)
+    first = asyncio.ensure_future(group.enqueue(spec(0)))
+    for _ in range(20):  # many turns of the loop: the window holds it
+        await asyncio.sleep(0)
+    assert not first.done() and not db.statements
+    second = asyncio.ensure_future(group.enqueue(spec(1)))
+    await asyncio.gather(first, second)
+    assert group_sizes(db) == [2]
+
+
+async def test_a_group_of_one_is_a_single_enqueue() -> None:
+    db = MemoryDatabase()
+    group = committer(db)
+    job = await group.enqueue(spec(0))
+    assert [s.name for s in db.statements] == ["job_reserve_ids", "job_enqueue"]
+    assert writer(group).calls == [("enqueue", False)] and db.jobs[job.id]["payload"] == {"n": 0}
+
+
+async def test_two_callers_with_one_key_in_a_group_get_one_job_created_for_the_first() -> None:
+    db = MemoryDatabase()
+    group = committer(db)
+    first, other, second = await enqueue_all(
+        group, [spec(0, idempotency_key="k"), spec(1), spec(2, idempotency_key="k")]
+    )
+    assert group_sizes(db) == [3]
+    assert (first.duplicate, second.duplicate) == (False, True)
+    assert second.id == first.id and second.payload == {"n": 0}
+    assert len(db.jobs) == 2 and not other.duplicate
+
+
+async def test_a_job_the_database_refuses_fails_alone_with_the_ids_the_group_reserved() -> None:
+    db = MemoryDatabase()
+    group = committer(db)
+    db.fail("job_enqueue_many", psycopg.errors.DataError("refused"))
+    db.fail("job_enqueue", psycopg.errors.DataError("refused: the first job"))
+    results = await enqueue_all(group, [spec(n) for n in range(5)])
+    assert isinstance(results[0], psycopg.errors.DataError)
+    assert [job.payload for job in results[1:]] == [{"n": n} for n in range(1, 5)]
+    # The group reserved ids 1-5 (a new database's first); alone, each job
+    # keeps its id and reserves none.
+    assert len(db.sent("job_reserve_ids")) == 1
+    assert [s.params["id"] for s in db.sent("job_enqueue")] == [1, 2, 3, 4, 5]
+    assert sorted(db.jobs) == [job.id for job in results[1:]]
+
+
+async def test_an_error_no_job_caused_is_every_callers() -> None:
+    db = MemoryDatabase()
+    group = committer(db)
+    down = DatabaseUnavailable("the database did not answer within 5 s")
+    db.fail("job_enqueue_many", down)
+    results = await enqueue_all(group, [spec(n) for n in range(3)])
+    assert results == [down] * 3 and not db.jobs
+    assert not db.sent("job_enqueue")  # not written one by one
+
+
+async def test_an_unexpected_error_writing_a_group_is_logged_and_every_callers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    db = MemoryDatabase()
+    group = committer(db)
+    db.fail("job_get_many", ZeroDivisionError("a bug"))
+    results = await enqueue_all(group, [spec(n) for n in range(3)])
+    assert all(isinstance(r, ZeroDivisionError) for r in results)
+    [record] = [r for r in caplog.records if getattr(r, "action", "") == "group_commit_failed"]
+    assert record.exc_info is not None and record.levelno == logging.ERROR
+
+
+async def test_gathering_restarts_after_a_bug_and_its_waiting_callers_get_the_error(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = MemoryDatabase()
+    group = committer(db)
+    real = group._write_next
+    failures = iter([ZeroDivisionError("a bug")])
+
+    async def broken_once() -> None:
+        for exc in failures:
+            raise exc
+        await real()
+
+    monkeypatch.setattr(group, "_write_next", broken_once)
+    results = await enqueue_all(group, [spec(n) for n in range(2)])
+    assert all(isinstance(r, ZeroDivisionError) for r in results) and not db.jobs
+    [record] = [r for r in caplog.records if getattr(r, "action", "") == "group_commit_failed"]
+    assert record.exc_info is not None
+    jobs = await asyncio.wait_for(enqueue_all(group, [spec(n) for n in range(2, 4)]), 30)
+    assert [job.payload for job in jobs] == [{"n": 2}, {"n": 3}]
+
+
+async def test_close_writes_every_waiting_job_before_it_returns() -> None:
+    db = MemoryDatabase()
+    group = committer(db, window=60.0)
+    waiting = [asyncio.ensure_future(group.enqueue(spec(n))) for n in range(3)]
+    await asyncio.sleep(0)
+    writer(group).gate.clear()  # the group is slow to commit
+    closing = asyncio.ensure_future(group.close())
+    await asyncio.sleep(0.05)
+    assert not closing.done()  # it waits for the group being written
+    writer(group).gate.set()
+    await closing
+    assert all(w.done() for w in waiting) and group_sizes(db) == [3]
+    assert [w.result().payload for w in waiting] == [{"n": n} for n in range(3)]
+
+
+async def test_a_caller_that_gave_up_before_its_group_left_writes_nothing() -> None:
+    db = MemoryDatabase()
+    group = committer(db, window=60.0)
+    kept = asyncio.ensure_future(group.enqueue(spec(0)))
+    gone = asyncio.ensure_future(group.enqueue(spec(1)))
+    await asyncio.sleep(0)
+    gone.cancel()
+    await group.close()
+    job: Job = kept.result()
+    assert list(db.jobs) == [job.id] and gone.cancelled()
+
+
+def test_a_committer_closed_in_one_event_loop_serves_the_next() -> None:
+    db = MemoryDatabase()
+    # One job a group, one group at a time: groups wait for the slot, which
+    # ties it to the loop they wait in.
+    settings = Settings(group_commit_max_jobs=1, group_commit_groups=1)
+    group = GroupCommitter(Writer(db), settings)
+
+    async def use(first: int) -> list[Any]:
+        jobs = await enqueue_all(group, [spec(first), spec(first + 1)])
+        await group.close()
+        return jobs
+
+    for first in (0, 2):  # a new loop each time, as asyncio.run per call makes
+        jobs = asyncio.run(use(first))
+        assert [job.payload for job in jobs] == [{"n": first}, {"n": first + 1}]
+    assert len(db.sent("job_enqueue")) == 4  # one by one
