@@ -333,13 +333,19 @@ def test_soak_smoke(bench_url: str, out_dir: Path) -> None:
     from bench.faults import soak
 
     out = out_dir / "soak.json"
-    small = ["--minutes", "0.1", "--rate", "20", "--workers", "1", "--concurrency", "4"]
-    code = soak.main([*small, "--out", str(out)])
-    results = _read(out, "soak", "bench.faults.soak").results
+    small = ["--minutes", "0.1", "--workers", "1", "--concurrency", "4", "--capacity-jobs", "100"]
+    code = soak.main([*small, "--row-seconds", "2", "--out", str(out)])
+    record = _read(out, "soak", "bench.faults.soak")
+    results = record.results
     assert code == 0, results
-    assert results["jobs_enqueued"] > 0
+    assert results["capacity_jobs_per_second"] > 0
+    assert record.parameters["rate_per_second"] == pytest.approx(
+        0.5 * results["capacity_jobs_per_second"], rel=0.01
+    )
+    assert results["jobs_enqueued"] > 100
     assert results["jobs_lost"] == 0
-    assert results["start"]["samples"] >= 1
+    assert len(results["per_minute"]) >= 2
+    assert set(results["flatness"]["series"]) == set(soak.FLAT)
 
 
 PLOTTED = ["benchmark", "latency", "enqueue", "history", "compare"]
