@@ -3,8 +3,7 @@
 
     python -m bench.perf.latency_load [--seconds 10] [--loads 0.25,0.5,0.8]
                                       [--configs noop,io_10ms] [--capacity-jobs 20000]
-                                      [--producers 4] [--repeats 3]
-                                      [--analyze-seconds 0] [--out PATH]
+                                      [--producers 4] [--repeats 3] [--out PATH]
 
 On a fresh server on disk (fsync and synchronous_commit on), for each
 configuration (one forked ``AsyncWorker`` process, as bench.workers runs it):
@@ -26,9 +25,10 @@ configuration (one forked ``AsyncWorker`` process, as bench.workers runs it):
    commit; started_at is the claim's). Completion rate = jobs / (last finish
    - first start), database clock.
 
-``--analyze-seconds S`` (a diagnosis, off by default) runs ANALYZE on the
-jobs table every S seconds during each level: the planner then knows how
-many jobs are queued when it plans the claim (see docs/results.md).
+A third configuration, ``noop_analyzed`` (``--configs noop,io_10ms,noop_analyzed``),
+is a diagnosis: the ``noop`` one with ANALYZE of the jobs table every 0.5 s
+during each level, so that the planner knows how many jobs are queued when
+it plans the claim (see docs/results.md).
 
 Rounds are interleaved (each round measures its own capacity); the tables
 give the median of the rounds. Goal (issue 13): p99 < 25 ms at 50 % load
@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import statistics
 import threading
 import time
@@ -59,6 +60,8 @@ from pgqueue import Settings
 GOAL_P99_MS = 25.0
 GOAL_LOAD = 0.5
 PERCENTILES = ("p50_ms", "p95_ms", "p99_ms", "max_ms")
+# Also given as medians over the rounds.
+MEDIANS = ("completion_per_second", "achieved_per_second", "enqueue_p50_ms", "load_average_1m")
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,9 @@ class Config:
     task: str  # a bench.workers.HANDLERS name
     concurrency: int
     label: str
+    # A diagnosis: ANALYZE the jobs table this often during each level (0:
+    # never, as in production, where autovacuum decides when).
+    analyze_seconds: float = 0.0
 
 
 CONFIGS = {
@@ -75,7 +81,14 @@ CONFIGS = {
         f"no-op jobs, default worker (concurrency {Settings().concurrency})",
     ),
     "io_10ms": Config("io_10ms", 1000, "10 ms async I/O jobs, concurrency 1,000"),
+    "noop_analyzed": Config(
+        "noop",
+        Settings().concurrency,
+        "no-op jobs, default worker, ANALYZE every 0.5 s (diagnosis)",
+        analyze_seconds=0.5,
+    ),
 }
+DEFAULT_CONFIGS = ["noop", "io_10ms"]
 
 
 @contextlib.contextmanager
@@ -108,15 +121,17 @@ def level(url: str, config: Config, per_second: float, args: argparse.Namespace)
     settings = Settings(database_url=url, concurrency=config.concurrency)
     with (
         async_workers(1, settings, name=f"load-{config.task}", task=config.task) as procs,
-        analyzing(url, args.analyze_seconds),
+        analyzing(url, config.analyze_seconds),
     ):
         wait_connected(url, 1)
         production = open_loop(url, config.task, per_second, args.seconds, producers=args.producers)
+        load_average = os.getloadavg()[0]
         wait_drained(url, production.jobs, procs)
     return {
         **start_latency_percentiles(url, production.jobs),
         "completion_per_second": rate(url, production.jobs),
         **production.as_dict(),
+        "load_average_1m": round(load_average, 2),
     }
 
 
@@ -168,7 +183,7 @@ def tables(
     """Medians over the rounds, per configuration and load level."""
 
     def cell(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-        keys = (*PERCENTILES, "completion_per_second", "achieved_per_second", "enqueue_p50_ms")
+        keys = (*PERCENTILES, *MEDIANS)
         return {
             **{k: statistics.median(r[k] for r in rounds) for k in keys},
             "producer_kept_up": all(r["producer_kept_up"] for r in rounds),
@@ -196,17 +211,10 @@ def main(argv: list[str] | None = None) -> ResultRecord:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="production per level")
     parser.add_argument("--loads", type=_floats, default=[0.25, 0.5, 0.8])
-    parser.add_argument("--configs", type=_names, default=list(CONFIGS))
+    parser.add_argument("--configs", type=_names, default=DEFAULT_CONFIGS)
     parser.add_argument("--capacity-jobs", type=int, default=20_000)
     parser.add_argument("--producers", type=int, default=4, help="producer connections")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument(
-        "--analyze-seconds",
-        type=float,
-        default=0.0,
-        help="a diagnosis: ANALYZE the jobs table this often during each level (0: never, "
-        "as in production, where autovacuum decides)",
-    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     started = time.monotonic()
@@ -225,7 +233,6 @@ def main(argv: list[str] | None = None) -> ResultRecord:
             "capacity_jobs": args.capacity_jobs,
             "producers": args.producers,
             "repeats": args.repeats,
-            "analyze_seconds": args.analyze_seconds,
             "worker_processes": 1,
             "latency": "started_at - run_at, database clock (includes the producer's commit)",
             "producer": "open loop: a batch every 10 ms (enqueue_many) over the producer "

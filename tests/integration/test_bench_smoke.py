@@ -110,6 +110,41 @@ def test_latency_smoke(bench_url: str, out_dir: Path) -> None:
         assert 0 <= row["p50_ms"] <= row["p95_ms"] <= row["p99_ms"] <= row["max_ms"]
 
 
+def test_latency_load_smoke(bench_url: str, out_dir: Path) -> None:
+    from bench.perf import latency_load
+
+    out = out_dir / "latency_load.json"
+    small = ["--seconds", "1", "--repeats", "1", "--capacity-jobs", "200"]
+    latency_load.main([*small, "--configs", ",".join(latency_load.CONFIGS), "--out", str(out)])
+    record = _read(out, "latency_load", "bench.perf.latency_load")
+    levels = record.results["levels"]
+    assert set(levels) == set(latency_load.CONFIGS)
+    for per in levels.values():
+        assert set(per) == {"0.25", "0.5", "0.8"}, "every load level"
+        for cell in per.values():
+            assert 0 < cell["p50_ms"] <= cell["p95_ms"] <= cell["p99_ms"] <= cell["max_ms"], cell
+            assert cell["completion_per_second"] > 0
+            assert isinstance(cell["producer_kept_up"], bool)
+            (run,) = cell["runs"]
+            assert run["jobs"] > 0
+            assert run["target_per_second"] == pytest.approx(
+                run["load"] * run["capacity_per_second"], rel=0.01
+            )
+    for capacity in record.results["capacity_jobs_per_second"].values():
+        assert capacity["median"] > 0
+    assert record.results["goal"]["met"] == (
+        record.results["goal"]["p99_ms_noop_at_50_percent"] < 25
+    )
+
+
+def test_the_open_loop_schedule_offers_exactly_the_rate() -> None:
+    from bench.producer import _sizes
+
+    sizes = _sizes(1234.5, 0.01, 1000)  # ten seconds of 10 ms batches
+    assert sum(sizes) == round(1234.5 * 10)
+    assert set(sizes) <= {12, 13}
+
+
 def test_enqueue_smoke(bench_url: str, out_dir: Path) -> None:
     from bench.perf import enqueue
 
@@ -348,7 +383,7 @@ def test_soak_smoke(bench_url: str, out_dir: Path) -> None:
     assert set(results["flatness"]["series"]) == set(soak.FLAT)
 
 
-PLOTTED = ["benchmark", "latency", "enqueue", "history", "compare"]
+PLOTTED = ["benchmark", "latency", "enqueue", "history", "compare", "latency_load", "soak"]
 TABLE_HEADINGS = (
     "model single",
     "model batched",
@@ -356,6 +391,8 @@ TABLE_HEADINGS = (
     "enqueue.json",
     "history.json",
     "compare.json",
+    "latency_load.json",
+    "soak.json",
 )
 
 
