@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 
 from bench.record import ResultRecord
 
-__all__ = ["footer", "plt", "save"]
+__all__ = ["finish", "footer", "plt", "save"]
 
 
 def footer(fig: Any, record: ResultRecord) -> None:
@@ -36,3 +36,15 @@ def save(fig: Any, path: Path) -> Path:
     plt.close(fig)
     print(f"wrote {path}")
     return path
+
+
+def finish(
+    fig: Any, record: ResultRecord, path: Path, *, title: str = "", bottom: float = 0.04
+) -> Path:
+    """Title, footer, layout (``bottom`` of the figure left for the footer)
+    and save."""
+    if title:
+        fig.suptitle(title)
+    footer(fig, record)
+    fig.tight_layout(rect=(0, bottom, 1, 1))
+    return save(fig, path)

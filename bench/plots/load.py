@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.plots.common import footer, plt, save
+from bench.plots.common import finish, plt
 from bench.record import ResultRecord
 
 __all__ = ["latency_load_table", "plot_latency_load", "plot_soak", "soak_table"]
@@ -63,13 +63,11 @@ def plot_latency_load(record: ResultRecord, out: Path) -> Path:
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
     p = record.parameters
-    fig.suptitle(
+    title = (
         f"Latency under an open-loop load: {p['seconds_per_level']:g} s per level, "
         f"median of {p['repeats']} rounds (database clock)"
     )
-    footer(fig, record)
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    return save(fig, out / "latency_load.png")
+    return finish(fig, record, out / "latency_load.png", title=title)
 
 
 def plot_soak(record: ResultRecord, out: Path) -> Path:
@@ -91,15 +89,13 @@ def plot_soak(record: ResultRecord, out: Path) -> Path:
     axes.flat[-1].axis("off")
     p = record.parameters
     r = record.results
-    fig.suptitle(
+    title = (
         f"Soak: {p['seconds'] / 60:g} min at {p['rate_per_second']:g} jobs/s "
         f"({r['jobs_enqueued']:,} jobs, {r['jobs_lost']} lost), retention "
         f"{p['worker_settings']['retention_seconds']} s; "
         f"{'flat' if r['flatness']['flat'] else 'NOT flat'}"
     )
-    footer(fig, record)
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    return save(fig, out / "soak.png")
+    return finish(fig, record, out / "soak.png", title=title)
 
 
 def latency_load_table(record: ResultRecord) -> list[str]:

@@ -16,7 +16,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from bench.plots.common import footer, plt, save
+from bench.plots.common import finish, plt
 from bench.plots.load import latency_load_table, plot_latency_load, plot_soak, soak_table
 from bench.record import RESULTS, ResultRecord, read_result
 
@@ -96,9 +96,7 @@ def plot_benchmark(record: ResultRecord, out: Path) -> Path:
         f"Drain {s['jobs']:,} pre-loaded no-op jobs: SKIP LOCKED vs plain FOR UPDATE "
         f"(median of {s['repeats']}, whiskers min-max)"
     )
-    footer(fig, record)
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    return save(fig, out / "benchmark.png")
+    return finish(fig, record, out / "benchmark.png")
 
 
 def plot_latency(record: ResultRecord, out: Path) -> Path:
@@ -130,9 +128,7 @@ def plot_latency(record: ResultRecord, out: Path) -> Path:
         f"Enqueue-to-start latency: {s['jobs']:,} jobs at {s['rate_per_second']:g}/s "
         "from one producer (database clock)"
     )
-    footer(fig, record)
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    return save(fig, out / "latency.png")
+    return finish(fig, record, out / "latency.png")
 
 
 def _hbars(ax: Any, labels: list[str], stats: list[dict[str, float]], color: Any) -> None:
@@ -153,9 +149,7 @@ def plot_enqueue(record: ResultRecord, out: Path) -> Path:
     ax.set_xscale("log")
     ax.set_xlabel("jobs/s (log scale)")
     ax.set_title(f"Enqueue throughput, median of {record.parameters['repeats']}")
-    footer(fig, record)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    return save(fig, out / "enqueue.png")
+    return finish(fig, record, out / "enqueue.png", bottom=0.05)
 
 
 def plot_compare(record: ResultRecord, out: Path) -> Path:
@@ -171,9 +165,7 @@ def plot_compare(record: ResultRecord, out: Path) -> Path:
     ax.set_title(
         f"Drain {s['jobs']:,} pre-loaded no-op jobs with 1 worker process, median of {s['repeats']}"
     )
-    footer(fig, record)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    return save(fig, out / "compare.png")
+    return finish(fig, record, out / "compare.png", bottom=0.05)
 
 
 def plot_history(record: ResultRecord, out: Path) -> Path:
@@ -217,9 +209,7 @@ def plot_history(record: ResultRecord, out: Path) -> Path:
         ax.set_xlabel("finished jobs in the table")
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle("Does history slow pgqueue down? (median, min-max)")
-    footer(fig, record)
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    return save(fig, out / "history.png")
+    return finish(fig, record, out / "history.png")
 
 
 PLOTS = {
