@@ -40,6 +40,9 @@ def plot_latency_load(record: ResultRecord, out: Path) -> Path:
             ax.plot(
                 loads, [c[key] for c in per.values()], style, marker="o", color=color, label=label
             )
+        p99 = [[r["p99_ms"] for r in c["runs"]] for c in per.values()]
+        low, high = [min(v) for v in p99], [max(v) for v in p99]
+        ax.fill_between(loads, low, high, color="tab:red", alpha=0.12, label="p99 min-max")
         for x, cell in zip(loads, per.values(), strict=True):
             note = f"{cell['completion_per_second']:,.0f}/s done"
             if not cell["producer_kept_up"]:
@@ -101,16 +104,19 @@ def plot_soak(record: ResultRecord, out: Path) -> Path:
 def latency_load_table(record: ResultRecord) -> list[str]:
     out = [
         f"\nlatency_load.json (ms, median of {record.parameters['repeats']} rounds):\n",
-        "| jobs | load | offered/s | completed/s | p50 | p95 | p99 | max |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| jobs | load | offered/s | completed/s | p50 | p95 | p99 (min-max) | max "
+        "| enqueue p50 | load avg |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, per in record.results["levels"].items():
         for load, c in per.items():
             behind = "" if c["producer_kept_up"] else " (producer behind)"
+            p99 = [r["p99_ms"] for r in c["runs"]]
             out.append(
                 f"| {name} | {float(load):.0%} | {c['achieved_per_second']:,.0f}{behind} "
                 f"| {c['completion_per_second']:,.0f} | {c['p50_ms']:.1f} | {c['p95_ms']:.1f} "
-                f"| {c['p99_ms']:.1f} | {c['max_ms']:.1f} |"
+                f"| {c['p99_ms']:.1f} ({min(p99):.0f}-{max(p99):.0f}) | {c['max_ms']:.1f} "
+                f"| {c['enqueue_p50_ms']:.1f} | {c['load_average_1m']:.1f} |"
             )
     return out
 
