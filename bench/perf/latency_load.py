@@ -23,7 +23,9 @@ configuration (one forked ``AsyncWorker`` process, as bench.workers runs it):
    Latency = started_at - run_at of each job (database clock: run_at is the
    enqueue transaction's now(), so it includes the producer's COPY and
    commit; started_at is the claim's). Completion rate = jobs / (last finish
-   - first start), database clock.
+   - first start), database clock. And second by second (of run_at): how
+   many seconds had a median latency over 25 ms (a stall, or the whole
+   level?).
 
 A third configuration, ``noop_analyzed`` (``--configs noop,io_10ms,noop_analyzed``),
 is a diagnosis: the ``noop`` one with ANALYZE of the jobs table every 0.5 s
@@ -61,7 +63,13 @@ GOAL_P99_MS = 25.0
 GOAL_LOAD = 0.5
 PERCENTILES = ("p50_ms", "p95_ms", "p99_ms", "max_ms")
 # Also given as medians over the rounds.
-MEDIANS = ("completion_per_second", "achieved_per_second", "enqueue_p50_ms", "load_average_1m")
+MEDIANS = (
+    "completion_per_second",
+    "achieved_per_second",
+    "enqueue_p50_ms",
+    "load_average_1m",
+    "seconds_median_over_25_ms",
+)
 
 
 @dataclass(frozen=True)
@@ -114,6 +122,28 @@ def analyzing(url: str, every: float) -> Iterator[None]:
         thread.join()
 
 
+PER_SECOND_QUERY = """
+SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - run_at))
+       * 1000
+FROM pgqueue_jobs WHERE state = 'succeeded'
+GROUP BY date_trunc('second', run_at)
+"""
+
+
+def slow_seconds(url: str) -> dict[str, Any]:
+    """Second by second of enqueue (run_at): how many seconds had a median
+    start latency over the goal's 25 ms, and the worst second's median. A
+    p99 over a whole level is the worst stall of its window; this says
+    whether that was one stall or the whole level."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        medians = [row[0] for row in conn.execute(PER_SECOND_QUERY).fetchall()]
+    return {
+        "seconds": len(medians),
+        "seconds_median_over_25_ms": sum(m > GOAL_P99_MS for m in medians),
+        "worst_second_median_ms": round(max(medians), 2),
+    }
+
+
 def level(url: str, config: Config, per_second: float, args: argparse.Namespace) -> dict[str, Any]:
     """One load level against a fresh worker: the latency percentiles, the
     completion rate and what the producer achieved."""
@@ -131,6 +161,7 @@ def level(url: str, config: Config, per_second: float, args: argparse.Namespace)
         **start_latency_percentiles(url, production.jobs),
         "completion_per_second": rate(url, production.jobs),
         **production.as_dict(),
+        **slow_seconds(url),
         "load_average_1m": round(load_average, 2),
     }
 
