@@ -27,10 +27,16 @@ configuration (one forked ``AsyncWorker`` process, as bench.workers runs it):
    many seconds had a median latency over 25 ms (a stall, or the whole
    level?).
 
-A third configuration, ``noop_analyzed`` (``--configs noop,io_10ms,noop_analyzed``),
-is a diagnosis: the ``noop`` one with ANALYZE of the jobs table every 0.5 s
-during each level, so that the planner knows how many jobs are queued when
-it plans the claim (see docs/results.md).
+Two more configurations are diagnoses (``--configs noop,io_10ms,NAME``), the
+``noop`` one with one thing changed (see docs/results.md):
+
+* ``noop_analyzed``: ANALYZE of the jobs table every 0.5 s during each
+  level, so that the planner knows how many jobs are queued when it plans
+  the claim;
+* ``noop_quiet_acks``: ``notify_finished`` off, so that the worker's acks
+  send no NOTIFY and do not queue, with the producer's commits, for
+  PostgreSQL's one notification lock (held from before each such commit
+  until after its WAL flush).
 
 Rounds are interleaved (each round measures its own capacity); the tables
 give the median of the rounds. Goal (issue 13): p99 < 25 ms at 50 % load
@@ -80,6 +86,9 @@ class Config:
     # A diagnosis: ANALYZE the jobs table this often during each level (0:
     # never, as in production, where autovacuum decides when).
     analyze_seconds: float = 0.0
+    # Also a diagnosis: off, an ack's commit sends no NOTIFY (for wait()),
+    # so it does not queue for PostgreSQL's one notification lock.
+    notify_finished: bool = True
 
 
 CONFIGS = {
@@ -94,6 +103,12 @@ CONFIGS = {
         Settings().concurrency,
         "no-op jobs, default worker, ANALYZE every 0.5 s (diagnosis)",
         analyze_seconds=0.5,
+    ),
+    "noop_quiet_acks": Config(
+        "noop",
+        Settings().concurrency,
+        "no-op jobs, default worker, notify_finished off (diagnosis)",
+        notify_finished=False,
     ),
 }
 DEFAULT_CONFIGS = ["noop", "io_10ms"]
@@ -148,7 +163,11 @@ def level(url: str, config: Config, per_second: float, args: argparse.Namespace)
     """One load level against a fresh worker: the latency percentiles, the
     completion rate and what the producer achieved."""
     clear(url)
-    settings = Settings(database_url=url, concurrency=config.concurrency)
+    settings = Settings(
+        database_url=url,
+        concurrency=config.concurrency,
+        notify_finished=config.notify_finished,
+    )
     with (
         async_workers(1, settings, name=f"load-{config.task}", task=config.task) as procs,
         analyzing(url, config.analyze_seconds),
