@@ -283,7 +283,9 @@ def produce(
         if recorder.samples and any(rss == 0 for rss in recorder.samples[-1]["worker_rss_kib"]):
             raise RuntimeError("a worker process exited early")
         time.sleep(max(0.0, min(next_batch, next_sample, next_row) - time.monotonic()))
-    if not recorder.rows:  # a run shorter than one row still reports one
+    # The row the end of production falls on (a run shorter than one row
+    # still reports one); a stub of less than half a row is left out.
+    if not recorder.rows or time.monotonic() - (next_row - row_seconds) >= row_seconds / 2:
         recorder.row(time.monotonic() - started, row_behind)
     return ids, max(behind, row_behind)
 
