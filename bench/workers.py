@@ -35,7 +35,17 @@ def noop_sync(job: Job) -> None:
     """Do nothing, on the worker's thread pool."""
 
 
-HANDLERS: dict[str, Callable[[Job], Any]] = {"noop": noop, "noop_sync": noop_sync}
+async def io_10ms(job: Job) -> None:
+    """Wait 10 ms without holding the event loop: a job that is mostly I/O
+    (a call to another service), where concurrency decides throughput."""
+    await asyncio.sleep(0.01)
+
+
+HANDLERS: dict[str, Callable[[Job], Any]] = {
+    "noop": noop,
+    "noop_sync": noop_sync,
+    "io_10ms": io_10ms,
+}
 
 
 def _async_worker(
@@ -45,13 +55,14 @@ def _async_worker(
     name: str,
     queues: Sequence[str] | None,
     listen: bool,
+    task: str,
 ) -> None:
-    """A forked child: an AsyncWorker on the no-op handler, working from the
-    barrier's release until ``done`` is set."""
+    """A forked child: an AsyncWorker on the handler HANDLERS[task], working
+    from the barrier's release until ``done`` is set."""
 
     async def main() -> None:
         worker = AsyncWorker(
-            {"noop": noop}, settings=settings, queues=queues, name=name, listen=listen
+            {task: HANDLERS[task]}, settings=settings, queues=queues, name=name, listen=listen
         )
         barrier.wait(BARRIER_TIMEOUT)
         runner = asyncio.create_task(worker.run())
@@ -74,16 +85,18 @@ def async_workers(
     name: str,
     queues: Sequence[str] | None = None,
     listen: bool = True,
+    task: str = "noop",
 ) -> Iterator[list[ForkProcess]]:
-    """``count`` forked AsyncWorker processes (named NAME-i), released
-    together as the block starts; stopped when it ends (killed after 60 s)."""
+    """``count`` forked AsyncWorker processes (named NAME-i) on the handler
+    HANDLERS[task], released together as the block starts; stopped when it
+    ends (killed after 60 s)."""
     ctx = mp.get_context("fork")
     barrier = ctx.Barrier(count + 1)
     done = ctx.Event()
     procs = [
         ctx.Process(
             target=_async_worker,
-            args=(settings, barrier, done, f"{name}-{i}", queues, listen),
+            args=(settings, barrier, done, f"{name}-{i}", queues, listen, task),
             daemon=True,
         )
         for i in range(count)
@@ -148,18 +161,19 @@ def drain(
     workers: int = 1,
     concurrency: int = 100,
     timings: dict[str, float] | None = None,
+    task: str = "noop",
 ) -> float:
-    """Pre-load ``jobs`` no-op jobs, release ``workers`` AsyncWorker
-    processes together, return jobs/s (first start to last finish, database
-    clock). ``timings`` gets the enqueue_many time."""
+    """Pre-load ``jobs`` jobs of ``task`` (a HANDLERS name), release
+    ``workers`` AsyncWorker processes together, return jobs/s (first start
+    to last finish, database clock). ``timings`` gets the enqueue_many time."""
     clear(url)
     with Queue(url, settings=Settings(database_url=url, pool_min_size=0, pool_max_size=1)) as q:
         began = time.perf_counter()
-        q.enqueue_many([{"task": "noop"}] * jobs)
+        q.enqueue_many([{"task": task}] * jobs)
         if timings is not None:
             timings["enqueue_seconds"] = time.perf_counter() - began
     settings = Settings(database_url=url, concurrency=concurrency)
-    with async_workers(workers, settings, name="bench") as procs:
+    with async_workers(workers, settings, name="bench", task=task) as procs:
         wait_drained(url, jobs, procs)
     codes = [p.exitcode for p in procs]
     if any(codes):

@@ -2,10 +2,10 @@
 
     python -m bench.plots.plot [--results results/] [--out-dir results/] [--markdown]
 
-Reads benchmark.json, latency.json, enqueue.json, history.json and
-compare.json (whichever exist; bench.record.read_result reads the files
-written before the record too) and writes benchmark.png, latency.png,
-enqueue.png, history.png and compare.png. Bars and points are medians;
+Reads benchmark.json, latency.json, enqueue.json, history.json,
+compare.json, latency_load.json and soak.json (whichever exist;
+bench.record.read_result reads the files written before the record too) and
+writes a PNG of each (the last two drawn by bench.plots.load). Bars and points are medians;
 whiskers span min to max of the repeats. --markdown prints the same tables
 as Markdown instead (docs/results.md's tables are copied from that output).
 """
@@ -16,11 +16,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
+from bench.plots.common import finish, plt
+from bench.plots.load import latency_load_table, plot_latency_load, plot_soak, soak_table
 from bench.record import RESULTS, ResultRecord, read_result
 
 MODE_LABELS = {"skip_locked": "FOR UPDATE SKIP LOCKED", "for_update": "plain FOR UPDATE"}
@@ -38,20 +35,6 @@ def _load(folder: Path, name: str) -> ResultRecord | None:
         print(f"no {path}: skipping {name}.png")
         return None
     return read_result(path)
-
-
-def _footer(fig: Any, record: ResultRecord) -> None:
-    m, s = record.machine, record.server
-    fig.text(
-        0.01,
-        0.01,
-        f"{m.get('cores')} cores {m.get('cpu', '')}, PostgreSQL {s.get('server_version')} "
-        f"(fsync {s.get('fsync')}, synchronous_commit {s.get('synchronous_commit')}); "
-        f"shared machine, medians with min-max; {record.created_at[:10]}, "
-        f"commit {record.git_commit}",
-        fontsize=7,
-        color="0.4",
-    )
 
 
 def _errs(stats: list[dict[str, float]]) -> list[list[float]]:
@@ -113,9 +96,7 @@ def plot_benchmark(record: ResultRecord, out: Path) -> Path:
         f"Drain {s['jobs']:,} pre-loaded no-op jobs: SKIP LOCKED vs plain FOR UPDATE "
         f"(median of {s['repeats']}, whiskers min-max)"
     )
-    _footer(fig, record)
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    return _save(fig, out / "benchmark.png")
+    return finish(fig, record, out / "benchmark.png")
 
 
 def plot_latency(record: ResultRecord, out: Path) -> Path:
@@ -147,9 +128,7 @@ def plot_latency(record: ResultRecord, out: Path) -> Path:
         f"Enqueue-to-start latency: {s['jobs']:,} jobs at {s['rate_per_second']:g}/s "
         "from one producer (database clock)"
     )
-    _footer(fig, record)
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    return _save(fig, out / "latency.png")
+    return finish(fig, record, out / "latency.png")
 
 
 def _hbars(ax: Any, labels: list[str], stats: list[dict[str, float]], color: Any) -> None:
@@ -170,9 +149,7 @@ def plot_enqueue(record: ResultRecord, out: Path) -> Path:
     ax.set_xscale("log")
     ax.set_xlabel("jobs/s (log scale)")
     ax.set_title(f"Enqueue throughput, median of {record.parameters['repeats']}")
-    _footer(fig, record)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    return _save(fig, out / "enqueue.png")
+    return finish(fig, record, out / "enqueue.png", bottom=0.05)
 
 
 def plot_compare(record: ResultRecord, out: Path) -> Path:
@@ -188,9 +165,7 @@ def plot_compare(record: ResultRecord, out: Path) -> Path:
     ax.set_title(
         f"Drain {s['jobs']:,} pre-loaded no-op jobs with 1 worker process, median of {s['repeats']}"
     )
-    _footer(fig, record)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    return _save(fig, out / "compare.png")
+    return finish(fig, record, out / "compare.png", bottom=0.05)
 
 
 def plot_history(record: ResultRecord, out: Path) -> Path:
@@ -234,17 +209,7 @@ def plot_history(record: ResultRecord, out: Path) -> Path:
         ax.set_xlabel("finished jobs in the table")
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle("Does history slow pgqueue down? (median, min-max)")
-    _footer(fig, record)
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    return _save(fig, out / "history.png")
-
-
-def _save(fig: Any, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print(f"wrote {path}")
-    return path
+    return finish(fig, record, out / "history.png")
 
 
 PLOTS = {
@@ -253,6 +218,8 @@ PLOTS = {
     "enqueue": plot_enqueue,
     "compare": plot_compare,
     "history": plot_history,
+    "latency_load": plot_latency_load,
+    "soak": plot_soak,
 }
 
 
@@ -347,6 +314,8 @@ TABLES = {
     "enqueue": _enqueue_table,
     "history": _history_table,
     "compare": _compare_table,
+    "latency_load": latency_load_table,
+    "soak": soak_table,
 }
 
 

@@ -110,6 +110,59 @@ def test_latency_smoke(bench_url: str, out_dir: Path) -> None:
         assert 0 <= row["p50_ms"] <= row["p95_ms"] <= row["p99_ms"] <= row["max_ms"]
 
 
+def test_latency_load_smoke(bench_url: str, out_dir: Path) -> None:
+    from bench.perf import latency_load
+
+    out = out_dir / "latency_load.json"
+    small = ["--seconds", "1", "--repeats", "1", "--capacity-jobs", "200"]
+    # The I/O handler, the no-op one and the ANALYZE thread of a diagnosis.
+    configs = ["io_10ms", "noop_analyzed"]
+    latency_load.main([*small, "--configs", ",".join(configs), "--out", str(out)])
+    record = _read(out, "latency_load", "bench.perf.latency_load")
+    levels = record.results["levels"]
+    assert list(levels) == configs
+    for per in levels.values():
+        assert set(per) == {"0.25", "0.5", "0.8"}, "every load level"
+        for cell in per.values():
+            assert 0 < cell["p50_ms"] <= cell["p95_ms"] <= cell["p99_ms"] <= cell["max_ms"], cell
+            assert cell["completion_per_second"] > 0
+            assert isinstance(cell["producer_kept_up"], bool)
+            (run,) = cell["runs"]
+            assert run["jobs"] > 0
+            assert 1 <= run["seconds"] <= 3  # seconds of enqueue, for a level of 1 s
+            assert 0 <= run["seconds_median_over_25_ms"] <= run["seconds"]
+            assert run["target_per_second"] == pytest.approx(
+                run["load"] * run["capacity_per_second"], rel=0.01
+            )
+    for capacity in record.results["capacity_jobs_per_second"].values():
+        assert capacity["median"] > 0
+    assert "goal" not in record.results  # it is the noop configuration's, not run here
+
+
+def test_the_latency_goal_is_the_median_p99_of_the_noop_configuration_at_half_load() -> None:
+    from bench.perf.latency_load import MEDIANS, tables
+
+    def run(p99: float) -> dict[str, object]:
+        cells = dict.fromkeys(("p50_ms", "p95_ms", "max_ms", *MEDIANS), 1.0)
+        return cells | {"p99_ms": p99, "producer_kept_up": True}
+
+    runs = {"noop": {"0.25": [run(5.0)], "0.5": [run(20.0), run(24.0), run(900.0)]}}
+    goal = tables({"noop": [1000.0]}, runs)["goal"]
+    assert goal["p99_ms_noop_at_50_percent"] == 24.0
+    assert goal["met"] is True
+    assert goal["met_in_rounds"] == 2
+    runs["noop"]["0.5"][1] = run(25.0)
+    assert tables({"noop": [1000.0]}, runs)["goal"]["met"] is False
+
+
+def test_the_open_loop_schedule_offers_exactly_the_rate() -> None:
+    from bench.producer import _sizes
+
+    sizes = _sizes(1234.5, 0.01, 1000)  # ten seconds of 10 ms batches
+    assert sum(sizes) == round(1234.5 * 10)
+    assert set(sizes) <= {12, 13}
+
+
 def test_enqueue_smoke(bench_url: str, out_dir: Path) -> None:
     from bench.perf import enqueue
 
@@ -349,16 +402,22 @@ def test_soak_smoke(bench_url: str, out_dir: Path) -> None:
     from bench.faults import soak
 
     out = out_dir / "soak.json"
-    small = ["--minutes", "0.1", "--rate", "20", "--workers", "1", "--concurrency", "4"]
-    code = soak.main([*small, "--out", str(out)])
-    results = _read(out, "soak", "bench.faults.soak").results
+    small = ["--minutes", "0.1", "--workers", "1", "--concurrency", "4", "--capacity-jobs", "100"]
+    code = soak.main([*small, "--row-seconds", "2", "--out", str(out)])
+    record = _read(out, "soak", "bench.faults.soak")
+    results = record.results
     assert code == 0, results
-    assert results["jobs_enqueued"] > 0
+    assert results["capacity_jobs_per_second"] > 0
+    assert record.parameters["rate_per_second"] == pytest.approx(
+        0.5 * results["capacity_jobs_per_second"], rel=0.01
+    )
+    assert results["jobs_enqueued"] > 100
     assert results["jobs_lost"] == 0
-    assert results["start"]["samples"] >= 1
+    assert len(results["per_minute"]) >= 2
+    assert set(results["flatness"]["series"]) == set(soak.FLAT)
 
 
-PLOTTED = ["benchmark", "latency", "enqueue", "history", "compare"]
+PLOTTED = ["benchmark", "latency", "enqueue", "history", "compare", "latency_load", "soak"]
 TABLE_HEADINGS = (
     "model single",
     "model batched",
@@ -366,6 +425,8 @@ TABLE_HEADINGS = (
     "enqueue.json",
     "history.json",
     "compare.json",
+    "latency_load.json",
+    "soak.json",
 )
 
 
