@@ -143,10 +143,10 @@ def pgbench_script(bare: bool) -> str:
             "AND j.state = 'running'"
         )
     else:
-        # The worker's own statements; the claim's final SELECT becomes a CTE.
+        # The worker's own statements: the claim's CTEs, up to the line that
+        # closes the last one, without its final SELECT.
         text = QUERIES["job_claim"]
-        head, _, _ = text.rpartition("SELECT * FROM claimed")
-        claim = head.rstrip().rstrip(",")
+        claim = text[: text.rindex("\n)") + 2]
         finish = QUERIES["job_finish"]
     claim += (
         "\nSELECT array_agg(id) AS ids, array_agg(lease_token) AS tokens, "
