@@ -26,19 +26,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
+import psycopg
+
 from ..jobs import Job
 from ..settings import Settings
-from ..transitions import claim, next_wake, queues_with_jobs
+from ..transitions import claim, next_wake, queues_with_jobs, release
 from .connection import FlowRunner
-from .faults import WAIT_OUT, Backoff, EventLog
-from .registry import HeldJobs
+from .faults import WAIT_OUT, Backoff, EventLog, short
+from .registry import Held, HeldJobs
 
 __all__ = ["Producer"]
 
 Listen = Callable[[], AsyncIterator[str | None]]
+
+# Claim ahead for this many claims' round trips: room for a claim slower
+# than the last, and for the pace to grow when the slots were starved.
+PACE_MARGIN = 2
 
 
 class Producer:
@@ -71,6 +78,7 @@ class Producer:
         self._turn = 0  # which queue comes first in the round-robin
         self._sparse: frozenset[str] = frozenset()  # queues that gave nothing last time
         self._limited: frozenset[str] = frozenset()  # queues with a concurrency limit
+        self._paced = (time.monotonic(), 0)  # (when, jobs finished) at the last full claim
 
     def wake(self) -> None:
         self._wake.set()
@@ -91,8 +99,13 @@ class Producer:
         """Claim whenever there are free slots and work may be ready, until stopped."""
         backoff = Backoff(self.events, "claim")
         while not self.stopping:
+            # Let the handlers of the jobs just started run first, so that the
+            # claim is sized by the slots they free (no-op jobs free them at once).
+            await asyncio.sleep(0)
             free = self.held.free_slots()
-            if free == 0:
+            # With jobs claimed ahead, wait until half of them have started,
+            # so that a busy worker claims in batches, not a job at a time.
+            if free == 0 or self.held.waiting > self.held.ahead // 2:
                 self.held.slot_freed.clear()
                 await self.held.slot_freed.wait()
                 continue
@@ -101,6 +114,7 @@ class Producer:
                 if self.stopping:
                     break
             self._wake.clear()
+            sent_at = time.monotonic()
             try:
                 await self._list_queues()
                 jobs = await self.conn.run(
@@ -118,9 +132,45 @@ class Producer:
                 await backoff.failed(exc)
                 continue
             backoff.succeeded()
+            if len(jobs) == free:  # (a short claim says the queues ran dry, not the buffer)
+                self._pace(sent_at)
             self._claimed(jobs, full=len(jobs) == free)
             if not self._last_claim_full:
                 await self._refresh_next_due()
+
+    def _pace(self, sent_at: float) -> None:
+        """Claim ahead as many jobs as start during PACE_MARGIN claims'
+        round trips at the rate jobs ended since the last full claim: those
+        the buffer must hold for the slots to stay busy while the next claim
+        is out. Long jobs end slowly: a job or so ahead."""
+        now, finished = time.monotonic(), self.held.finished
+        rate = (finished - self._paced[1]) / max(now - self._paced[0], 1e-6)
+        wanted = math.ceil(PACE_MARGIN * rate * (now - sent_at))
+        self.held.ahead = min(self.held.prefetch, wanted)
+        self._paced = (now, finished)
+
+    async def give_back(self, waiting: Sequence[Held]) -> None:
+        """Stopping: queue again at once the claimed jobs that never started
+        (not after their leases expire); after a fault, the leases will."""
+        leases = [(h.job.id, h.job.lease_token or 0) for h in waiting if not h.lost]
+        try:
+            await self.conn.run(release(leases))
+        # A claim cut short by the shutdown's deadline may leave its
+        # connection unusable: the leases are the backstop either way.
+        except (*WAIT_OUT, psycopg.Error) as exc:
+            self.events(
+                logging.WARNING,
+                "shutdown",
+                "could not give back %d prefetched jobs (%s); they return to the queue "
+                "when their leases expire",
+                len(leases),
+                short(exc),
+            )
+            return
+        if leases:
+            self.events(
+                logging.INFO, "shutdown", "gave back %d prefetched jobs, never started", len(leases)
+            )
 
     def seconds_since_claim(self) -> float | None:
         """Since the last claim statement that worked (None: none yet)."""
