@@ -89,7 +89,8 @@ class Outcome:
     def success(cls, job: Job, result: Any) -> Outcome:
         """A success, unless the result cannot be stored: then a failed attempt."""
         try:
-            text = dump_json(result, "result")
+            # (None, what most handlers return, needs no encoder: a job's cost)
+            text = "null" if result is None else dump_json(result, "result")
         except InvalidJob as exc:
             return cls.failure(job, f"handler returned a result PostgreSQL cannot store: {exc}")
         return cls(job.id, _token(job), True, result_json=text)
