@@ -242,3 +242,79 @@ async def test_a_stopping_worker_gives_back_its_prefetched_jobs_at_once() -> Non
         assert row["attempts"] == 0 and row["lease_expires_at"] is None
     started = [i for i in ids if i not in waiting and db.state(i) != "queued"]
     assert {db.state(i) for i in started} == {"succeeded"} and len(started) == 2
+
+
+class CountedClaims(MemoryConnection):
+    """Claims that take 20 ms, counted while in flight (shared by two)."""
+
+    in_flight: list[int] = []  # the limits of the claims in flight
+    most = 0
+
+    async def run(self, flow: Any) -> Any:
+        db, counted = self.db, type(self)
+
+        class Session:
+            async def execute(self, statement: Any) -> list[Any]:
+                if statement.name != "job_claim":
+                    return db.execute(statement)
+                counted.in_flight.append(statement.params["limit"])
+                counted.most = max(counted.most, len(counted.in_flight))
+                await asyncio.sleep(0.02)
+                counted.in_flight.remove(statement.params["limit"])
+                assert sum(counted.in_flight) + statement.params["limit"] <= 25
+                return db.execute(statement)
+
+        return await driver.run_async(flow, Session())
+
+
+async def test_two_claimers_overlap_and_never_ask_for_more_than_the_room() -> None:
+    db = MemoryDatabase()
+    for _ in range(400):
+        db.add()
+    held = HeldJobs(10, prefetch=15)
+    ended: list[Any] = []
+
+    def start(jobs: list[Job]) -> None:  # every job ends 5 ms after it starts
+        for job in jobs:
+            held.hold_waiting(job)
+        start_ready()
+
+    def start_ready() -> None:
+        while (entry := held.next_ready()) is not None:
+            asyncio.get_running_loop().call_later(0.005, end, entry)
+
+    def end(entry: Any) -> None:
+        held.handler_finished(entry)
+        held.release(entry.job.id, entry)
+        ended.append(entry)
+        start_ready()
+
+    one, two = CountedClaims(db), CountedClaims(db)
+    producer = Producer(one, held, SETTINGS, EVENTS, queues=None, start=start, more=[two])
+    task = asyncio.create_task(producer.claim_loop())
+    await until(lambda: len(ended) == 400)
+    producer.stop()
+    await asyncio.wait_for(task, 5)
+    assert CountedClaims.most == 2  # a claim went out while the other was in flight
+    assert held.running == 0 and len(held) == 0
+
+
+async def test_an_idle_producer_polls_with_one_claim_not_two() -> None:
+    db = MemoryDatabase()
+    db.add()
+    producer = Producer(
+        MemoryConnection(db),
+        HeldJobs(10),
+        SETTINGS,
+        EVENTS,
+        queues=["default"],
+        start=lambda jobs: None,
+        more=[MemoryConnection(db)],
+    )
+    task = asyncio.create_task(producer.claim_loop())
+    await until(lambda: db.jobs[1]["state"] == "running")
+    claims = len(db.sent("job_claim"))
+    await asyncio.sleep(SETTINGS.poll_interval_seconds * 4.5)
+    producer.stop()
+    await asyncio.wait_for(task, 5)
+    assert len(db.sent("job_claim")) - claims <= 5  # one per poll interval

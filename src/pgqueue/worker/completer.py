@@ -33,7 +33,7 @@ from ..jobs import Job, JobState
 from ..settings import Settings
 from ..transitions import Outcome, finish, finish_groups
 from .connection import FlowRunner
-from .faults import WAIT_OUT, Backoff, EventLog, short
+from .faults import WAIT_OUT, Backoff, EventLog, short, together
 from .registry import Held, HeldJobs, Stage
 
 __all__ = ["ACK_BATCH_MAX", "ACK_DELAY_SECONDS", "Completer"]
@@ -101,15 +101,7 @@ class Completer:
     async def write_loop(self) -> None:
         """Write batches of outcomes as they come, for ever, one writer per
         connection; a writer's unexpected error ends them all and is raised."""
-        writers = [asyncio.create_task(self._writer(conn)) for conn in self.conns]
-        try:
-            done, _ = await asyncio.wait(writers, return_when=asyncio.FIRST_EXCEPTION)
-            for task in done:
-                task.result()
-        finally:
-            for task in writers:
-                task.cancel()
-            await asyncio.gather(*writers, return_exceptions=True)
+        await together(self._writer(conn) for conn in self.conns)
 
     async def _writer(self, conn: FlowRunner) -> None:
         backoff = Backoff(self.events, "writing outcomes")

@@ -62,7 +62,7 @@ log = logging.getLogger("pgqueue.worker")
 Hints = Callable[[str], AsyncIterator[str | None]]
 
 # The worker's connections besides LISTEN (see run()); docs/worker.md counts them.
-CONNECTIONS = 4
+CONNECTIONS = 5
 
 
 def default_worker_name() -> str:
@@ -159,8 +159,8 @@ class AsyncWorker:
             self._stop_requested.set()
         if not self.url:
             self.url = await asyncio.to_thread(resolve_url, self.settings)
-        # Claims, outcomes (two, so that a batch goes out while the previous
-        # one commits), and upkeep (heartbeats, maintenance, schedules).
+        # Claims and outcomes (two each, so that one statement goes out while
+        # the other commits), and upkeep (heartbeats, maintenance, schedules).
         connections = [self._connect(self.url) for _ in range(CONNECTIONS)]
         self._build(*connections)
         self.processes.start()
@@ -231,15 +231,14 @@ class AsyncWorker:
 
     # -- wiring and supervision ----------------------------------------------------
 
-    def _build(
-        self, claims: FlowRunner, outcomes: FlowRunner, more: FlowRunner, upkeep: FlowRunner
-    ) -> None:
+    def _build(self, *conns: FlowRunner) -> None:
         s, events = self.settings, self.events
+        claims, claims2, outcomes, outcomes2, upkeep = conns
         self.producer = Producer(
-            claims, self.held, s, events, queues=self.queues, start=self._start
+            claims, self.held, s, events, queues=self.queues, start=self._start, more=[claims2]
         )
         self.completer = Completer(
-            outcomes, self.held, s, events, self.producer.jobs_ended, more=[more]
+            outcomes, self.held, s, events, self.producer.jobs_ended, more=[outcomes2]
         )
         info = WorkerInfo(
             self.name, socket.gethostname(), os.getpid(), _version(), self.queues, self.concurrency
