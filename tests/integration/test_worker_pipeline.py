@@ -62,15 +62,15 @@ async def test_a_concurrency_limit_counts_prefetched_jobs_and_is_never_exceeded(
     limit = 8  # more than the workers' 6 slots: only prefetched jobs can reach it
     await aqueue.set_limits("q", concurrency_limit=limit)
     jobs = await aqueue.enqueue_many([{"task": "work", "queue": "q"}] * 400)
-    handlers = 0
+    started: set[int] = set()  # the jobs whose handlers run now
     most_handlers = 0
 
     async def work(job: Job) -> None:
-        nonlocal handlers, most_handlers
-        handlers += 1
-        most_handlers = max(most_handlers, handlers)
+        nonlocal most_handlers
+        started.add(job.id)
+        most_handlers = max(most_handlers, len(started))
         await asyncio.sleep(0.005)
-        handlers -= 1
+        started.discard(job.id)
 
     prefetching = settings.replace(prefetch=10)
     workers = [

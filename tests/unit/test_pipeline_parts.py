@@ -86,15 +86,26 @@ def test_taken_waiting_jobs_never_start() -> None:
 
 
 class SlowClaims(MemoryConnection):
-    """Claims that take 20 ms to come back, as over a slow commit."""
+    """Claims that take 20 ms to come back, as over a slow commit. ``out``
+    (shared by the connections of one producer) holds the limits of the
+    claims in flight; ``peaks``, at each send, how many were in flight and
+    how many jobs they asked for in all."""
+
+    def __init__(self, db: MemoryDatabase, out: list[int] | None = None) -> None:
+        super().__init__(db)
+        self.out = [] if out is None else out
+        self.peaks: list[tuple[int, int]] = []
 
     async def run(self, flow: Any) -> Any:
-        db = self.db
+        db, out, peaks = self.db, self.out, self.peaks
 
         class Session:
             async def execute(self, statement: Any) -> list[Any]:
                 if statement.name == "job_claim":
+                    out.append(statement.params["limit"])
+                    peaks.append((len(out), sum(out)))
                     await asyncio.sleep(0.02)
+                    out.remove(statement.params["limit"])
                 return db.execute(statement)
 
         return await driver.run_async(flow, Session())
@@ -244,29 +255,6 @@ async def test_a_stopping_worker_gives_back_its_prefetched_jobs_at_once() -> Non
     assert {db.state(i) for i in started} == {"succeeded"} and len(started) == 2
 
 
-class CountedClaims(MemoryConnection):
-    """Claims that take 20 ms, counted while in flight (shared by two)."""
-
-    in_flight: list[int] = []  # the limits of the claims in flight
-    most = 0
-
-    async def run(self, flow: Any) -> Any:
-        db, counted = self.db, type(self)
-
-        class Session:
-            async def execute(self, statement: Any) -> list[Any]:
-                if statement.name != "job_claim":
-                    return db.execute(statement)
-                counted.in_flight.append(statement.params["limit"])
-                counted.most = max(counted.most, len(counted.in_flight))
-                await asyncio.sleep(0.02)
-                counted.in_flight.remove(statement.params["limit"])
-                assert sum(counted.in_flight) + statement.params["limit"] <= 25
-                return db.execute(statement)
-
-        return await driver.run_async(flow, Session())
-
-
 async def test_two_claimers_overlap_and_never_ask_for_more_than_the_room() -> None:
     db = MemoryDatabase()
     for _ in range(400):
@@ -289,13 +277,16 @@ async def test_two_claimers_overlap_and_never_ask_for_more_than_the_room() -> No
         ended.append(entry)
         start_ready()
 
-    one, two = CountedClaims(db), CountedClaims(db)
+    one = SlowClaims(db)
+    two = SlowClaims(db, one.out)
     producer = Producer(one, held, SETTINGS, EVENTS, queues=None, start=start, more=[two])
     task = asyncio.create_task(producer.claim_loop())
     await until(lambda: len(ended) == 400)
     producer.stop()
     await asyncio.wait_for(task, 5)
-    assert CountedClaims.most == 2  # a claim went out while the other was in flight
+    counts, asked = zip(*(one.peaks + two.peaks), strict=True)
+    assert max(counts) == 2  # a claim went out while the other was in flight
+    assert max(asked) <= 25  # never more than concurrency + prefetch asked for at once
     assert held.running == 0 and len(held) == 0
 
 
