@@ -13,6 +13,11 @@ Interleaving puts the machine's drift on both sides alike; the figures to
 read are the medians of the paired ratios, after over before, of the rate
 and of the ratio to the same run's pure-SQL reference.
 
+With PGOPTIONS set (libpq passes it to the server for every connection,
+both sides' and pgbench's), both sides run with those server settings:
+``PGOPTIONS="-c commit_delay=2000 -c commit_siblings=0"`` makes every
+commit wait about 2 ms, as on a slow disk; the record keeps it.
+
 Writes results/<NAME>.json (default: before_after).
 """
 
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -121,6 +127,10 @@ def main(argv: list[str] | None = None) -> ResultRecord:
             "jobs": args.jobs,
             "scenarios": scenarios,
             "interleaved": True,
+            # Server settings given to every connection of both sides and of
+            # pgbench, e.g. "-c commit_delay=2000 -c commit_siblings=0" for
+            # commits as slow as a cloud disk's (libpq reads PGOPTIONS).
+            "pgoptions": os.environ.get("PGOPTIONS"),
         },
         results=results,
     )
