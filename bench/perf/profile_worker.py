@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from bench.common import bench_database, rate
 from bench.perf.worker_throughput import ROOT
@@ -45,6 +46,9 @@ def main(argv: list[str] | None = None) -> None:
             finally:
                 proc.send_signal(signal.SIGINT)  # py-spy passes it on and writes the graph
                 proc.wait(timeout=120)
+        # py-spy writes the command line into the graph: not the URL's password.
+        out = Path(args.out)
+        out.write_text(out.read_text().replace(url, "postgresql://(the benchmark database)"))
         print(f"{rate(url, args.jobs):,.0f} jobs/s under the profiler; written to {args.out}")
 
 

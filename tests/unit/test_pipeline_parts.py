@@ -34,15 +34,15 @@ def claimed(db: MemoryDatabase, count: int) -> list[Job]:
 
 def test_waiting_jobs_start_in_claim_order_as_slots_free_up() -> None:
     held = HeldJobs(2, prefetch=3)
-    jobs = claimed(MemoryDatabase(), 5)
-    entries = [held.hold_waiting(job) for job in jobs]
-    assert all(e.stage is Stage.WAITING for e in entries) and held.waiting == 5
-    first, second = held.next_ready(), held.next_ready()
-    assert (first, second) == (entries[0], entries[1]) and held.running == 2
+    jobs = claimed(MemoryDatabase(), 6)
+    entries = [held.hold(job) for job in jobs[:5]]
+    assert [e.stage for e in entries] == [Stage.RUNNING] * 2 + [Stage.WAITING] * 3
+    assert held.running == 2 and held.waiting == 3
     assert held.next_ready() is None  # no free slot
-    assert first is not None
-    held.handler_finished(first)
-    assert held.next_ready() is entries[2] and held.running == 2 and held.waiting == 2
+    held.handler_finished(entries[0])
+    # A job claimed now waits behind those claimed before, though a slot is free.
+    assert held.hold(jobs[5]).stage is Stage.WAITING
+    assert held.next_ready() is entries[2] and held.running == 2 and held.waiting == 3
 
 
 def test_claims_reach_ahead_of_the_free_slots_by_ahead_and_no_further() -> None:
@@ -51,7 +51,7 @@ def test_claims_reach_ahead_of_the_free_slots_by_ahead_and_no_further() -> None:
     held.ahead = 6
     assert held.free_slots() == 10
     for job in claimed(MemoryDatabase(), 10):
-        held.hold_waiting(job)
+        held.hold(job)
     while held.next_ready():
         pass
     assert held.running == 4 and held.waiting == 6 and held.free_slots() == 0
@@ -68,17 +68,20 @@ def test_unwritten_outcomes_bound_the_claims_under_an_outage() -> None:
 
 def test_leases_of_waiting_jobs_are_kept_and_a_lost_one_never_starts() -> None:
     held = HeldJobs(1, prefetch=2)
-    first, second = (held.hold_waiting(job) for job in claimed(MemoryDatabase(), 2))
-    assert [job_id for job_id, _ in held.leases()] == [first.job.id, second.job.id]
+    running, first, second = (held.hold(job) for job in claimed(MemoryDatabase(), 3))
+    assert (first.stage, second.stage) == (Stage.WAITING, Stage.WAITING)
+    assert [i for i, _ in held.leases()] == [running.job.id, first.job.id, second.job.id]
     assert held.lose(first.job.id) is first
+    held.handler_finished(running)
     assert held.next_ready() is first and first.lost and held.running == 0
     assert held.next_ready() is second and second.stage is Stage.RUNNING
 
 
 def test_taken_waiting_jobs_never_start() -> None:
     held = HeldJobs(1, prefetch=2)
-    entries = [held.hold_waiting(job) for job in claimed(MemoryDatabase(), 2)]
-    assert held.take_waiting() == entries
+    running, *waiting = [held.hold(job) for job in claimed(MemoryDatabase(), 3)]
+    assert held.take_waiting() == waiting
+    held.handler_finished(running)
     assert held.next_ready() is None and held.waiting == 0
 
 
@@ -117,12 +120,16 @@ async def test_a_busy_producer_claims_ahead_up_to_prefetch() -> None:
         db.add()
     held = HeldJobs(10, prefetch=15)
 
-    def start(jobs: list[Job]) -> None:  # every job ends at once
-        for job in jobs:
-            held.hold_waiting(job)
+    def end(entry: Any) -> None:  # every job ends as soon as it starts
+        held.handler_finished(entry)
+        held.release(entry.job.id, entry)
+
+    def start(jobs: list[Job]) -> None:
+        for entry in [held.hold(job) for job in jobs]:
+            if entry.stage is Stage.RUNNING:
+                end(entry)
         while (entry := held.next_ready()) is not None:
-            held.handler_finished(entry)
-            held.release(entry.job.id, entry)
+            end(entry)
 
     producer = Producer(SlowClaims(db), held, SETTINGS, EVENTS, queues=None, start=start)
     task = asyncio.create_task(producer.claim_loop())
@@ -146,9 +153,7 @@ async def test_a_producer_of_long_jobs_claims_only_a_job_or_so_ahead() -> None:
             entries.append(entry)
 
     def start(jobs: list[Job]) -> None:  # the jobs run until the test ends them
-        for job in jobs:
-            held.hold_waiting(job)
-        start_ready()
+        entries.extend(e for e in (held.hold(job) for job in jobs) if e.stage is Stage.RUNNING)
 
     producer = Producer(SlowClaims(db), held, SETTINGS, EVENTS, queues=None, start=start)
     task = asyncio.create_task(producer.claim_loop())
@@ -262,14 +267,17 @@ async def test_two_claimers_overlap_and_never_ask_for_more_than_the_room() -> No
     held = HeldJobs(10, prefetch=15)
     ended: list[Any] = []
 
-    def start(jobs: list[Job]) -> None:  # every job ends 5 ms after it starts
-        for job in jobs:
-            held.hold_waiting(job)
-        start_ready()
+    def run(entry: Any) -> None:  # every job ends 5 ms after it starts
+        asyncio.get_running_loop().call_later(0.005, end, entry)
+
+    def start(jobs: list[Job]) -> None:
+        for entry in [held.hold(job) for job in jobs]:
+            if entry.stage is Stage.RUNNING:
+                run(entry)
 
     def start_ready() -> None:
         while (entry := held.next_ready()) is not None:
-            asyncio.get_running_loop().call_later(0.005, end, entry)
+            run(entry)
 
     def end(entry: Any) -> None:
         held.handler_finished(entry)
@@ -309,3 +317,14 @@ async def test_an_idle_producer_polls_with_one_claim_not_two() -> None:
     producer.stop()
     await asyncio.wait_for(task, 5)
     assert len(db.sent("job_claim")) - claims <= 5  # one per poll interval
+
+
+def test_a_worker_with_hung_threads_claims_nothing_ahead() -> None:
+    hung = [0]
+    held = HeldJobs(2, hung_threads=lambda: hung[0], prefetch=5)
+    held.ahead = 5
+    assert held.free_slots() == 7
+    hung[0] = 1
+    assert held.free_slots() == 1  # the one slot it can start a job in now
+    hung[0] = 2
+    assert held.free_slots() == 0

@@ -148,6 +148,8 @@ class Producer:
                 continue
             finally:
                 self._claiming -= free
+                # The room this claim had reserved is free for the other to see.
+                self.held.slot_freed.set()
             backoff.succeeded()
             if len(jobs) == free:  # (a short claim says the queues ran dry, not the buffer)
                 self._pace(sent_at)

@@ -9,12 +9,12 @@ Prefetch: a claim may take up to ``ahead`` jobs more than the free slots;
 they wait (held, leased and heartbeated like any held job) in a buffer and
 start, in claim order, as slots free up, so that slots do not stay empty
 while the next claim is in flight. The producer sets ``ahead`` (at most
-``prefetch``) to the jobs that start during one claim's round trip: it grows
+``prefetch``) to the jobs that start during two claims' round trips: it grows
 when commits are slow or jobs short, and stays near 0 for long jobs, whose
 claimed jobs would otherwise wait here while another worker could run them.
 
-    producer ─hold_waiting()─> WAITING ─next_ready()─> RUNNING ─executor─> DONE
-        ─completer─> WRITING ─release()
+    producer ─hold()─> RUNNING (a slot is free) or WAITING ─next_ready()─> RUNNING
+        ─executor─> DONE ─completer─> WRITING ─release()
     lose() (lease keeper): a waiting job is never started; a running one is
     cancelled or its result dropped; take_waiting() (shutdown): given back.
 """
@@ -92,21 +92,19 @@ class HeldJobs:
         promised to waiting jobs, plus ``ahead``."""
         # Outcomes not yet written count against a second allowance as large,
         # so that a database outage cannot make the worker claim without bound.
-        busy = self.running + self.hung + len(self._waiting)
+        hung = self.hung
+        busy = self.running + hung + len(self._waiting)
         bound = 2 * (self.concurrency + self.prefetch) - len(self._held)
-        return max(0, min(self.concurrency + self.ahead - busy, bound))
-
-    def hold_waiting(self, job: Job) -> Held:
-        """Hold a claimed job until ``next_ready`` starts it."""
-        held = self._held[job.id] = Held(job, stage=Stage.WAITING)
-        self._waiting.append(held)
-        return held
+        # A worker with hung threads claims only what it can start now:
+        # nothing ahead, that would wait behind them while others are free.
+        ahead = 0 if hung else self.ahead
+        return max(0, min(self.concurrency + ahead - busy, bound))
 
     def next_ready(self) -> Held | None:
         """The next waiting job, now RUNNING and counted, if a slot is free
         (a job whose lease was lost meanwhile comes out too, ``lost`` set:
         the caller drops it)."""
-        if not self._waiting or self.running + self.hung >= self.concurrency:
+        if not self._waiting or not self._slot_free():
             return None
         held = self._waiting.popleft()
         if not held.lost:
@@ -121,13 +119,22 @@ class HeldJobs:
         return waiting
 
     def hold(self, job: Job) -> Held:
-        """Hold a claimed job. An older attempt of the same job may still be
+        """Hold a claimed job: RUNNING (counted) at once if a slot is free
+        and no job waits before it, else WAITING until ``next_ready`` starts
+        it. An older attempt of the same job may still be
         here (its snooze just committed, or its lease was lost and the job
         came back to this worker): the new attempt takes the id, and the
         parts still busy with the old one keep their own ``Held``."""
-        held = self._held[job.id] = Held(job)
-        self.running += 1
+        if self._waiting or not self._slot_free():
+            held = self._held[job.id] = Held(job, stage=Stage.WAITING)
+            self._waiting.append(held)
+        else:
+            held = self._held[job.id] = Held(job)
+            self.running += 1
         return held
+
+    def _slot_free(self) -> bool:
+        return self.running + self.hung < self.concurrency
 
     def handler_finished(self, held: Held) -> None:
         self.running -= 1

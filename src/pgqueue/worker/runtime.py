@@ -331,8 +331,9 @@ class AsyncWorker:
 
     def _start(self, jobs: list[Job]) -> None:
         for job in jobs:
-            self.held.hold_waiting(job)
-        self._start_ready()
+            held = self.held.hold(job)
+            if held.stage is Stage.RUNNING:  # else it waits for a slot: _start_ready
+                held.task = asyncio.create_task(self._run_job(held))
 
     def _start_ready(self) -> None:
         """Start waiting jobs while slots are free (registry.py: prefetch)."""
