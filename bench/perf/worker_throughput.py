@@ -16,6 +16,9 @@ On a fresh server on disk with fsync and synchronous_commit on:
   statement in a second transaction. Same rate formula. Also a bare variant
   (claim without the latency histogram, ack by a plain UPDATE), so that the
   cost of pgqueue's bookkeeping is visible too.
+* commit latency: before each round, 200 one-row INSERT commits one after
+  another (p50, p90), stated next to the rates: how slow this run's disk
+  commits were, which decides how much a worker must pipeline.
 * latency: an idle worker, one job enqueued every 10 ms (100 jobs/s);
   latency = started_at - run_at (database clock), p50/p95/p99.
 
@@ -36,6 +39,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import psycopg
 
 from bench.common import bench_database, clear, rate, start_latency_percentiles, summary
 from bench.record import ResultRecord, command_line, server_info, write_result
@@ -216,6 +221,24 @@ def pgbench_drain(url: str, jobs: int, bare: bool) -> None:
         raise RuntimeError(f"pgbench failed: {done.stderr}\n{done.stdout}")
 
 
+# -- commit latency ------------------------------------------------------------------------
+
+
+def commit_latency(url: str, commits: int = 200) -> dict[str, float]:
+    """Milliseconds per commit of a one-row INSERT, one after another on one
+    connection (p50, p90): the least a claim or an ack waits for. It sets
+    how far the worker must pipeline to follow CPU rather than the disk."""
+    times = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS bench_commit_probe (at timestamptz)")
+        for _ in range(commits):
+            start = time.perf_counter()
+            conn.execute("INSERT INTO bench_commit_probe VALUES (now())")
+            times.append((time.perf_counter() - start) * 1000)
+        conn.execute("DROP TABLE bench_commit_probe")
+    return {"p50_ms": statistics.median(times), "p90_ms": statistics.quantiles(times, n=10)[8]}
+
+
 # -- latency -----------------------------------------------------------------------------
 
 
@@ -291,9 +314,16 @@ def main(argv: list[str] | None = None) -> ResultRecord | None:
         scenarios = {k: v for k, v in scenarios.items() if k in keep}
     runs: dict[str, list[float]] = {name: [] for name in scenarios}
     ratios: dict[str, list[float]] = {name: [] for name in scenarios}
+    commits: list[dict[str, float]] = []
     with bench_database("worker") as url:
         info = server_info(url)
         for repeat in range(args.repeats):
+            commits.append(commit_latency(url))
+            print(
+                f"round {repeat + 1} commit latency: p50 {commits[-1]['p50_ms']:.2f} ms, "
+                f"p90 {commits[-1]['p90_ms']:.2f} ms",
+                flush=True,
+            )
             # Interleaved, so that the disk's drift hits every scenario alike;
             # each ratio uses the reference of its own round.
             round_rates = {}
@@ -309,9 +339,12 @@ def main(argv: list[str] | None = None) -> ResultRecord | None:
     results: dict[str, Any] = {
         "rates_jobs_per_second": {k: summary(v) | {"runs": v} for k, v in runs.items()},
         "ratio_to_reference": {k: summary(v) for k, v in ratios.items()},
-        "targets": {"async_1_process": 0.4, "async_2_processes": 0.55, "sync_over_async": 0.5},
+        "targets": {"async_1_process": 0.5, "async_2_processes": 0.7, "sync_over_async": 0.5},
         "sync_over_async": sync_over_async,
         "isolated_over_sync": isolated_over_sync,
+        # One-row INSERT commits, measured before each round (the first: at
+        # the start of the run).
+        "commit_latency_ms": {"at_start": commits[0], "by_round": commits},
     }
     if lat is not None:
         results["latency_idle_100_per_second"] = lat
@@ -324,6 +357,10 @@ def main(argv: list[str] | None = None) -> ResultRecord | None:
     )
     path = write_result(record, args.out)
     print()
+    print(
+        f"{'commit latency at start':>26}: p50 {commits[0]['p50_ms']:.2f} ms, "
+        f"p90 {commits[0]['p90_ms']:.2f} ms (one-row INSERT)"
+    )
     for k, v in runs.items():
         print(
             f"{k:>26}: {statistics.median(v):>9,.0f} jobs/s  "

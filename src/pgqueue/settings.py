@@ -96,6 +96,10 @@ class Settings:
     notify_finished: bool = True
     # Worker.
     concurrency: int = 100
+    # At most this many jobs a worker claims ahead of its free slots, to
+    # start as slots free up while the next claim is out (0: none); held
+    # with leases, given back at shutdown (docs/worker.md, "Pipelining").
+    prefetch: int = 100
     # Child processes for isolated sync handlers (0: one per CPU).
     handler_processes: int = 0
     poll_interval_seconds: float = 1.0
@@ -169,7 +173,7 @@ class Settings:
         ):
             if getattr(self, name) < 1:
                 raise InvalidSettings(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        for name in ("handler_processes", "max_snoozes"):
+        for name in ("handler_processes", "max_snoozes", "prefetch"):
             if getattr(self, name) < 0:
                 raise InvalidSettings(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if not 0 <= self.group_commit_window_seconds <= 1:

@@ -60,6 +60,7 @@ __all__ = [
     "prune",
     "queues_with_jobs",
     "reap",
+    "release",
     "retry",
     "round_robin",
     "schema_pending",
@@ -87,7 +88,8 @@ class Outcome:
     def success(cls, job: Job, result: Any) -> Outcome:
         """A success, unless the result cannot be stored: then a failed attempt."""
         try:
-            text = dump_json(result, "result")
+            # (None, what most handlers return, needs no encoder: a job's cost)
+            text = "null" if result is None else dump_json(result, "result")
         except InvalidJob as exc:
             return cls.failure(job, f"handler returned a result PostgreSQL cannot store: {exc}")
         return cls(job.id, _token(job), True, result_json=text)
@@ -218,6 +220,17 @@ def heartbeat(held: Sequence[tuple[int, int]], lease_seconds: float) -> Flow[set
             "tokens": [t for _, t in held],
             "lease_seconds": lease_seconds,
         },
+    )
+    return {row["id"] for row in rows}
+
+
+def release(held: Sequence[tuple[int, int]]) -> Flow[set[int]]:
+    """Give back claimed jobs that never started, (id, token) pairs: queued
+    again at once, the attempt not counted; return the ids given back."""
+    if not held:
+        return set()
+    rows = yield Statement(
+        "job_release", {"ids": [i for i, _ in held], "tokens": [t for _, t in held]}
     )
     return {row["id"] for row in rows}
 

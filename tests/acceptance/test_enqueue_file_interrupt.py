@@ -55,6 +55,10 @@ def _reading_stdin(pid: int) -> bool:
     return call[:2] == [READ_SYSCALL, "0x0"]
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("as_json", [True, False], ids=["json", "human"])
 def test_ctrl_c_mid_file_prints_the_summary_and_exits_130(db_url: str, as_json: bool) -> None:
     command = ["--database-url", db_url, "enqueue-file", "-", "--chunk-size", "2"]
@@ -64,6 +68,9 @@ def test_ctrl_c_mid_file_prints_the_summary_and_exits_130(db_url: str, as_json: 
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env={**os.environ, "COLUMNS": "200"},
+        # As a terminal's Ctrl-C finds it, even when this suite runs as a
+        # background job (whose children inherit SIGINT ignored).
+        preexec_fn=_default_sigint,
     )
     assert proc.stdin is not None
     try:

@@ -67,9 +67,12 @@ async def test_registry_decorator_and_task_timeout(settings: Settings, aqueue: A
     assert "timed out after 0.2 s" in (done.last_error or "")
 
 
+@pytest.mark.parametrize("prefetch", [0, 3])
 async def test_batch_claims_never_exceed_free_slots(
-    settings: Settings, aqueue: AsyncQueue, caplog: pytest.LogCaptureFixture
+    settings: Settings, aqueue: AsyncQueue, caplog: pytest.LogCaptureFixture, prefetch: int
 ) -> None:
+    """Claims never exceed the free slots, plus the jobs a worker may claim
+    ahead of them (``prefetch``); handlers never exceed ``concurrency``."""
     concurrency = 4
     active = 0
     peak = 0
@@ -82,7 +85,9 @@ async def test_batch_claims_never_exceed_free_slots(
         active -= 1
 
     await aqueue.enqueue_many([{"task": "work"}] * 60)
-    worker = AsyncWorker({"work": work}, settings=settings, concurrency=concurrency)
+    worker = AsyncWorker(
+        {"work": work}, settings=settings.replace(prefetch=prefetch), concurrency=concurrency
+    )
     # Record each claim's size next to the free slots it was allowed.
     claims: list[tuple[int, int]] = []
     original = worker._start
@@ -95,7 +100,7 @@ async def test_batch_claims_never_exceed_free_slots(
     async with running(worker):
         await until(lambda: worker.stats["succeeded"] == 60)
     assert peak == concurrency  # the limit was reached, and never passed
-    assert all(size <= free for size, free in claims), claims
+    assert all(size <= free + prefetch for size, free in claims), claims
     assert len(claims) < 60  # batched: fewer claims than jobs
 
 

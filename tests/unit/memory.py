@@ -275,6 +275,13 @@ class MemoryDatabase:
             snoozed.append({"id": row["id"], "state": "queued"})
         return snoozed
 
+    def job_release(self, ids: list[int], tokens: list[int]) -> list[Row]:
+        released = []
+        for row, _ in self._fenced(ids, tokens, ids):
+            row.update(state="queued", attempts=row["attempts"] - 1, lease_expires_at=None)
+            released.append({"id": row["id"]})
+        return released
+
     def job_cancel_held(
         self, ids: list[int], tokens: list[int], reasons: list[str], **_: Any
     ) -> list[Row]:

@@ -382,6 +382,22 @@ WITH request AS (
 )
 SELECT id, state FROM cancelled, (SELECT count(*) FROM woken) w, (SELECT count(*) FROM released) r;
 
+-- name: job_release
+-- Give back claimed jobs that never started (a stopping worker's prefetched
+-- jobs), each fenced by its token: queued again at once in their old place
+-- (run_at unchanged), the attempt the claim counted given back, the lease
+-- ended. Not a failure, so nothing is counted; their queues' workers are woken.
+WITH released AS (
+    UPDATE pgqueue_jobs j
+    SET state = 'queued', attempts = j.attempts - 1, lease_expires_at = NULL
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS r(id, token)
+    WHERE j.id = r.id AND j.lease_token = r.token AND j.state = 'running'
+    RETURNING j.id, j.queue
+), woken AS (
+    SELECT pg_notify('pgqueue_jobs', queue) FROM (SELECT DISTINCT queue FROM released) q
+)
+SELECT id FROM released, (SELECT count(*) FROM woken) w;
+
 -- name: job_reap
 -- Take back up to `limit` jobs whose lease expired (their worker died or
 -- stalled), or was ended by worker_reap_dead (their worker's session

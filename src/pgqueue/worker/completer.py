@@ -2,7 +2,10 @@
 
 Outcomes wait in an outbox and go out in batches: one ``job_finish``
 statement for up to ``ACK_BATCH_MAX`` of them, sent when a batch is full or
-``ACK_DELAY_SECONDS`` after its first outcome. Snoozes and cancels that
+``ACK_DELAY_SECONDS`` after its first outcome. One writer per connection
+(the worker gives it two): while one batch commits, the next goes out on
+the other connection, and what arrives meanwhile makes the next batch larger
+(so batches grow when commits are slow). Snoozes and cancels that
 handlers asked for go in the same batch, each kind in a statement of its own
 (``transitions.finish_groups``), written group after group. Each row is
 fenced by its attempt's token, so a worker whose lease was taken over
@@ -30,7 +33,7 @@ from ..jobs import Job, JobState
 from ..settings import Settings
 from ..transitions import Outcome, finish, finish_groups
 from .connection import FlowRunner
-from .faults import WAIT_OUT, Backoff, EventLog, short
+from .faults import WAIT_OUT, Backoff, EventLog, short, together
 from .registry import Held, HeldJobs, Stage
 
 __all__ = ["ACK_BATCH_MAX", "ACK_DELAY_SECONDS", "Completer"]
@@ -57,8 +60,10 @@ class Completer:
         settings: Settings,
         events: EventLog,
         ended: Callable[[set[str]], None] = lambda queues: None,
+        *,
+        more: Sequence[FlowRunner] = (),
     ) -> None:
-        self.conn = conn
+        self.conns = [conn, *more]  # one writer each
         self.held = held
         self.settings = settings
         self.events = events
@@ -94,7 +99,11 @@ class Completer:
         self._ready.set()
 
     async def write_loop(self) -> None:
-        """Write batches of outcomes as they come, for ever."""
+        """Write batches of outcomes as they come, for ever, one writer per
+        connection; a writer's unexpected error ends them all and is raised."""
+        await together(self._writer(conn) for conn in self.conns)
+
+    async def _writer(self, conn: FlowRunner) -> None:
         backoff = Backoff(self.events, "writing outcomes")
         while True:
             groups = finish_groups(await self._next_batch())
@@ -102,7 +111,7 @@ class Completer:
             # written (a group already written would match nothing again).
             for index, group in enumerate(groups):
                 try:
-                    states = await self._write(group)
+                    states = await self._write(conn, group)
                 except WAIT_OUT as exc:
                     self._retry_later([o for rest in groups[index:] for o in rest])
                     await backoff.failed(exc)
@@ -115,8 +124,11 @@ class Completer:
         if not self._full.is_set():
             delay = self._first_at + ACK_DELAY_SECONDS - time.monotonic()
             if delay > 0:
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for can
+                # swallow a cancel that meets the event being set.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._full.wait(), delay)
+                    async with asyncio.timeout(delay):
+                        await self._full.wait()
         batch = self._outbox[:ACK_BATCH_MAX]
         del self._outbox[:ACK_BATCH_MAX]
         if not self._outbox:
@@ -156,10 +168,10 @@ class Completer:
         self._outbox[:0] = batch
         self._ready.set()
 
-    async def _write(self, batch: Sequence[Outcome]) -> dict[int, JobState]:
+    async def _write(self, conn: FlowRunner, batch: Sequence[Outcome]) -> dict[int, JobState]:
         try:
             self.stats["finishes"] += 1
-            return await self.conn.run(finish(self.settings, batch))
+            return await conn.run(finish(self.settings, batch))
         except RETRYABLE_ERRORS:
             raise
         except REFUSED as exc:
@@ -171,12 +183,12 @@ class Completer:
             )
         states: dict[int, JobState] = {}
         for outcome in batch:
-            states.update(await self._write_one(outcome))
+            states.update(await self._write_one(conn, outcome))
         return states
 
-    async def _write_one(self, outcome: Outcome) -> dict[int, JobState]:
+    async def _write_one(self, conn: FlowRunner, outcome: Outcome) -> dict[int, JobState]:
         try:
-            return await self.conn.run(finish(self.settings, [outcome]))
+            return await conn.run(finish(self.settings, [outcome]))
         except RETRYABLE_ERRORS:
             raise
         except REFUSED as exc:
@@ -187,7 +199,7 @@ class Completer:
                 held.job, f"handler returned a result PostgreSQL cannot store: {problem}"
             )
             try:
-                return await self.conn.run(finish(self.settings, [fallback]))
+                return await conn.run(finish(self.settings, [fallback]))
             except RETRYABLE_ERRORS:
                 raise
             except REFUSED:

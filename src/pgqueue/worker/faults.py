@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import traceback
+from collections.abc import Coroutine, Iterable
 from typing import Any
 
 from ..driver import RETRYABLE_ERRORS, SCHEMA_ERRORS
 from ..jobs import Job
 from ..retrying import backoff_delay
 
-__all__ = ["WAIT_OUT", "Backoff", "EventLog", "backoff_delay", "describe", "short"]
+__all__ = ["WAIT_OUT", "Backoff", "EventLog", "backoff_delay", "describe", "short", "together"]
 
 # Everything a part waits out rather than dies of.
 WAIT_OUT = (*RETRYABLE_ERRORS, *SCHEMA_ERRORS)
@@ -26,6 +27,20 @@ WAIT_OUT = (*RETRYABLE_ERRORS, *SCHEMA_ERRORS)
 MAX_ERROR_CHARS = 4000
 
 log = logging.getLogger("pgqueue.worker")
+
+
+async def together(loops: Iterable[Coroutine[Any, Any, None]]) -> None:
+    """Run a part's loops (one per connection) as one part: the first
+    unexpected error cancels the others and escapes to the supervisor."""
+    tasks = [asyncio.create_task(loop) for loop in loops]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            task.result()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def short(exc: BaseException) -> str:

@@ -26,20 +26,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+
+import psycopg
 
 from .. import tracing
 from ..jobs import Job
 from ..settings import Settings
-from ..transitions import claim, next_wake, queues_with_jobs
+from ..transitions import claim, next_wake, queues_with_jobs, release
 from .connection import FlowRunner
-from .faults import WAIT_OUT, Backoff, EventLog
-from .registry import HeldJobs
+from .faults import WAIT_OUT, Backoff, EventLog, short, together
+from .registry import Held, HeldJobs
 
 __all__ = ["Producer"]
 
 Listen = Callable[[], AsyncIterator[str | None]]
+
+# Claim ahead for this many claims' round trips: room for a claim slower
+# than the last, and for the pace to grow when the slots were starved.
+PACE_MARGIN = 2
 
 
 class Producer:
@@ -52,8 +59,9 @@ class Producer:
         *,
         queues: Sequence[str] | None,
         start: Callable[[list[Job]], None],
+        more: Sequence[FlowRunner] = (),
     ) -> None:
-        self.conn = conn
+        self.conns = [conn, *more]  # one claimer each
         self.held = held
         self.settings = settings
         self.events = events
@@ -65,6 +73,8 @@ class Producer:
         self.stopping = False
         self._wake = asyncio.Event()  # work may be ready (or we are stopping)
         self._last_claim_full = True  # start by looking for work
+        self._busy = asyncio.Event()  # set while the last claim came back full
+        self._busy.set()
         self._next_check_at = 0.0  # when to ask again for the earliest run_at
         self._next_due: float | None = None  # monotonic time of the earliest run_at
         self._next_listing = 0.0  # (every queue) when to list the queues with jobs again
@@ -72,6 +82,8 @@ class Producer:
         self._turn = 0  # which queue comes first in the round-robin
         self._sparse: frozenset[str] = frozenset()  # queues that gave nothing last time
         self._limited: frozenset[str] = frozenset()  # queues with a concurrency limit
+        self._paced = (time.monotonic(), 0)  # (when, jobs finished) at the last full claim
+        self._claiming = 0  # jobs asked for by the claims in flight
 
     def wake(self) -> None:
         self._wake.set()
@@ -86,25 +98,42 @@ class Producer:
         """Claim nothing more; a claim in flight completes (its jobs run)."""
         self.stopping = True
         self._wake.set()
+        self._busy.set()
         self.held.slot_freed.set()
 
     async def claim_loop(self) -> None:
-        """Claim whenever there are free slots and work may be ready, until stopped."""
+        """Claim whenever there are free slots and work may be ready, until
+        stopped: one claimer per connection, so that a claim can go out
+        while another is in flight (each asks only for the room the others
+        have not asked for)."""
+        await together(self._claimer(conn) for conn in self.conns)
+
+    async def _claimer(self, conn: FlowRunner) -> None:
         backoff = Backoff(self.events, "claim")
         while not self.stopping:
-            free = self.held.free_slots()
-            if free == 0:
+            free = self.held.free_slots() - self._claiming
+            # With jobs claimed ahead, wait until half of them have started,
+            # so that a busy worker claims in batches, not a job at a time.
+            if free <= 0 or self.held.waiting > self.held.ahead // 2:
                 self.held.slot_freed.clear()
                 await self.held.slot_freed.wait()
                 continue
             if not self._last_claim_full:
+                # Only the first claimer waits for work: an idle worker polls
+                # with one claim; the others help a busy one.
+                if conn is not self.conns[0]:
+                    self._busy.clear()
+                    await self._busy.wait()
+                    continue
                 await self._idle_wait()
                 if self.stopping:
                     break
             self._wake.clear()
+            sent_at = time.monotonic()
+            self._claiming += free
             try:
-                await self._list_queues()
-                jobs = await self.conn.run(
+                await self._list_queues(conn)
+                jobs = await conn.run(
                     tracing.claims(self.settings, claim)(
                         self.settings,
                         limit=free,
@@ -115,25 +144,73 @@ class Producer:
                     )
                 )
             except WAIT_OUT as exc:
-                self._last_claim_full = True  # look again after the backoff
+                self._set_full(True)  # look again after the backoff
                 await backoff.failed(exc)
                 continue
+            finally:
+                self._claiming -= free
+                # The room this claim had reserved is free for the other to see.
+                self.held.slot_freed.set()
             backoff.succeeded()
+            if len(jobs) == free:  # (a short claim says the queues ran dry, not the buffer)
+                self._pace(sent_at)
             self._claimed(jobs, full=len(jobs) == free)
             if not self._last_claim_full:
-                await self._refresh_next_due()
+                await self._refresh_next_due(conn)
+            # Let the handlers of the jobs just started run first, so that the
+            # next claim is sized by the slots they free (no-op jobs: at once).
+            await asyncio.sleep(0)
+
+    def _pace(self, sent_at: float) -> None:
+        """Claim ahead as many jobs as start during PACE_MARGIN claims'
+        round trips at the rate jobs ended since the last full claim: those
+        the buffer must hold for the slots to stay busy while the next claim
+        is out. Long jobs end slowly: a job or so ahead."""
+        now, finished = time.monotonic(), self.held.finished
+        rate = (finished - self._paced[1]) / max(now - self._paced[0], 1e-6)
+        wanted = math.ceil(PACE_MARGIN * rate * (now - sent_at))
+        self.held.ahead = min(self.held.prefetch, wanted)
+        self._paced = (now, finished)
+
+    async def give_back(self, waiting: Sequence[Held]) -> None:
+        """Stopping: queue again at once the claimed jobs that never started
+        (not after their leases expire); after a fault, the leases will."""
+        leases = [(h.job.id, h.job.lease_token or 0) for h in waiting if not h.lost]
+        try:
+            await self.conns[0].run(release(leases))
+        # A claim cut short by the shutdown's deadline may leave its
+        # connection unusable: the leases are the backstop either way.
+        except (*WAIT_OUT, psycopg.Error) as exc:
+            self.events(
+                logging.WARNING,
+                "shutdown",
+                "could not give back %d prefetched jobs (%s); they return to the queue "
+                "when their leases expire",
+                len(leases),
+                short(exc),
+            )
+            return
+        if leases:
+            self.events(
+                logging.INFO, "shutdown", "gave back %d prefetched jobs, never started", len(leases)
+            )
+
+    def _set_full(self, full: bool) -> None:
+        self._last_claim_full = full
+        if full:
+            self._busy.set()
 
     def seconds_since_claim(self) -> float | None:
         """Since the last claim statement that worked (None: none yet)."""
         return None if self.last_claim_at is None else time.monotonic() - self.last_claim_at
 
-    async def _list_queues(self) -> None:
+    async def _list_queues(self, conn: FlowRunner) -> None:
         """A worker of every queue: at most once per poll interval, list the
         queues that have jobs (hints add new ones in between)."""
         if self.queues is not None or time.monotonic() < self._next_listing:
             return
         self._heard.clear()
-        listed = await self.conn.run(queues_with_jobs())
+        listed = await conn.run(queues_with_jobs())
         # A queue heard of while the list was read may have jobs it missed.
         self.known = [*listed, *(name for name in self._heard if name not in listed)]
         self._next_listing = time.monotonic() + self.settings.poll_interval_seconds
@@ -143,7 +220,7 @@ class Producer:
         self.last_claim_at = time.monotonic()
         self._turn += 1
         self._sparse = frozenset(self.known).difference(job.queue for job in jobs)
-        self._last_claim_full = full
+        self._set_full(full)
         if not jobs:
             return
         self.stats["claimed"] += len(jobs)
@@ -164,9 +241,9 @@ class Producer:
         if self._next_due is not None and time.monotonic() >= self._next_due:
             self._next_due = None
             self._next_check_at = 0.0  # ask again after this claim
-        self._last_claim_full = True  # look once more
+        self._set_full(True)  # look once more
 
-    async def _refresh_next_due(self) -> None:
+    async def _refresh_next_due(self, conn: FlowRunner) -> None:
         """At most once per poll interval, ask when a job is next due (a
         delayed job, a rate window) and which queues are concurrency-limited."""
         now = time.monotonic()
@@ -174,7 +251,7 @@ class Producer:
             return
         self._next_check_at = now + self.settings.poll_interval_seconds
         try:
-            wake = await self.conn.run(next_wake(self.queues))
+            wake = await conn.run(next_wake(self.queues))
         except WAIT_OUT:
             return  # the next claim will meet the same error and back off
         self._limited = wake.limited

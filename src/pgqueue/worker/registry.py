@@ -3,16 +3,27 @@
 A job is *held* from its claim until its outcome is written, or until its
 lease is found lost. A *slot* is busy while a handler runs, and also while a
 sync handler's thread runs on past its timeout or its lost lease (Python
-cannot stop a thread): the worker claims only what it can start now.
+cannot stop a thread).
 
-    producer ──hold()──> RUNNING ──executor──> DONE ──completer──> WRITING ──release()
-                            └──── lose() (lease keeper): cancelled or dropped ────┘
+Prefetch: a claim may take up to ``ahead`` jobs more than the free slots;
+they wait (held, leased and heartbeated like any held job) in a buffer and
+start, in claim order, as slots free up, so that slots do not stay empty
+while the next claim is in flight. The producer sets ``ahead`` (at most
+``prefetch``) to the jobs that start during two claims' round trips: it grows
+when commits are slow or jobs short, and stays near 0 for long jobs, whose
+claimed jobs would otherwise wait here while another worker could run them.
+
+    producer ─hold()─> RUNNING (a slot is free) or WAITING ─next_ready()─> RUNNING
+        ─executor─> DONE ─completer─> WRITING ─release()
+    lose() (lease keeper): a waiting job is never started; a running one is
+    cancelled or its result dropped; take_waiting() (shutdown): given back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -22,6 +33,7 @@ __all__ = ["Held", "HeldJobs", "Stage"]
 
 
 class Stage(enum.Enum):
+    WAITING = "waiting"  # claimed ahead (prefetched): waits for a free slot
     RUNNING = "running"  # its handler runs
     DONE = "done"  # its outcome waits to be written
     WRITING = "writing"  # its outcome is being written
@@ -41,11 +53,17 @@ class Held:
 class HeldJobs:
     """Held jobs by id, slot accounting, and the events the parts wait on."""
 
-    def __init__(self, concurrency: int, hung_threads: Callable[[], int] = lambda: 0) -> None:
+    def __init__(
+        self, concurrency: int, hung_threads: Callable[[], int] = lambda: 0, *, prefetch: int = 0
+    ) -> None:
         self.concurrency = concurrency
+        self.prefetch = prefetch  # the most jobs claimed ahead of the free slots
+        self.ahead = 0  # how many to claim ahead now (the producer sets it)
         self.running = 0  # handlers running
+        self.finished = 0  # handlers finished since the start (the producer's pace)
         self._hung_threads = hung_threads
         self._held: dict[int, Held] = {}
+        self._waiting: deque[Held] = deque()  # prefetched, in claim order
         self.slot_freed = asyncio.Event()  # for the producer
         self.released = asyncio.Event()  # for the shutdown's drain
 
@@ -64,23 +82,63 @@ class HeldJobs:
         was given up (timeout, lost lease)."""
         return self._hung_threads()
 
+    @property
+    def waiting(self) -> int:
+        """Prefetched jobs not started yet."""
+        return len(self._waiting)
+
     def free_slots(self) -> int:
-        # Outcomes not yet written count against a second allowance, so that a
-        # database outage cannot make the worker claim without bound.
-        busy = self.running + self.hung
-        return max(0, min(self.concurrency - busy, 2 * self.concurrency - len(self._held)))
+        """How many jobs the next claim may take: the free slots not already
+        promised to waiting jobs, plus ``ahead``."""
+        # Outcomes not yet written count against a second allowance as large,
+        # so that a database outage cannot make the worker claim without bound.
+        hung = self.hung
+        busy = self.running + hung + len(self._waiting)
+        bound = 2 * (self.concurrency + self.prefetch) - len(self._held)
+        # A worker with hung threads claims only what it can start now:
+        # nothing ahead, that would wait behind them while others are free.
+        ahead = 0 if hung else self.ahead
+        return max(0, min(self.concurrency + ahead - busy, bound))
+
+    def next_ready(self) -> Held | None:
+        """The next waiting job, now RUNNING and counted, if a slot is free
+        (a job whose lease was lost meanwhile comes out too, ``lost`` set:
+        the caller drops it)."""
+        if not self._waiting or not self._slot_free():
+            return None
+        held = self._waiting.popleft()
+        if not held.lost:
+            held.stage = Stage.RUNNING
+            self.running += 1
+        return held
+
+    def take_waiting(self) -> list[Held]:
+        """Every waiting job, out of the buffer: none of them will start."""
+        waiting = list(self._waiting)
+        self._waiting.clear()
+        return waiting
 
     def hold(self, job: Job) -> Held:
-        """Hold a claimed job. An older attempt of the same job may still be
+        """Hold a claimed job: RUNNING (counted) at once if a slot is free
+        and no job waits before it, else WAITING until ``next_ready`` starts
+        it. An older attempt of the same job may still be
         here (its snooze just committed, or its lease was lost and the job
         came back to this worker): the new attempt takes the id, and the
         parts still busy with the old one keep their own ``Held``."""
-        held = self._held[job.id] = Held(job)
-        self.running += 1
+        if self._waiting or not self._slot_free():
+            held = self._held[job.id] = Held(job, stage=Stage.WAITING)
+            self._waiting.append(held)
+        else:
+            held = self._held[job.id] = Held(job)
+            self.running += 1
         return held
+
+    def _slot_free(self) -> bool:
+        return self.running + self.hung < self.concurrency
 
     def handler_finished(self, held: Held) -> None:
         self.running -= 1
+        self.finished += 1
         self.slot_freed.set()
 
     def release(self, job_id: int, entry: Held | None = None) -> Held | None:

@@ -61,6 +61,9 @@ log = logging.getLogger("pgqueue.worker")
 
 Hints = Callable[[str], AsyncIterator[str | None]]
 
+# The worker's connections besides LISTEN (see run()); docs/worker.md counts them.
+CONNECTIONS = 5
+
 
 def default_worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -117,7 +120,11 @@ class AsyncWorker:
         self._hints = hints
         self.events = EventLog(self.name)
         self.threads = ThreadPool(self.concurrency, on_hung_return=self._hung_returned)
-        self.held = HeldJobs(self.concurrency, hung_threads=lambda: self.threads.hung)
+        self.held = HeldJobs(
+            self.concurrency,
+            hung_threads=lambda: self.threads.hung,
+            prefetch=self.settings.prefetch,
+        )
         s = self.settings
         self.processes = HandlerProcesses(self.tasks.values(), s.handler_processes)
         self.executor = Executor(
@@ -153,7 +160,9 @@ class AsyncWorker:
             self._stop_requested.set()
         if not self.url:
             self.url = await asyncio.to_thread(resolve_url, self.settings)
-        connections = [self._connect(self.url) for _ in range(3)]
+        # Claims and outcomes (two each, so that one statement goes out while
+        # the other commits), and upkeep (heartbeats, maintenance, schedules).
+        connections = [self._connect(self.url) for _ in range(CONNECTIONS)]
         self._build(*connections)
         self.processes.start()
         self.events(
@@ -165,7 +174,7 @@ class AsyncWorker:
             ",".join(self.queues or ["*"]),
         )
         try:
-            if await self._supervised("schema check", self._schema_ready(connections[2])):
+            if await self._supervised("schema check", self._schema_ready(connections[-1])):
                 self._start_parts()
                 await self._stop_requested.wait()
                 self.events(
@@ -223,12 +232,15 @@ class AsyncWorker:
 
     # -- wiring and supervision ----------------------------------------------------
 
-    def _build(self, claims: FlowRunner, outcomes: FlowRunner, upkeep: FlowRunner) -> None:
+    def _build(self, *conns: FlowRunner) -> None:
         s, events = self.settings, self.events
+        claims, claims2, outcomes, outcomes2, upkeep = conns
         self.producer = Producer(
-            claims, self.held, s, events, queues=self.queues, start=self._start
+            claims, self.held, s, events, queues=self.queues, start=self._start, more=[claims2]
         )
-        self.completer = Completer(outcomes, self.held, s, events, self.producer.jobs_ended)
+        self.completer = Completer(
+            outcomes, self.held, s, events, self.producer.jobs_ended, more=[outcomes2]
+        )
         info = WorkerInfo(
             self.name, socket.gethostname(), os.getpid(), _version(), self.queues, self.concurrency
         )
@@ -321,7 +333,17 @@ class AsyncWorker:
     def _start(self, jobs: list[Job]) -> None:
         for job in jobs:
             held = self.held.hold(job)
-            held.task = asyncio.create_task(self._run_job(held))
+            if held.stage is Stage.RUNNING:  # else it waits for a slot: _start_ready
+                held.task = asyncio.create_task(self._run_job(held))
+
+    def _start_ready(self) -> None:
+        """Start waiting jobs while slots are free (registry.py: prefetch)."""
+        while (held := self.held.next_ready()) is not None:
+            if held.lost:  # its lease was lost while it waited: never started
+                self.held.release(held.job.id, held)
+                self._dropped += 1
+            else:
+                held.task = asyncio.create_task(self._run_job(held))
 
     async def _run_job(self, held: Held) -> None:
         """Run the job's handler; hand its outcome to the completer."""
@@ -338,6 +360,7 @@ class AsyncWorker:
                 raise  # the worker is being torn down
         finally:
             self.held.handler_finished(held)
+            self._start_ready()
             if self.threads.hung != self._hung_reported:
                 self._report_hung()
         if outcome is None or held.lost:
@@ -386,6 +409,10 @@ class AsyncWorker:
         for name in ("claims", "wake-ups"):
             if name in self._parts:
                 self._parts[name].cancel()
+        waiting = self.held.take_waiting()
+        await self.producer.give_back(waiting)
+        for held in waiting:
+            self.held.release(held.job.id, held)
         await self._finish_handlers(deadline)
         self.completer.flush()
         end = max(deadline, time.monotonic()) + 5.0
@@ -437,7 +464,7 @@ class AsyncWorker:
             if held.task is not None and not held.task.done():
                 held.task.cancel()
         with contextlib.suppress(Exception):  # else its row expires, as a killed worker's
-            await asyncio.wait_for(connections[2].run(presence.leave(self.name)), 2.0)
+            await asyncio.wait_for(connections[-1].run(presence.leave(self.name)), 2.0)
         for conn in connections:
             await conn.close()
         self.threads.shutdown()
