@@ -126,7 +126,9 @@ def side_run(folder: Path, python: str, jobs: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run.json"
         command = [python, __file__, "--one", "--jobs", str(jobs), "--out", str(out)]
-        env = {**os.environ, "PYTHONPATH": str(folder)}
+        # The side's own pgqueue (src/) and bench helpers, whatever its
+        # virtualenv's editable install points at.
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder / "src"), str(folder)])}
         subprocess.run(command, cwd=folder, env=env, check=True, capture_output=True, text=True)
         return json.loads(out.read_text())  # type: ignore[no-any-return]
 
