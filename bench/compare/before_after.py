@@ -45,6 +45,23 @@ def _git(folder: Path, *args: str) -> str:
     ).stdout.strip()
 
 
+def sides(before: Path) -> dict[str, tuple[Path, str]]:
+    """Each side's folder and python: DIR with its own virtualenv, and this
+    checkout with the running one."""
+    return {
+        "before": (before.resolve(), str(before.resolve() / ".venv/bin/python")),
+        "after": (ROOT, sys.executable),
+    }
+
+
+def commits(before: Path) -> dict[str, str]:
+    """The commit of each side, for the record's parameters."""
+    return {
+        "before_commit": _git(before, "rev-parse", "--short", "HEAD"),
+        "after_commit": _git(ROOT, "rev-parse", "--short", "HEAD"),
+    }
+
+
 def one_run(folder: Path, python: str, scenario: str, jobs: int) -> dict[str, Any]:
     """One drain by one side: its rate and its reference's."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -99,15 +116,12 @@ def main(argv: list[str] | None = None) -> ResultRecord:
     scenarios = args.only.split(",")
     if unknown := set(scenarios) - set(SCENARIOS):
         parser.error(f"--only: unknown {', '.join(sorted(unknown))}")
-    sides = {
-        "before": (args.before.resolve(), str(args.before.resolve() / ".venv/bin/python")),
-        "after": (ROOT, sys.executable),
-    }
+    folders = sides(args.before)
     runs: list[dict[str, Any]] = []
     server: dict[str, Any] = {}
     for round_ in range(1, args.rounds + 1):
         for scenario in scenarios:
-            for side, (folder, python) in sides.items():
+            for side, (folder, python) in folders.items():
                 run = one_run(folder, python, scenario, args.jobs)
                 server = run.pop("server")
                 runs.append({"round": round_, "scenario": scenario, "side": side, **run})
@@ -121,8 +135,7 @@ def main(argv: list[str] | None = None) -> ResultRecord:
         command=command_line(__spec__, argv),
         server=server,
         parameters={
-            "before_commit": _git(args.before, "rev-parse", "--short", "HEAD"),
-            "after_commit": _git(ROOT, "rev-parse", "--short", "HEAD"),
+            **commits(args.before),
             "rounds": args.rounds,
             "jobs": args.jobs,
             "scenarios": scenarios,

@@ -32,7 +32,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -44,12 +43,6 @@ ROOT = Path(__file__).resolve().parents[2]
 # normalises constants; the claim's text changed over time, its role did not).
 ROLES = {"claim": ("WITH wanted AS", "WITH in_one_queue AS"), "finish": ("WITH outcome AS",)}
 PER_JOB = ("shared_blks_hit", "shared_blks_dirtied", "wal_records", "wal_bytes", "total_exec_time")
-
-
-def _git(folder: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(folder), *args], capture_output=True, text=True, check=True
-    ).stdout.strip()
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -171,16 +164,17 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.before is None:
         parser.error("--before DIR is required")
-    sides = {
-        "before": (args.before.resolve(), str(args.before.resolve() / ".venv/bin/python")),
-        "after": (ROOT, sys.executable),
-    }
+    # Here, not at the top: a side's run imports this file in that side's
+    # folder, whose bench/ may have no before_after.
+    from bench.compare.before_after import commits, sides
+
+    folders = sides(args.before)
     runs: list[dict[str, Any]] = []
     server: dict[str, Any] = {}
     for round_ in range(1, args.rounds + 1):
-        order = list(sides) if round_ % 2 else list(reversed(sides))
+        order = list(folders) if round_ % 2 else list(reversed(folders))
         for side in order:
-            folder, python = sides[side]
+            folder, python = folders[side]
             run = side_run(folder, python, args.jobs)
             server = run.pop("server")
             runs.append({"round": round_, "side": side, **run})
@@ -193,8 +187,7 @@ def main(argv: list[str] | None = None) -> None:
         command=command_line(__spec__, argv),
         server=server,
         parameters={
-            "before_commit": _git(args.before, "rev-parse", "--short", "HEAD"),
-            "after_commit": _git(ROOT, "rev-parse", "--short", "HEAD"),
+            **commits(args.before),
             "rounds": args.rounds,
             "jobs": args.jobs,
             "worker": "one AsyncWorker process, default settings, no-op handler",
