@@ -26,7 +26,7 @@ __all__ = [
 
 TRUNCATE = (
     "TRUNCATE pgqueue_jobs, pgqueue_counters, pgqueue_start_latency, pgqueue_enqueued,"
-    " pgqueue_history_snapshots, pgqueue_queue_minutes, pgqueue_job_deps"
+    " pgqueue_history_snapshots, pgqueue_queue_minutes, pgqueue_job_deps, pgqueue_workflows"
 )
 
 

@@ -161,6 +161,11 @@ WITH edge AS (
     RETURNING *
 ), edges AS (
     INSERT INTO pgqueue_job_deps (parent, child) SELECT DISTINCT parent, child FROM edge
+), workflow AS (
+    -- Where the workflow's jobs are: the range of their ids (migration 0014).
+    INSERT INTO pgqueue_workflows (id, first_job, last_job)
+    SELECT %(workflow_id)s::uuid, min(i), max(i) FROM unnest(%(ids)s::bigint[]) AS i
+    HAVING %(workflow_id)s::uuid IS NOT NULL
 ), marked AS (
     UPDATE pgqueue_jobs SET has_dependents = true
     WHERE id = ANY(%(outside)s::bigint[]) AND NOT has_dependents
@@ -674,7 +679,8 @@ LIMIT %(limit)s;
 -- Delete up to `limit` finished jobs older than the retention period. The
 -- counters already hold their outcomes, so metrics do not move. The edges
 -- from pruned jobs to their dependents go too (only for jobs that have
--- some: a plain job's prune does not look at the edges).
+-- some: a plain job's prune does not look at the edges), and so does the
+-- row of a workflow whose last job this prunes.
 WITH pruned AS (
 DELETE FROM pgqueue_jobs
 WHERE id IN (
@@ -685,9 +691,17 @@ WHERE id IN (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
-RETURNING id, has_dependents
+RETURNING id, has_dependents, workflow_id
 ), unlinked AS (
     DELETE FROM pgqueue_job_deps d USING pruned p WHERE p.has_dependents AND d.parent = p.id
+), emptied AS (
+    -- This statement still sees the rows it deletes: they are left out by id.
+    DELETE FROM pgqueue_workflows w
+    WHERE w.id IN (SELECT workflow_id FROM pruned WHERE workflow_id IS NOT NULL)
+      AND NOT EXISTS (
+          SELECT 1 FROM pgqueue_jobs j
+          WHERE j.id BETWEEN w.first_job AND w.last_job AND j.workflow_id = w.id
+            AND j.id NOT IN (SELECT id FROM pruned))
 )
 SELECT count(*) AS pruned FROM pruned;
 
@@ -1176,8 +1190,12 @@ FROM pgqueue_schedules s LEFT JOIN pgqueue_jobs j ON j.id = s.last_job_id
 ORDER BY s.name;
 
 -- name: workflow_jobs
--- Every job of a workflow, in id order (their depends_on are the edges).
-SELECT * FROM pgqueue_jobs WHERE workflow_id = %(workflow_id)s::uuid ORDER BY id;
+-- Every job of a workflow, in id order (their depends_on are the edges): a
+-- range of the jobs' primary key (pgqueue_workflows, migration 0014).
+SELECT j.* FROM pgqueue_workflows w
+JOIN pgqueue_jobs j ON j.id BETWEEN w.first_job AND w.last_job AND j.workflow_id = w.id
+WHERE w.id = %(workflow_id)s::uuid
+ORDER BY j.id;
 
 -- name: workflow_cancel
 -- Cancel every job of a workflow that has not ended, as job_cancel does
@@ -1185,10 +1203,11 @@ SELECT * FROM pgqueue_jobs WHERE workflow_id = %(workflow_id)s::uuid ORDER BY id
 -- them follow their policies. Locks in id order, skipping nothing: a
 -- worker's ack of one of them waits, then matches nothing.
 WITH picked AS (
-    SELECT id FROM pgqueue_jobs
-    WHERE workflow_id = %(workflow_id)s::uuid AND state IN ('waiting', 'queued', 'running')
-    ORDER BY id
-    FOR NO KEY UPDATE
+    SELECT j.id FROM pgqueue_workflows w
+    JOIN pgqueue_jobs j ON j.id BETWEEN w.first_job AND w.last_job AND j.workflow_id = w.id
+    WHERE w.id = %(workflow_id)s::uuid AND j.state IN ('waiting', 'queued', 'running')
+    ORDER BY j.id
+    FOR NO KEY UPDATE OF j
 ), cancelled AS (
     UPDATE pgqueue_jobs j
     SET state = 'cancelled', finished_at = now(), lease_expires_at = NULL
@@ -1214,10 +1233,11 @@ FROM cancelled, (SELECT count(*) FROM ended) e, (SELECT count(*) FROM released) 
 -- running (none: queued). A parent that failed outside the workflow counts
 -- as done. Workflow jobs have no keys, so no key can be taken.
 WITH picked AS (
-    SELECT id, depends_on FROM pgqueue_jobs
-    WHERE workflow_id = %(workflow_id)s::uuid AND state IN ('dead', 'cancelled')
-    ORDER BY id
-    FOR NO KEY UPDATE
+    SELECT j.id, j.depends_on FROM pgqueue_workflows w
+    JOIN pgqueue_jobs j ON j.id BETWEEN w.first_job AND w.last_job AND j.workflow_id = w.id
+    WHERE w.id = %(workflow_id)s::uuid AND j.state IN ('dead', 'cancelled')
+    ORDER BY j.id
+    FOR NO KEY UPDATE OF j
 ), left_over AS (
     SELECT p.id, p.depends_on IS NOT NULL AS has_parents,
            (SELECT count(*) FROM pgqueue_jobs parent
