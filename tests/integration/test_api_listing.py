@@ -1,5 +1,5 @@
-"""GET /jobs?fields=summary: the listing without payload, result and
-last_error, which the dashboard polls every 2 s."""
+"""GET /jobs?fields=summary: the listing without payload, result,
+last_error, errors and metadata, which the dashboard polls every 2 s."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from pgqueue import AsyncQueue, Outcome, Settings
 from tests.support import api_client
 
-HEAVY = ("payload", "result", "last_error", "errors")
+HEAVY = ("payload", "result", "last_error", "errors", "metadata")
 BIG = "x" * 200_000
 
 
