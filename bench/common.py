@@ -8,6 +8,7 @@ import os
 import statistics
 import tempfile
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 
@@ -18,6 +19,7 @@ __all__ = [
     "bench_database",
     "bench_server",
     "clear",
+    "has_live_jobs",
     "rate",
     "reset_database",
     "start_latency_percentiles",
@@ -85,6 +87,23 @@ def clear(url: str, *, checkpoint: bool = True) -> None:
         conn.execute("VACUUM ANALYZE pgqueue_jobs")
         if checkpoint:
             conn.execute("CHECKPOINT")
+
+
+# Whether any job is still to run or running: each branch stops at the first
+# entry of a partial index. A drain's watcher polls this, not queue_stats or a
+# count, which read every row left and took a third of a core from the
+# workers being measured (17 ms a poll at 60,000 jobs).
+LIVE_JOBS = (
+    "SELECT EXISTS (SELECT 1 FROM pgqueue_jobs WHERE state = 'queued')"
+    " OR EXISTS (SELECT 1 FROM pgqueue_jobs WHERE state = 'running')"
+    " OR EXISTS (SELECT 1 FROM pgqueue_jobs WHERE state = 'waiting')"
+)
+
+
+def has_live_jobs(conn: psycopg.Connection[Any]) -> bool:
+    """True while a job is queued (runnable or not), running or waiting."""
+    row = conn.execute(LIVE_JOBS).fetchone()
+    return bool(row and row[0])
 
 
 def rate(url: str, jobs: int, *, queue: str | None = None, after_id: int = 0) -> float:

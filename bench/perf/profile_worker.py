@@ -19,7 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import bench_database, rate
+import psycopg
+
+from bench.common import bench_database, has_live_jobs, rate
 from bench.perf.worker_throughput import ROOT
 from pgqueue import Queue, Settings
 
@@ -41,8 +43,9 @@ def main(argv: list[str] | None = None) -> None:
             command += ["bench.perf.worker_throughput", "--child", url, "noop", "100"]
             proc = subprocess.Popen(command, cwd=ROOT, start_new_session=True)
             try:
-                while any(r["queued"] or r["running"] for r in q.read("queue_stats")):
-                    time.sleep(0.1)
+                with psycopg.connect(url, autocommit=True) as conn:
+                    while has_live_jobs(conn):
+                        time.sleep(0.1)
             finally:
                 proc.send_signal(signal.SIGINT)  # py-spy passes it on and writes the graph
                 proc.wait(timeout=120)

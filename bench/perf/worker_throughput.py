@@ -42,7 +42,14 @@ from typing import Any
 
 import psycopg
 
-from bench.common import bench_database, clear, rate, start_latency_percentiles, summary
+from bench.common import (
+    bench_database,
+    clear,
+    has_live_jobs,
+    rate,
+    start_latency_percentiles,
+    summary,
+)
 from bench.record import ResultRecord, command_line, server_info, write_result
 from bench.workers import HANDLERS, wait_connected
 from pgqueue import Queue, Settings
@@ -111,11 +118,9 @@ def drain(url: str, jobs: int, processes: int, task: str, concurrency: int) -> f
         wait_connected(url, processes)
         with Queue(url, settings=Settings(database_url=url)) as q:
             q.enqueue_many([{"task": task}] * jobs)
+        with psycopg.connect(url, autocommit=True) as conn:
             deadline = time.monotonic() + 300
-            while time.monotonic() < deadline:
-                stats = q.read("queue_stats")
-                if not any(r["queued"] or r["running"] or r["scheduled"] for r in stats):
-                    break
+            while has_live_jobs(conn) and time.monotonic() < deadline:
                 time.sleep(0.05)
     finally:
         codes = stop_workers(procs)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import json
+import math
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
@@ -52,6 +53,7 @@ except ImportError:  # the bare install: tracing is off
 __all__ = [
     "CONTEXT_KEY",
     "Producing",
+    "SdkWatch",
     "available",
     "carried",
     "claims",
@@ -274,13 +276,34 @@ def _attributes(queue: str, **more: Any) -> dict[str, Any]:
     return {"messaging.system": SYSTEM, "messaging.destination.name": queue, **named}
 
 
-def running(job: Job) -> contextlib.AbstractContextManager[Callable[[Outcome], None]]:
+class SdkWatch:
+    """Whether the application installed a TracerProvider, for a worker that
+    asks at every attempt: OpenTelemetry reads the environment each time
+    (a twentieth of a no-op job's cost). A provider, once set, stays (it
+    cannot be replaced); while there is none, it is looked for again at
+    most once a second."""
+
+    def __init__(self) -> None:
+        self._installed = False
+        self._looked_at = -math.inf  # monotonic
+
+    def __call__(self) -> bool:
+        if not self._installed and time.monotonic() - self._looked_at >= 1.0:
+            self._installed = _sdk_installed()
+            self._looked_at = time.monotonic()
+        return self._installed
+
+
+def running(
+    job: Job, sdk_installed: Callable[[], bool] = _sdk_installed
+) -> contextlib.AbstractContextManager[Callable[[Outcome], None]]:
     """The span of one attempt, current while the handler runs: a child of
     the context its enqueuer left in the job's metadata (a root span
     without one). Gives the function that records how it ended; an
-    exception the executor catches is recorded by ``failed``."""
+    exception the executor catches is recorded by ``failed``. (A worker
+    passes its ``SdkWatch``.)"""
     headers = _headers(job)
-    if not headers and not _sdk_installed():
+    if not headers and not sdk_installed():
         # Nothing would be recorded, and there is no context to hand on to
         # the handler's own calls: the no-op span is not worth its cost.
         return _UNRECORDED

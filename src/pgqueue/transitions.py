@@ -21,7 +21,7 @@ import random
 from collections import Counter
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from .checks import printable
 from .control import snooze_seconds
@@ -35,7 +35,7 @@ from .errors import (
     KeyTaken,
 )
 from .flows import Flow, Row, Statement, db_now
-from .jobs import Job, JobState, dump_json
+from .jobs import STATES, Job, JobState, dump_json
 from .settings import Settings
 from .sql import migration_versions
 
@@ -69,11 +69,11 @@ __all__ = [
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
+class Outcome(NamedTuple):
     """How one attempt ended, fenced by the token of its claim: a success, a
     failure, or what its handler asked for (a snooze, a cancel). Make one
-    with the constructors below."""
+    with the constructors below. (A named tuple, not a frozen dataclass: the
+    worker makes one per job, in a third of the time.)"""
 
     job_id: int
     token: int
@@ -242,7 +242,7 @@ def finish(settings: Settings, outcomes: Sequence[Outcome]) -> Flow[dict[int, Jo
     rows: list[Row] = []
     for group in finish_groups(outcomes):
         rows += yield _finish_statement(settings, group)
-    return {row["id"]: JobState(row["state"]) for row in rows}
+    return {row["id"]: STATES[row["state"]] for row in rows}
 
 
 def finish_groups(outcomes: Sequence[Outcome]) -> list[Sequence[Outcome]]:
@@ -304,7 +304,7 @@ def reap(settings: Settings, limit: int | None = None) -> Flow[dict[int, JobStat
             "backoff_cap": settings.backoff_cap_seconds,
         },
     )
-    return {row["id"]: JobState(row["state"]) for row in rows}
+    return {row["id"]: STATES[row["state"]] for row in rows}
 
 
 def prune(settings: Settings, limit: int | None = None) -> Flow[int]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from .. import tracing
@@ -51,14 +51,17 @@ class Executor:
         # Seconds before a retry without an attempt, by the job's snoozes so far.
         self.retry_delay = retry_delay
         self.traced = traced  # a span per attempt (tracing.py)
+        self._sdk_installed = tracing.SdkWatch()
 
-    async def execute(self, job: Job) -> Outcome:
+    def execute(self, job: Job) -> Coroutine[Any, Any, Outcome]:
         """Run the job's handler and say how the attempt ended. Cancelling
         the call cancels an async handler and kills an isolated one; a sync
-        handler's thread runs on and its result is dropped."""
-        if not self.traced:
-            return await self._execute(job)
-        with tracing.running(job) as ended:
+        handler's thread runs on and its result is dropped. (A plain
+        function: no coroutine of its own per job.)"""
+        return self._traced(job) if self.traced else self._execute(job)
+
+    async def _traced(self, job: Job) -> Outcome:
+        with tracing.running(job, self._sdk_installed) as ended:
             outcome = await self._execute(job)
             ended(outcome)
         return outcome
@@ -77,7 +80,7 @@ class Executor:
             if spec.isolated:
                 result = await self.processes.run(spec, job, timeout)
             elif timeout is None:  # most jobs: no timer to set up and cancel
-                result = await self._invoke(spec, job)
+                result = await (spec.fn(job) if spec.is_async else self._invoke(spec, job))
             else:
                 async with asyncio.timeout(timeout) as deadline:
                     result = await self._invoke(spec, job)
