@@ -148,8 +148,16 @@ def wait_drained(url: str, jobs: int, procs: Sequence[ForkProcess], *, after_id:
     deadline = time.monotonic() + DRAIN_TIMEOUT
     query = "SELECT count(*) FROM pgqueue_jobs WHERE state = 'succeeded' AND id > %s"
     with psycopg.connect(url, autocommit=True) as conn:
-        # The count reads every row: only once nothing is left to run.
-        while has_live_jobs(conn) or conn.execute(query, (after_id,)).fetchone()[0] < jobs:  # type: ignore[index]
+
+        def unfinished() -> bool:
+            # The count reads every row. When every job in the table is the
+            # drain's (after_id 0), it waits until none is left to run.
+            if not after_id and has_live_jobs(conn):
+                return True
+            row = conn.execute(query, (after_id,)).fetchone()
+            return row is None or row[0] < jobs
+
+        while unfinished():
             if time.monotonic() > deadline or not any(p.is_alive() for p in procs):
                 raise RuntimeError("the workers did not finish the jobs")
             time.sleep(0.05)

@@ -134,6 +134,11 @@ TABLE_KEYS = (
     "succeeded",
     "db_time",
 )
+# Each index of the jobs table, by name: which one grows, if the sum does.
+INDEX_QUERY = """
+SELECT coalesce(jsonb_object_agg(indexrelid::regclass::text, pg_relation_size(indexrelid)), '{}')
+FROM pg_index WHERE indrelid = 'pgqueue_jobs'::regclass
+"""
 LATENCY_QUERY = """
 SELECT extract(epoch FROM started_at - run_at)::float8 * 1000
 FROM pgqueue_jobs
@@ -153,6 +158,7 @@ class Recorder:
         self.samples: list[dict[str, Any]] = []
         self.latencies: list[float] = []
         self.enqueued = 0
+        self.row_samples = 0  # the samples taken before the current row began
         # Every claim so far (the capacity run's) is committed and left out.
         self.row_began = self._table()
         self.since = self.row_began["db_time"]
@@ -197,13 +203,21 @@ class Recorder:
             "latency_p99_ms": _percentile(ordered, 0.99),
             "latency_max_ms": round(ordered[-1], 2) if ordered else None,
             **{k: int(v) for k, v in table.items() if k not in ("succeeded", "db_time")},
+            "index_bytes": self._index_sizes(),
+            "backlog_max": max(taken["backlog"] for taken in self.samples[self.row_samples :]),
             "worker_rss_kib": sum(self.samples[-1]["worker_rss_kib"]),
             "load_average_1m": round(os.getloadavg()[0], 2),
             "producer_behind_max_seconds": round(producer_behind, 3),
         }
         self.rows.append(row)
         self.row_began, self.latencies, self.enqueued = table, [], 0
+        self.row_samples = len(self.samples)
         return row
+
+    def _index_sizes(self) -> dict[str, int]:
+        sizes = self.conn.execute(INDEX_QUERY).fetchone()
+        assert sizes is not None
+        return dict(sizes[0])
 
 
 def flatness(rows: list[dict[str, Any]]) -> dict[str, Any]:
