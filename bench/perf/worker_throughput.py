@@ -73,7 +73,7 @@ ONLY = {
 
 
 def spawn_workers(
-    url: str, processes: int, task: str, concurrency: int
+    url: str, processes: int, task: str, concurrency: int, prefetch: int | None = None
 ) -> list[subprocess.Popen[bytes]]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return [
@@ -86,6 +86,7 @@ def spawn_workers(
                 url,
                 task,
                 str(concurrency),
+                "default" if prefetch is None else str(prefetch),
             ],
             cwd=ROOT,
             env=env,
@@ -94,11 +95,14 @@ def spawn_workers(
     ]
 
 
-def child(url: str, task: str, concurrency: int) -> None:
-    """One worker process: a no-op handler, until SIGTERM."""
+def child(url: str, task: str, concurrency: int, prefetch: str = "default") -> None:
+    """One worker process: a no-op handler, until SIGTERM (``prefetch``: a
+    number, or the setting's default)."""
     from pgqueue.worker import TaskRegistry, Worker
 
     settings = Settings(database_url=url, concurrency=concurrency)
+    if prefetch != "default":
+        settings = settings.replace(prefetch=int(prefetch))
     registry = TaskRegistry()
     isolated = task.endswith("_isolated")
     registry.add(task, HANDLERS[task.removesuffix("_isolated")], isolated=isolated)
@@ -111,9 +115,11 @@ def stop_workers(procs: list[subprocess.Popen[bytes]]) -> list[int]:
     return [proc.wait(timeout=60) for proc in procs]
 
 
-def drain(url: str, jobs: int, processes: int, task: str, concurrency: int) -> float:
+def drain(
+    url: str, jobs: int, processes: int, task: str, concurrency: int, prefetch: int | None
+) -> float:
     clear(url)
-    procs = spawn_workers(url, processes, task, concurrency)
+    procs = spawn_workers(url, processes, task, concurrency, prefetch)
     try:
         wait_connected(url, processes)
         with Queue(url, settings=Settings(database_url=url)) as q:
@@ -291,20 +297,29 @@ def main(argv: list[str] | None = None) -> ResultRecord | None:
         help=f"comma-separated: {','.join(ONLY)} (with the reference always)",
     )
     parser.add_argument("--out", default=None)
-    parser.add_argument("--child", nargs=3, metavar=("URL", "TASK", "CONCURRENCY"))
+    parser.add_argument(
+        "--prefetch", type=int, default=None, help="the workers' prefetch (default: the setting's)"
+    )
+    parser.add_argument("--child", nargs=4, metavar=("URL", "TASK", "CONCURRENCY", "PREFETCH"))
     args = parser.parse_args(argv)
     if args.jobs % (CLIENTS * BATCH):
         # The pgbench reference drains in whole transactions of BATCH rows per client.
         parser.error(f"--jobs must be a multiple of {CLIENTS * BATCH}")
     if args.child:
-        child(args.child[0], args.child[1], int(args.child[2]))
+        child(args.child[0], args.child[1], int(args.child[2]), args.child[3])
         return None
     scenarios: dict[str, Callable[[str], float]] = {
-        "async_1_process": lambda url: drain(url, args.jobs, 1, "noop", args.concurrency),
-        "async_2_processes": lambda url: drain(url, args.jobs, 2, "noop", args.concurrency),
-        "sync_1_process": lambda url: drain(url, args.jobs, 1, "noop_sync", args.concurrency),
+        "async_1_process": lambda url: drain(
+            url, args.jobs, 1, "noop", args.concurrency, args.prefetch
+        ),
+        "async_2_processes": lambda url: drain(
+            url, args.jobs, 2, "noop", args.concurrency, args.prefetch
+        ),
+        "sync_1_process": lambda url: drain(
+            url, args.jobs, 1, "noop_sync", args.concurrency, args.prefetch
+        ),
         "isolated_1_process": lambda url: drain(
-            url, args.jobs, 1, "noop_sync_isolated", args.concurrency
+            url, args.jobs, 1, "noop_sync_isolated", args.concurrency, args.prefetch
         ),
         "reference_pgbench": lambda url: reference(url, args.jobs, bare=False),
         "reference_pgbench_bare": lambda url: reference(url, args.jobs, bare=True),
@@ -357,7 +372,12 @@ def main(argv: list[str] | None = None) -> ResultRecord | None:
         name="worker_throughput" if not args.only else f"worker_throughput_{'_'.join(args.only)}",
         command=command_line(__spec__, argv),
         server=info,
-        parameters={"jobs": args.jobs, "repeats": args.repeats, "concurrency": args.concurrency},
+        parameters={
+            "jobs": args.jobs,
+            "repeats": args.repeats,
+            "concurrency": args.concurrency,
+            "prefetch": Settings().prefetch if args.prefetch is None else args.prefetch,
+        },
         results=results,
     )
     path = write_result(record, args.out)
