@@ -62,13 +62,23 @@ def commits(before: Path) -> dict[str, str]:
     }
 
 
+def side_env(folder: Path) -> dict[str, str]:
+    """The environment of a side's run: its own pgqueue (src/) and bench
+    helpers first on the path, whatever its virtualenv's editable install
+    points at (a "before" checkout whose .venv links to this one's would
+    otherwise run this checkout's pgqueue on both sides)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder / "src"), str(folder)])}
+
+
 def one_run(folder: Path, python: str, scenario: str, jobs: int) -> dict[str, Any]:
     """One drain by one side: its rate and its reference's."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run.json"
         command = [python, "-m", "bench.perf.worker_throughput", "--only", scenario]
         command += ["--jobs", str(jobs), "--repeats", "1", "--skip-latency", "--out", str(out)]
-        subprocess.run(command, cwd=folder, check=True, capture_output=True, text=True)
+        subprocess.run(
+            command, cwd=folder, env=side_env(folder), check=True, capture_output=True, text=True
+        )
         written = json.loads(out.read_text())
     rates = written["results"]["rates_jobs_per_second"]
     rate = rates[SCENARIOS[scenario]]["median"]

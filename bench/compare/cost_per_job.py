@@ -116,13 +116,14 @@ def one(jobs: int) -> dict[str, Any]:
 
 
 def side_run(folder: Path, python: str, jobs: int) -> dict[str, Any]:
+    from bench.compare.before_after import side_env
+
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run.json"
         command = [python, __file__, "--one", "--jobs", str(jobs), "--out", str(out)]
-        # The side's own pgqueue (src/) and bench helpers, whatever its
-        # virtualenv's editable install points at.
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder / "src"), str(folder)])}
-        subprocess.run(command, cwd=folder, env=env, check=True, capture_output=True, text=True)
+        subprocess.run(
+            command, cwd=folder, env=side_env(folder), check=True, capture_output=True, text=True
+        )
         return json.loads(out.read_text())  # type: ignore[no-any-return]
 
 

@@ -75,7 +75,10 @@ ONLY = {
 def spawn_workers(
     url: str, processes: int, task: str, concurrency: int, prefetch: int | None = None
 ) -> list[subprocess.Popen[bytes]]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    # This checkout's pgqueue and bench first, and the caller's path after
+    # (bench.compare.before_after runs another checkout's copy of this file).
+    path = [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, path)))
     return [
         subprocess.Popen(
             [
