@@ -101,8 +101,8 @@ class Settings:
     # with leases, given back at shutdown (docs/worker.md, "Pipelining").
     # A bound, not a target: the worker claims ahead what starts during two
     # claims' round trips, a job or so for long jobs. At 100, short jobs hit
-    # the bound and one process drained 0.49 x the SQL reference; at 1,000,
-    # 0.63 (results/worker_prefetch.json).
+    # the bound: one process drained 0.52 x the SQL reference, two 0.57; at
+    # 1,000, 0.56 and 0.65 (results/worker_prefetch_100.json, _1000.json).
     prefetch: int = 1000
     # Child processes for isolated sync handlers (0: one per CPU).
     handler_processes: int = 0
