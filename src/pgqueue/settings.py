@@ -102,7 +102,7 @@ class Settings:
     # A bound, not a target: the worker claims ahead what starts during two
     # claims' round trips, a job or so for long jobs. At 100, short jobs hit
     # the bound: one process drained 0.52 x the SQL reference, two 0.57; at
-    # 1,000, 0.56 and 0.65 (results/worker_prefetch_100.json, _1000.json).
+    # 1,000, 0.56 and 0.65 (results/worker_throughput_async1_async2_prefetch_*).
     prefetch: int = 1000
     # Child processes for isolated sync handlers (0: one per CPU).
     handler_processes: int = 0

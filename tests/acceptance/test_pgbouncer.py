@@ -137,6 +137,14 @@ def _holding(conn: psycopg.Connection[Any]) -> dict[int, int]:
     return {pid: n for pid, n in rows if n}
 
 
+# By state: how many jobs, their most attempts, the lease they hold (if
+# running) and one last error, so that a timeout says where the jobs stand.
+UNFINISHED = """
+SELECT state, count(*), max(attempts), max(lease_expires_at) - now(), min(last_error)
+FROM pgqueue_jobs WHERE state <> 'succeeded' GROUP BY state
+"""
+
+
 @pytest.mark.timeout(300)
 async def test_eight_workers_and_the_api_through_twenty_server_connections_lose_nothing_under_kills(
     bouncer: Bouncer, db_url: str
@@ -191,10 +199,8 @@ async def test_eight_workers_and_the_api_through_twenty_server_connections_lose_
                         kills += 1
                     await asyncio.sleep(0.3)
             deadline = time.monotonic() + 180
-            while watch.execute(
-                "SELECT count(*) FROM pgqueue_jobs WHERE state <> 'succeeded'"
-            ).fetchone() != (0,):
-                assert time.monotonic() < deadline, "jobs left unfinished"
+            while left := watch.execute(UNFINISHED).fetchall():
+                assert time.monotonic() < deadline, f"jobs left unfinished: {left}"
                 await asyncio.sleep(0.2)
             servers = bouncer.show("SERVERS")
             clients_seen = max(clients_seen, _clients(bouncer))
