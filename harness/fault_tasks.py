@@ -63,7 +63,14 @@ CREATE TABLE IF NOT EXISTS fault_deliveries (
 CREATE INDEX IF NOT EXISTS fault_deliveries_job ON fault_deliveries (job_id);
 """
 
-_local = threading.local()
+# The delivery sessions of this process: at most SESSIONS, shared by the
+# handler threads. A session per thread (as before) let eight workers of a
+# hundred threads each open more sessions than the server allows, and the
+# deliveries, not the queue, failed.
+SESSIONS = 8
+_idle: list[psycopg.Connection[Any]] = []
+_idle_lock = threading.Lock()
+_sessions = threading.BoundedSemaphore(SESSIONS)
 
 
 def delivery_url() -> str:
@@ -78,41 +85,47 @@ def create_deliveries(url: str) -> None:
         conn.execute(DELIVERIES_DDL)
 
 
-def _connection() -> psycopg.Connection[Any]:
-    conn: psycopg.Connection[Any] | None = getattr(_local, "conn", None)
-    if conn is None or conn.closed:
-        conn = psycopg.connect(delivery_url(), autocommit=True, connect_timeout=5)
-        _local.conn = conn
-    return conn
+def _session() -> psycopg.Connection[Any]:
+    with _idle_lock:
+        if _idle:
+            return _idle.pop()
+    return _connect()
 
 
-def _drop() -> None:
-    conn: psycopg.Connection[Any] | None = getattr(_local, "conn", None)
-    _local.conn = None
-    if conn is not None:
-        with contextlib.suppress(psycopg.Error):
-            conn.close()
+def _connect() -> psycopg.Connection[Any]:
+    return psycopg.connect(delivery_url(), autocommit=True, connect_timeout=5)
+
+
+def _close(conn: psycopg.Connection[Any]) -> None:
+    with contextlib.suppress(psycopg.Error):
+        conn.close()
 
 
 def _record(job: Job) -> None:
-    """Insert the delivery row. A session that fails is dropped (it may be
+    """Insert the delivery row. A session that fails is closed (it may be
     broken by a restart, or read-only because it began while the database
     refused writes) and the insert is tried once more on a new one; a second
-    failure fails the attempt, and the next attempt starts on a new session."""
+    failure fails the attempt."""
     row = (job.id, job.attempts, job.lease_token, os.getpid())
     sql = (
         "INSERT INTO fault_deliveries (job_id, attempt, token, worker_pid) VALUES (%s, %s, %s, %s)"
     )
-    try:
-        _connection().execute(sql, row)
-        return
-    except psycopg.Error:
-        _drop()
-    try:
-        _connection().execute(sql, row)
-    except psycopg.Error:
-        _drop()
-        raise
+    with _sessions:
+        conn = None
+        try:
+            conn = _session()
+            conn.execute(sql, row)
+        except psycopg.Error:
+            if conn is not None:
+                _close(conn)
+            conn = _connect()
+            try:
+                conn.execute(sql, row)
+            except psycopg.Error:
+                _close(conn)
+                raise
+        with _idle_lock:
+            _idle.append(conn)
 
 
 def work(job: Job) -> dict[str, Any]:

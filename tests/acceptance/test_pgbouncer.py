@@ -200,6 +200,8 @@ async def test_eight_workers_and_the_api_through_twenty_server_connections_lose_
                     await asyncio.sleep(0.3)
             deadline = time.monotonic() + 180
             while left := watch.execute(UNFINISHED).fetchall():
+                # A dead job never finishes: say so now, not after the deadline.
+                assert "dead" not in (row[0] for row in left), f"jobs died: {left}"
                 assert time.monotonic() < deadline, f"jobs left unfinished: {left}"
                 await asyncio.sleep(0.2)
             servers = bouncer.show("SERVERS")
