@@ -22,8 +22,10 @@ runs.
    prune them); every ``--row-seconds`` (a minute) a row records: completion
    throughput (the succeeded counter's increase over the database clock),
    latency p50/p99/max, the jobs table's size and its indexes' size, live and
-   dead tuples (pg_stat_user_tables), the backlog, each worker's RSS and the
-   machine's load average (the machine is shared).
+   dead tuples (pg_stat_user_tables), the backlog, each worker's RSS, the
+   machine's load average (the machine is shared), and the p50/p99/max of a
+   one-row commit made every 0.1 s on a connection of its own (the disk's
+   commit latency, beside the queue's).
 4. Flatness: for each series, the median of the last quarter of the rows
    against the median of the first quarter (the first row, which fills the
    retention window, left out), within the tolerance of FLAT.
@@ -42,6 +44,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from contextlib import ExitStack, closing
 from dataclasses import dataclass
@@ -146,14 +149,63 @@ WHERE started_at > to_timestamp(%(since)s) AND started_at <= to_timestamp(%(unti
 """
 
 
+# The machine's own commit latency, beside the queue: a one-row update
+# committed on a connection of its own every PROBE_SECONDS. A minute whose
+# start latencies jump while these commits stall was slowed by the disk, not
+# by the queue.
+PROBE_SECONDS = 0.1
+PROBE_DDL = """
+CREATE TABLE IF NOT EXISTS soak_probe (id integer PRIMARY KEY, at timestamptz);
+INSERT INTO soak_probe VALUES (1, now()) ON CONFLICT (id) DO NOTHING
+"""
+
+
+class CommitProbe:
+    """Time a small commit every PROBE_SECONDS on a thread; ``take()`` hands
+    over the durations (ms) measured since the last take."""
+
+    def __init__(self, url: str) -> None:
+        self.conn = psycopg.connect(url, autocommit=True)
+        self.conn.execute(PROBE_DDL)
+        self._durations: list[float] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="commit-probe", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(PROBE_SECONDS):
+                began = time.perf_counter()
+                self.conn.execute("UPDATE soak_probe SET at = now() WHERE id = 1")
+                with self._lock:
+                    self._durations.append((time.perf_counter() - began) * 1000)
+        except BaseException as exc:  # raised again by take(), on the main thread
+            self._error = exc
+
+    def take(self) -> list[float]:
+        if self._error is not None:
+            raise RuntimeError("the commit probe failed") from self._error
+        with self._lock:
+            taken, self._durations = self._durations, []
+        return taken
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.conn.close()
+
+
 class Recorder:
     """The per-minute rows, read from the database (one connection) and
     /proc: latencies are gathered every SAMPLE_SECONDS, a row is closed
     every ``row_seconds``."""
 
-    def __init__(self, url: str, pids: list[int]) -> None:
+    def __init__(self, url: str, pids: list[int], probe: CommitProbe) -> None:
         self.conn = psycopg.connect(url, autocommit=True)
         self.pids = pids
+        self.probe = probe
         self.rows: list[dict[str, Any]] = []
         self.samples: list[dict[str, Any]] = []
         self.latencies: list[float] = []
@@ -193,6 +245,7 @@ class Recorder:
         began = self.row_began
         seconds = table["db_time"] - began["db_time"]
         ordered = sorted(self.latencies)
+        commits = sorted(self.probe.take())
         row = {
             "minute": len(self.rows) + 1,
             "t": round(elapsed, 1),
@@ -208,6 +261,9 @@ class Recorder:
             "worker_rss_kib": sum(self.samples[-1]["worker_rss_kib"]),
             "load_average_1m": round(os.getloadavg()[0], 2),
             "producer_behind_max_seconds": round(producer_behind, 3),
+            "probe_commit_p50_ms": _percentile(commits, 0.50),
+            "probe_commit_p99_ms": _percentile(commits, 0.99),
+            "probe_commit_max_ms": round(commits[-1], 2) if commits else None,
         }
         self.rows.append(row)
         self.row_began, self.latencies, self.enqueued = table, [], 0
@@ -343,7 +399,10 @@ def run(
                 if rate is None:
                     capacity = measure_capacity(url, q, capacity_jobs, enqueued)
                     rate = load * capacity
-                with closing(Recorder(url, [p.pid for p in procs])) as recorder:
+                with (
+                    closing(CommitProbe(url)) as probe,
+                    closing(Recorder(url, [p.pid for p in procs], probe)) as recorder,
+                ):
                     ids, behind = produce(q, recorder, rate, seconds, row_seconds)
             enqueued += ids
             began = time.monotonic()

@@ -43,12 +43,15 @@ def test_a_minute_of_steady_load_loses_nothing_and_stays_flat(db_url: str) -> No
     series = {"throughput_per_second", "latency_p50_ms", "latency_p99_ms", "latency_max_ms"}
     series |= {"jobs_table_bytes", "jobs_index_bytes", "dead_tuples", "live_tuples"}
     series |= {"worker_rss_kib", "load_average_1m", "producer_behind_max_seconds"}
+    series |= {"probe_commit_p50_ms", "probe_commit_p99_ms", "probe_commit_max_ms"}
     for row in rows:
         assert series <= set(row), row
         assert row["jobs_started"] > 0 and row["latency_p99_ms"] is not None, row
         assert row["latency_p50_ms"] <= row["latency_p99_ms"] <= row["latency_max_ms"], row
         assert row["jobs_table_bytes"] > 0 and row["jobs_index_bytes"] > 0, row
         assert row["worker_rss_kib"] > 0, row
+        # The commit probe ran through the row (about one commit per 0.1 s).
+        assert 0 < row["probe_commit_p50_ms"] <= row["probe_commit_max_ms"], row
     # Completions keep up with the open-loop producer, row after row.
     assert sum(r["throughput_per_second"] for r in rows) / len(rows) > 0.8 * RATE, rows
     verdict = result["flatness"]
