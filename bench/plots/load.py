@@ -27,6 +27,8 @@ SOAK_PANELS = (
     ("dead_tuples", "dead tuples", 1.0),
     ("worker_rss_kib", "worker RSS, all (MiB)", 1 / 1024),
     ("load_average_1m", "machine load average (1 min)", 1.0),
+    # Beside the queue: the slowest one-row commit of the minute (newer runs).
+    ("probe_commit_max_ms", "slowest probe commit (ms)", 1.0),
 )
 
 
@@ -79,7 +81,8 @@ def plot_soak(record: ResultRecord, out: Path) -> Path:
     minutes = [r["minute"] for r in rows]
     fig, axes = plt.subplots(2, 4, figsize=(17, 7.2))
     flat = record.results["flatness"]["series"]
-    for ax, (key, label, scale) in zip(axes.flat, SOAK_PANELS, strict=False):
+    panels = [panel for panel in SOAK_PANELS if panel[0] in rows[0]]
+    for ax, (key, label, scale) in zip(axes.flat, panels, strict=False):
         values = [None if r[key] is None else r[key] * scale for r in rows]
         ax.plot(minutes, values, marker=".", color="tab:blue")
         verdict = flat.get(key)
@@ -90,7 +93,8 @@ def plot_soak(record: ResultRecord, out: Path) -> Path:
         ax.set_ylim(bottom=0)
         ax.set_xlabel("minute")
         ax.grid(alpha=0.3)
-    axes.flat[-1].axis("off")
+    for ax in axes.flat[len(panels) :]:
+        ax.axis("off")
     p = record.parameters
     r = record.results
     title = (
@@ -134,11 +138,12 @@ def soak_table(record: ResultRecord) -> list[str]:
     rows = record.results.get("per_minute", [])
     if not rows or "throughput_per_second" not in rows[0]:
         return []  # a record of the older soak, without per-minute rows
+    probed = "probe_commit_max_ms" in rows[0]
     out = [
         "\nsoak.json (every 5th minute):\n",
         "| minute | done/s | p50 ms | p99 ms | table MB | indexes MB | dead tuples "
-        "| RSS MiB | load avg |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| RSS MiB | load avg |" + (" slowest commit ms |" if probed else ""),
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if probed else ""),
     ]
     for r in rows:
         if r["minute"] % 5 and r is not rows[0] and r is not rows[-1]:
@@ -148,6 +153,7 @@ def soak_table(record: ResultRecord) -> list[str]:
             f"| {r['latency_p99_ms']} | {r['jobs_table_bytes'] / 1e6:.2f} "
             f"| {r['jobs_index_bytes'] / 1e6:.2f} | {r['dead_tuples']:,} "
             f"| {r['worker_rss_kib'] / 1024:.1f} | {r['load_average_1m']} |"
+            + (f" {r['probe_commit_max_ms']} |" if probed else "")
         )
     out += [
         "",
