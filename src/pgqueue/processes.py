@@ -89,7 +89,6 @@ class ProcessSupervisor:
     _running: list[_Running] = field(default_factory=list)
     _signals: list[int] = field(default_factory=list)
     _stopping: bool = False
-    _wake: threading.Event = field(default_factory=threading.Event)
 
     def run(self, on_ready: Callable[[], bool] | None = None) -> int:
         """Start the children and supervise them until a signal, or until a
@@ -128,11 +127,16 @@ class ProcessSupervisor:
                 signal.signal(sig, handler)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        # No lock may be taken here (the signal module's documentation warns
+        # of deadlocks): the handler runs on the main thread between two of
+        # its bytecodes, perhaps while that thread holds the lock, as a
+        # threading.Event's wait holds its own for a moment each tick. The
+        # Event this replaces is the likely cause of a supervisor that once
+        # ignored a SIGTERM for 30 s. _watch sees the list within a tick.
         self._signals.append(signum)
         if self._stopping or len(self._signals) > 1:  # asked again: no more waiting
             for child in self._live():
                 _killpg(child.pgid, signal.SIGKILL)
-        self._wake.set()
 
     def _watch(self, on_ready: Callable[[], bool] | None) -> _Running | None:
         """Until a signal: restart children that may be, return one that may not."""
@@ -149,7 +153,7 @@ class ProcessSupervisor:
                     self._schedule_restart(child, now)
             if not ready and on_ready is not None:
                 ready = on_ready()
-            self._wake.wait(_TICK)
+            time.sleep(_TICK)
         return None
 
     def _schedule_restart(self, child: _Running, now: float) -> None:
