@@ -185,8 +185,7 @@ class CommitProbe:
             self._error = exc
 
     def take(self) -> list[float]:
-        if self._error is not None:
-            raise RuntimeError("the commit probe failed") from self._error
+        self._raise_failure()
         with self._lock:
             taken, self._durations = self._durations, []
         return taken
@@ -195,6 +194,11 @@ class CommitProbe:
         self._stop.set()
         self._thread.join()
         self.conn.close()
+        self._raise_failure()  # a failure after the last row's take
+
+    def _raise_failure(self) -> None:
+        if self._error is not None:
+            raise RuntimeError("the commit probe failed") from self._error
 
 
 class Recorder:

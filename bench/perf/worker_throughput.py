@@ -311,19 +311,15 @@ def main(argv: list[str] | None = None) -> ResultRecord | None:
     if args.child:
         child(args.child[0], args.child[1], int(args.child[2]), args.child[3])
         return None
+
+    def worker(processes: int, task: str) -> Callable[[str], float]:
+        return lambda url: drain(url, args.jobs, processes, task, args.concurrency, args.prefetch)
+
     scenarios: dict[str, Callable[[str], float]] = {
-        "async_1_process": lambda url: drain(
-            url, args.jobs, 1, "noop", args.concurrency, args.prefetch
-        ),
-        "async_2_processes": lambda url: drain(
-            url, args.jobs, 2, "noop", args.concurrency, args.prefetch
-        ),
-        "sync_1_process": lambda url: drain(
-            url, args.jobs, 1, "noop_sync", args.concurrency, args.prefetch
-        ),
-        "isolated_1_process": lambda url: drain(
-            url, args.jobs, 1, "noop_sync_isolated", args.concurrency, args.prefetch
-        ),
+        "async_1_process": worker(1, "noop"),
+        "async_2_processes": worker(2, "noop"),
+        "sync_1_process": worker(1, "noop_sync"),
+        "isolated_1_process": worker(1, "noop_sync_isolated"),
         "reference_pgbench": lambda url: reference(url, args.jobs, bare=False),
         "reference_pgbench_bare": lambda url: reference(url, args.jobs, bare=True),
     }
