@@ -40,7 +40,7 @@ import json
 import operator
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, make_dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 from uuid import UUID
@@ -240,10 +240,19 @@ def _values(columns: Iterable[Any]) -> list[Any]:
     return values
 
 
-# Each field's slot, in declaration order. Filled directly: a frozen
-# dataclass's __init__ goes through object.__setattr__ for each field, which
-# was 3 µs of the worker's time per claimed job.
-_SLOT_SETTERS = tuple(getattr(Job, f.name).__set__ for f in fields(Job))
+# A Job without the frozen guard: the same slots in the same order, filled by
+# plain attribute stores, then made a Job by changing its class (which Python
+# allows only between classes of the same layout, and checks). A frozen
+# dataclass's __init__ goes through object.__setattr__ for each field: 2.8 µs
+# of the worker's time per claimed job, against 0.9 µs.
+_Unfrozen = make_dataclass(
+    "_Unfrozen",
+    [(f.name, f.type) for f in fields(Job)],
+    slots=True,
+    eq=False,
+    repr=False,
+    match_args=False,
+)
 
 
 @functools.lru_cache(maxsize=32)
@@ -252,16 +261,15 @@ def _reader(names: tuple[str, ...]) -> Callable[[Sequence[Any]], Job]:
     ``names`` (looked up once per statement, not per row)."""
     pick = operator.itemgetter(*(names.index(name) for name in _COLUMNS))
     parents_at = names.index("parents") if "parents" in names else None
-    new = object.__new__
 
     def read(row: Sequence[Any]) -> Job:
-        values = _values(pick(row))
-        values.append(False)  # duplicate
-        values.append(() if parents_at is None else tuple(row[parents_at] or ()))
-        job = new(Job)
-        for setter, value in zip(_SLOT_SETTERS, values, strict=True):
-            setter(job, value)
-        return job
+        parents = () if parents_at is None else tuple(row[parents_at] or ())
+        job = _Unfrozen(*pick(row), False, parents)  # False: not a duplicate
+        job.state = STATES[job.state]
+        errors = job.errors
+        job.errors = tuple(map(AttemptError.from_dict, errors)) if errors else ()
+        job.__class__ = Job
+        return job  # type: ignore[no-any-return]
 
     return read
 

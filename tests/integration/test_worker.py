@@ -9,6 +9,7 @@ import logging
 import math
 import threading
 import time
+from datetime import UTC
 from typing import Any
 
 import psycopg
@@ -346,6 +347,32 @@ async def test_delayed_job_runs_at_its_time(
         await aqueue.wait(job.id, 10)
     late = delay_of(sql, job.id)
     assert 0.0 <= late < 0.5
+
+
+async def test_handlers_get_times_in_utc_whatever_the_database_time_zone(
+    settings: Settings, aqueue: AsyncQueue, sql: psycopg.Connection[Any]
+) -> None:
+    """The worker's sessions read times in UTC (a zone psycopg converts to
+    for free); the instants are the database's own."""
+    sql.execute(f"ALTER DATABASE {sql.info.dbname} SET timezone = 'America/New_York'")
+    with psycopg.connect(settings.database_url) as fresh:
+        assert fresh.execute("SHOW timezone").fetchone() == ("America/New_York",)
+    seen: list[Job] = []
+
+    async def grab(job: Job) -> None:
+        seen.append(job)
+
+    job = await aqueue.enqueue("grab")
+    async with running(AsyncWorker({"grab": grab}, settings=settings)):
+        await aqueue.wait(job.id, 10)
+    (got,) = seen
+    row = sql.execute(
+        "SELECT run_at, enqueued_at, started_at, lease_expires_at FROM pgqueue_jobs WHERE id = %s",
+        (job.id,),
+    ).fetchone()
+    times = (got.run_at, got.enqueued_at, got.started_at, got.lease_expires_at)
+    assert all(t is not None and t.tzinfo is UTC for t in times)
+    assert times[:3] == row[:3]
 
 
 async def test_stop_finishes_running_jobs_and_acks_them(

@@ -4,11 +4,12 @@ job, and the parents' results a claimed job gets."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
-from pgqueue import InvalidJob, Job, JobSpec, Settings, chain, driver, group
+from pgqueue import InvalidJob, Job, JobSpec, JobState, Settings, chain, driver, group
 from pgqueue.dependencies import Graph, plan
 from pgqueue.transitions import claim
 from pgqueue.workflows import by_name, graph_of, specs_maker
@@ -109,3 +110,16 @@ def test_claim_rows_give_their_parents_column_to_the_jobs() -> None:
     values = tuple(row.values())
     with_parents, without = Job.from_tuples(names, [(*values, [{"a": 1}, None]), (*values, None)])
     assert with_parents.parents == ({"a": 1}, None) and without.parents == ()
+
+
+def test_a_job_read_from_a_claim_row_is_a_plain_frozen_job_equal_to_one_from_a_mapping() -> None:
+    db = MemoryDatabase()
+    row = db.jobs[db.add(payload={"n": 1})]
+    row["errors"] = [
+        {"attempt": 1, "error": "boom", "worker": "w", "at": "2026-12-01T00:00:00+00:00"}
+    ]
+    (job,) = Job.from_tuples([*row, "parents"], [(*row.values(), None)])
+    assert type(job) is Job and job == Job.from_row(row)
+    assert job.state is JobState.QUEUED and job.errors[0].error == "boom"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        job.payload = {}  # type: ignore[misc]

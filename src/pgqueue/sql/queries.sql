@@ -1288,6 +1288,14 @@ SELECT now() AS now;
 -- logs. A utility statement takes no parameters: run it on a ClientCursor.
 ALTER ROLE postgres PASSWORD %(verifier)s;
 
+-- name: session_utc
+-- The worker's sessions read times in UTC: psycopg turns a timestamptz into
+-- a datetime in the session's zone, and any zone but "UTC" (even
+-- "Etc/UTC", a common server default) costs a conversion through zoneinfo
+-- per value, 0.35 µs each, four per claimed job. The times are the same
+-- instants; only their zone differs.
+SET TIME ZONE 'UTC';
+
 -- name: listen_jobs
 -- Subscribe to "jobs are ready" hints (payload: the queue name).
 LISTEN pgqueue_jobs;

@@ -69,6 +69,11 @@ class Connection:
     async def _connect(self) -> None:
         options = CONNECT_KWARGS if self.prepare else CONNECT_KWARGS | {"prepare_threshold": None}
         conn = await psycopg.AsyncConnection.connect(self.url, **options)
+        try:
+            await conn.execute(QUERIES["session_utc"])
+        except BaseException:
+            await conn.close()
+            raise
         self._conn = conn
         cursor = driver.async_tuple_cursor(conn)
         self._session = driver.AsyncCursorSession(cursor, prepare=self.prepare)
