@@ -6,6 +6,8 @@ slots, supervision, and waiting for a schema."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import logging
 import threading
 from typing import Any
@@ -17,6 +19,7 @@ from pgqueue import Job, JobState, Settings, WorkerFailed, driver
 from pgqueue import transitions as t
 from pgqueue.presence import WorkerInfo, WorkerLoad
 from pgqueue.worker import AsyncWorker
+from pgqueue.worker._context import in_context
 from pgqueue.worker._threads import ThreadPool
 from pgqueue.worker.completer import Completer
 from pgqueue.worker.executor import Executor
@@ -31,6 +34,7 @@ from tests.unit.memory import MemoryConnection, MemoryDatabase, no_hints
 
 SETTINGS = Settings(database_url="memory://", poll_interval_seconds=0.05)
 EVENTS = EventLog("unit")
+CALLER = contextvars.ContextVar("caller", default="unset")
 
 
 def claimed(db: MemoryDatabase, count: int = 1, **fields: Any) -> list[Job]:
@@ -193,6 +197,44 @@ async def test_a_lost_lease_cancels_the_running_handler() -> None:
     kept_task.cancel()
 
 
+# -- a job's own context -------------------------------------------------------------------
+
+
+async def test_in_context_runs_a_coroutine_as_its_own_task_would() -> None:
+    """Values, errors, timeouts and cancellations pass as through a task,
+    and what the coroutine sets in its context stays there."""
+    CALLER.set("outside")
+
+    async def job(fail: bool) -> str:
+        seen = CALLER.get()
+        CALLER.set("inside")
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(0.01):  # cancels the runner's task, then uncancels it
+                await asyncio.sleep(1)
+        if fail:
+            raise KeyError(seen)
+        return seen
+
+    assert await in_context(job(False), contextvars.copy_context()) == "outside"
+    with pytest.raises(KeyError, match="outside"):
+        await in_context(job(True), contextvars.copy_context())
+    assert CALLER.get() == "outside"
+    current = asyncio.current_task()
+    assert current is not None and current.cancelling() == 0
+
+    async def stubborn() -> str:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            return "cancelled inside"
+        return "not cancelled"
+
+    runner = asyncio.create_task(in_context(stubborn(), contextvars.copy_context()))
+    await asyncio.sleep(0.01)
+    runner.cancel()
+    assert await runner == "cancelled inside"
+
+
 # -- the producer -------------------------------------------------------------------------
 
 
@@ -325,6 +367,58 @@ async def test_the_worker_runs_jobs_from_claim_to_ack() -> None:
     async with running(worker):
         await until(lambda: all(db.state(i) == "succeeded" for i in ids))
     assert worker.stats["succeeded"] == 20 and worker.stats["claimed"] == 20
+
+
+async def test_one_runner_runs_the_waiting_jobs_each_in_a_context_of_its_own() -> None:
+    """With one slot, the jobs that wait for it run on the runner of the
+    first, one after another; none sees what the one before set in its
+    context, nor the cancellation of the one whose lease was lost."""
+    db = MemoryDatabase()
+    seen: list[tuple[asyncio.Task[Any] | None, str, int]] = []
+    blocking = asyncio.Event()
+
+    async def probe(job: Job) -> None:
+        task = asyncio.current_task()
+        seen.append((task, CALLER.get(), task.cancelling() if task else -1))
+        CALLER.set(f"job {job.id}")
+        if job.payload.get("block"):
+            blocking.set()
+            await asyncio.sleep(30)  # until its lease is lost
+
+    worker = memory_worker(db, {"probe": probe}, concurrency=1)
+    jobs = claimed(db, 2, task="probe") + claimed(db, 1, task="probe", payload={"block": True})
+    jobs += claimed(db, 3, task="probe")
+    CALLER.set("the caller of run()")
+    async with running(worker):
+        await until(lambda: worker.running_count == 0 and db.sent("schedule_next_due"))
+        worker._start(jobs)
+        assert worker.running_count == 1 and worker.held.waiting == 5
+        await asyncio.wait_for(blocking.wait(), 5)
+        db.jobs[jobs[2].id]["state"] = "cancelled"  # an operator cancelled it
+        await worker.lease_keeper.beat()
+        await until(lambda: len(worker.held) == 0)
+    assert len(seen) == 6 and len({id(task) for task, _, _ in seen}) == 1
+    assert [caller for _, caller, _ in seen] == ["the caller of run()"] * 6
+    assert [cancelling for _, _, cancelling in seen] == [0] * 6
+    assert worker.stats["succeeded"] == 5 and worker.stats["lost"] == 1
+
+
+async def test_a_job_waiting_behind_a_hung_thread_starts_when_the_thread_returns() -> None:
+    db = MemoryDatabase()
+    release = threading.Event()
+
+    def hang(job: Job) -> None:
+        release.wait(10)
+
+    worker = memory_worker(db, {"hang": hang, "quick": lambda job: "done"}, concurrency=1)
+    jobs = claimed(db, 1, task="hang", timeout_seconds=0.1) + claimed(db, 1, task="quick")
+    async with running(worker):
+        await until(lambda: db.sent("schedule_next_due"))
+        worker._start(jobs)
+        await until(lambda: db.state(jobs[0].id) == "queued")  # timed out: retried later
+        assert worker.degraded and worker.held.waiting == 1
+        release.set()
+        await until(lambda: db.state(jobs[1].id) == "succeeded")
 
 
 async def test_an_unexpected_error_in_a_part_stops_the_worker(
