@@ -7,7 +7,10 @@ prefetched jobs given back at shutdown."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
+
+import pytest
 
 from pgqueue import Job, Settings, driver
 from pgqueue import transitions as t
@@ -167,6 +170,29 @@ async def test_a_producer_of_long_jobs_claims_only_a_job_or_so_ahead() -> None:
     producer.stop()
     await asyncio.wait_for(task, 5)
     assert held.ahead <= 1 and held.waiting <= 1
+
+
+def test_the_pace_keeps_a_burst_through_the_lull_after_it_and_forgets_it_over_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Short jobs end in bursts: the buffer is sized by the busiest recent
+    rate, not by the last interval's (which a lull puts at 0)."""
+    held = HeldJobs(10, prefetch=1000)
+    producer = Producer(
+        MemoryConnection(MemoryDatabase()), held, SETTINGS, EVENTS, queues=None, start=print
+    )
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    producer._paced = (100.0, 0, 0.0)
+
+    def claim_returns(at: float, finished: int, round_trip: float = 0.01) -> int:
+        clock[0], held.finished = at, finished
+        producer._pace(sent_at=at - round_trip)
+        return held.ahead
+
+    assert claim_returns(100.01, 500) == 1000  # 50,000 jobs/s x 2 round trips of 10 ms
+    assert claim_returns(100.02, 500) >= 980  # none ended while that claim was out
+    assert claim_returns(110.02, 510) == 1  # then a job a second for 10 s
 
 
 # -- the completer -------------------------------------------------------------------------

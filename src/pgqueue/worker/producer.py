@@ -47,6 +47,8 @@ Listen = Callable[[], AsyncIterator[str | None]]
 # Claim ahead for this many claims' round trips: room for a claim slower
 # than the last, and for the pace to grow when the slots were starved.
 PACE_MARGIN = 2
+# How long the pace remembers the busiest rate it measured (see _pace).
+PACE_MEMORY_SECONDS = 1.0
 
 
 class Producer:
@@ -82,7 +84,8 @@ class Producer:
         self._turn = 0  # which queue comes first in the round-robin
         self._sparse: frozenset[str] = frozenset()  # queues that gave nothing last time
         self._limited: frozenset[str] = frozenset()  # queues with a concurrency limit
-        self._paced = (time.monotonic(), 0)  # (when, jobs finished) at the last full claim
+        # (when, jobs finished, the rate it paced for) at the last full claim
+        self._paced: tuple[float, int, float] = (time.monotonic(), 0, 0.0)
         self._claiming = 0  # jobs asked for by the claims in flight
 
     def wake(self) -> None:
@@ -163,14 +166,23 @@ class Producer:
 
     def _pace(self, sent_at: float) -> None:
         """Claim ahead as many jobs as start during PACE_MARGIN claims'
-        round trips at the rate jobs ended since the last full claim: those
-        the buffer must hold for the slots to stay busy while the next claim
-        is out. Long jobs end slowly: a job or so ahead."""
+        round trips at the rate jobs end: those the buffer must hold for the
+        slots to stay busy while the next claim is out. Long jobs end slowly:
+        a job or so ahead.
+
+        The rate is the busiest measured since the last full claim or
+        before it, forgotten over PACE_MEMORY_SECONDS. Short jobs end in
+        bursts (a batch ends at once, then none while the next claim is
+        out), so that the rate between two claims swung from 0 to several
+        times its mean, and the buffer with it: a drain of 20,000 no-op jobs
+        by two processes made claims of 1 or 2 jobs after each swing down."""
         now, finished = time.monotonic(), self.held.finished
-        rate = (finished - self._paced[1]) / max(now - self._paced[0], 1e-6)
+        since, before, paced = self._paced
+        measured = (finished - before) / max(now - since, 1e-6)
+        rate = max(measured, paced * math.exp((since - now) / PACE_MEMORY_SECONDS))
         wanted = math.ceil(PACE_MARGIN * rate * (now - sent_at))
         self.held.ahead = min(self.held.prefetch, wanted)
-        self._paced = (now, finished)
+        self._paced = (now, finished, rate)
 
     async def give_back(self, waiting: Sequence[Held]) -> None:
         """Stopping: queue again at once the claimed jobs that never started
