@@ -296,17 +296,17 @@ class SdkWatch:
 
 def running(
     job: Job, sdk_installed: Callable[[], bool] = _sdk_installed
-) -> contextlib.AbstractContextManager[Callable[[Outcome], None]]:
+) -> contextlib.AbstractContextManager[Callable[[Outcome], None]] | None:
     """The span of one attempt, current while the handler runs: a child of
     the context its enqueuer left in the job's metadata (a root span
     without one). Gives the function that records how it ended; an
-    exception the executor catches is recorded by ``failed``. (A worker
-    passes its ``SdkWatch``.)"""
+    exception the executor catches is recorded by ``failed``. None when
+    the job carries no context and no SDK is installed: nothing would be
+    recorded, nor handed on to the handler's own calls, and the no-op span
+    is not worth its cost. (A worker passes its ``SdkWatch``.)"""
     headers = _headers(job)
     if not headers and not sdk_installed():
-        # Nothing would be recorded, and there is no context to hand on to
-        # the handler's own calls: the no-op span is not worth its cost.
-        return _UNRECORDED
+        return None
     return _span_of(job, headers)
 
 
@@ -330,13 +330,6 @@ def _span_of(job: Job, headers: dict[str, str]) -> Iterator[Callable[[Outcome], 
         set_status_on_exception=False,
     ) as span:
         yield lambda outcome: _ended(span, outcome)
-
-
-def _unrecorded(outcome: Outcome) -> None:
-    pass
-
-
-_UNRECORDED = contextlib.nullcontext(_unrecorded)
 
 
 def _headers(job: Job) -> dict[str, str]:

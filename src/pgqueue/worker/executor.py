@@ -15,6 +15,7 @@ failed attempt like any other.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -58,10 +59,13 @@ class Executor:
         the call cancels an async handler and kills an isolated one; a sync
         handler's thread runs on and its result is dropped. (A plain
         function: no coroutine of its own per job.)"""
-        return self._traced(job) if self.traced else self._execute(job)
+        span = tracing.running(job, self._sdk_installed) if self.traced else None
+        return self._execute(job) if span is None else self._traced(job, span)
 
-    async def _traced(self, job: Job) -> Outcome:
-        with tracing.running(job, self._sdk_installed) as ended:
+    async def _traced(
+        self, job: Job, span: contextlib.AbstractContextManager[Callable[[Outcome], None]]
+    ) -> Outcome:
+        with span as ended:
             outcome = await self._execute(job)
             ended(outcome)
         return outcome
