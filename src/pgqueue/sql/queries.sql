@@ -248,12 +248,13 @@ WITH wanted AS (
     -- 111, 150 ms a claim), so that a worker behind a producer fell further
     -- behind. The statements below that update held rows by id do the same.
     WHERE j.id = picked.id AND (j.state = 'queued') IS TRUE
-    RETURNING j.*, j.started_at - j.run_at AS waited
+    RETURNING j.*
 ), latency AS (
     INSERT INTO pgqueue_start_latency AS h (queue, shard, bucket, count, sum_seconds)
     SELECT queue, pg_backend_pid() %% 16,
-           width_bucket(extract(epoch FROM waited)::double precision, %(latency_bounds)s::double precision[]),
-           count(*), sum(extract(epoch FROM waited))
+           width_bucket(extract(epoch FROM started_at - run_at)::double precision,
+                        %(latency_bounds)s::double precision[]),
+           count(*), sum(extract(epoch FROM started_at - run_at))
     FROM claimed GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
     ON CONFLICT (queue, shard, bucket) DO UPDATE
     SET count = h.count + excluded.count, sum_seconds = h.sum_seconds + excluded.sum_seconds
