@@ -350,10 +350,12 @@ async def test_a_queue_heard_of_while_the_queues_are_listed_is_not_forgotten() -
 # -- the whole worker ------------------------------------------------------------------------
 
 
-def memory_worker(db: MemoryDatabase, handlers: dict[str, Any], **kwargs: Any) -> AsyncWorker:
+def memory_worker(
+    db: MemoryDatabase, handlers: dict[str, Any], settings: Settings = SETTINGS, **kwargs: Any
+) -> AsyncWorker:
     return AsyncWorker(
         handlers,
-        settings=SETTINGS,
+        settings=settings,
         connect=lambda url: MemoryConnection(db),
         hints=lambda url: no_hints(),
         **kwargs,
@@ -430,6 +432,23 @@ async def test_an_unexpected_error_in_a_part_stops_the_worker(
     caplog.set_level(logging.ERROR, logger="pgqueue.worker")
     with pytest.raises(WorkerFailed, match="claims failed: RuntimeError: a bug"):
         await asyncio.wait_for(memory_worker(db, {}).run(), 5)
+    assert "Traceback" in caplog.text
+
+
+async def test_an_unexpected_error_in_a_runner_stops_the_worker(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(self: Completer, held: Any, outcome: t.Outcome) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(Completer, "submit", broken)
+    db = MemoryDatabase()
+    db.add("echo")
+    caplog.set_level(logging.ERROR, logger="pgqueue.worker")
+    with pytest.raises(WorkerFailed, match="jobs failed: RuntimeError: a bug"):
+        # (Its outcome never comes: the drain gives up after the shutdown timeout.)
+        quick = SETTINGS.replace(shutdown_timeout_seconds=0.1)
+        await asyncio.wait_for(memory_worker(db, {"echo": lambda job: None}, quick).run(), 10)
     assert "Traceback" in caplog.text
 
 

@@ -292,9 +292,18 @@ class AsyncWorker:
             if self._stopping:  # the claim loop returns when told to stop
                 return
             exc = RuntimeError(f"the {name} loop returned")
+        self._crashed(name, exc)
+
+    def _runner_ended(self, task: asyncio.Task[None]) -> None:
+        """A runner's unexpected error (a handler's is its job's outcome) is
+        a failure of the worker like any part's."""
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            self._crashed("jobs", exc)
+
+    def _crashed(self, part: str, exc: BaseException) -> None:
         if self._failure is None:
-            self._failure = (name, exc)
-        self.events.crashed(name, exc)
+            self._failure = (part, exc)
+        self.events.crashed(part, exc)
         self.request_stop()
 
     async def _supervised(self, part: str, step: Coroutine[Any, Any, bool]) -> bool:
@@ -363,6 +372,7 @@ class AsyncWorker:
 
     def _spawn(self, held: Held) -> None:
         held.task = asyncio.create_task(self._runner(held))
+        held.task.add_done_callback(self._runner_ended)
 
     async def _runner(self, held: Held) -> None:
         """Run ``held``, then the waiting jobs one after another while there
