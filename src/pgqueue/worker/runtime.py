@@ -379,9 +379,12 @@ class AsyncWorker:
         are any: one task for many short jobs (a task per job was 3 µs of
         the worker's CPU per job, a sixth of it), each job still in a context
         of its own (``in_context``)."""
-        task = held.task
+        # Not held.task: under an eager task factory (Python 3.12) the runner
+        # starts before _spawn has set it.
+        task = asyncio.current_task()
         assert task is not None
         for ran in itertools.count(1):
+            held.task = task
             await self._run_job(held)
             if held.lost or held.interrupted:
                 # The cancellation was this job's (lease keeper, shutdown),
@@ -394,7 +397,6 @@ class AsyncWorker:
             if next_held is None:
                 return
             held = next_held
-            held.task = task
             self._start_ready()  # more slots may be free (a hung thread returned)
 
     async def _run_job(self, held: Held) -> None:
