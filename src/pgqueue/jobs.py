@@ -196,11 +196,8 @@ class Job:
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any], *, duplicate: bool = False) -> Job:
-        return cls(  # type: ignore[misc]  # mypy cannot count a list
-            *_values(row[name] for name in _COLUMNS),
-            duplicate=duplicate,
-            parents=tuple(row.get("parents") or ()),
-        )
+        columns = (row[name] for name in _COLUMNS)
+        return _made(columns, duplicate, tuple(row.get("parents") or ()))
 
     @classmethod
     def from_tuples(cls, names: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[Job]:
@@ -224,20 +221,8 @@ class Job:
 
 
 _COLUMNS = tuple(f.name for f in fields(Job) if f.name not in ("duplicate", "parents"))
-_STATE_INDEX = _COLUMNS.index("state")
-_ERRORS_INDEX = _COLUMNS.index("errors")
 # A state column's text as a JobState (quicker than calling JobState).
 STATES = {state.value: state for state in JobState}
-
-
-def _values(columns: Iterable[Any]) -> list[Any]:
-    """A row's columns as Job's fields: the state as a JobState, the errors
-    (jsonb, NULL when none) as AttemptErrors."""
-    values = list(columns)
-    values[_STATE_INDEX] = STATES[values[_STATE_INDEX]]
-    errors = values[_ERRORS_INDEX]
-    values[_ERRORS_INDEX] = tuple(map(AttemptError.from_dict, errors)) if errors else ()
-    return values
 
 
 # A Job without the frozen guard: the same slots in the same order, filled by
@@ -264,14 +249,20 @@ def _reader(names: tuple[str, ...]) -> Callable[[Sequence[Any]], Job]:
 
     def read(row: Sequence[Any]) -> Job:
         parents = () if parents_at is None else tuple(row[parents_at] or ())
-        job = _Unfrozen(*pick(row), False, parents)  # False: not a duplicate
-        job.state = STATES[job.state]
-        errors = job.errors
-        job.errors = tuple(map(AttemptError.from_dict, errors)) if errors else ()
-        job.__class__ = Job
-        return job  # type: ignore[no-any-return]
+        return _made(pick(row), False, parents)  # False: not a duplicate
 
     return read
+
+
+def _made(columns: Iterable[Any], duplicate: bool, parents: tuple[Any, ...]) -> Job:
+    """A Job of a row's columns (in the order of _COLUMNS): the state as a
+    JobState, the errors (jsonb, NULL when none) as AttemptErrors."""
+    job = _Unfrozen(*columns, duplicate, parents)
+    job.state = STATES[job.state]
+    errors = job.errors
+    job.errors = tuple(map(AttemptError.from_dict, errors)) if errors else ()
+    job.__class__ = Job
+    return job  # type: ignore[no-any-return]
 
 
 # -- a new job -------------------------------------------------------------------

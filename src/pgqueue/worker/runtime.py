@@ -397,7 +397,6 @@ class AsyncWorker:
             if next_held is None:
                 return
             held = next_held
-            self._start_ready()  # more slots may be free (a hung thread returned)
 
     async def _run_job(self, held: Held) -> None:
         """Run the job's handler; hand its outcome to the completer."""
