@@ -102,7 +102,8 @@ async def test_a_role_without_write_permission_stops_the_worker_with_a_clear_err
     worker = AsyncWorker({"echo": lambda job: "ok"}, settings=Settings(database_url=reader_url))
     with pytest.raises(WorkerFailed, match="permission denied"):
         await asyncio.wait_for(worker.run(), 20)
-    assert "permission denied for table pgqueue_jobs" in caplog.text
+    # Whichever part writes first says so (registering the worker, or a claim).
+    assert "permission denied for table pgqueue_" in caplog.text
     assert "stopping the worker" in caplog.text
 
 

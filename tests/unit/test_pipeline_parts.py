@@ -134,7 +134,7 @@ async def test_a_busy_producer_claims_ahead_up_to_prefetch() -> None:
         while (entry := held.next_ready()) is not None:
             end(entry)
 
-    producer = Producer(SlowClaims(db), held, SETTINGS, EVENTS, queues=None, start=start)
+    producer = Producer(SlowClaims(db), held, SETTINGS, EVENTS, queues=["default"], start=start)
     task = asyncio.create_task(producer.claim_loop())
     await until(lambda: all(row["state"] == "running" for row in db.jobs.values()))
     producer.stop()
@@ -158,7 +158,7 @@ async def test_a_producer_of_long_jobs_claims_only_a_job_or_so_ahead() -> None:
     def start(jobs: list[Job]) -> None:  # the jobs run until the test ends them
         entries.extend(e for e in (held.hold(job) for job in jobs) if e.stage is Stage.RUNNING)
 
-    producer = Producer(SlowClaims(db), held, SETTINGS, EVENTS, queues=None, start=start)
+    producer = Producer(SlowClaims(db), held, SETTINGS, EVENTS, queues=["default"], start=start)
     task = asyncio.create_task(producer.claim_loop())
     await until(lambda: held.running == 4)
     for _ in range(3):  # one job ends every 0.1 s
@@ -313,7 +313,7 @@ async def test_two_claimers_overlap_and_never_ask_for_more_than_the_room() -> No
 
     one = SlowClaims(db)
     two = SlowClaims(db, one.out)
-    producer = Producer(one, held, SETTINGS, EVENTS, queues=None, start=start, more=[two])
+    producer = Producer(one, held, SETTINGS, EVENTS, queues=["default"], start=start, more=[two])
     task = asyncio.create_task(producer.claim_loop())
     await until(lambda: len(ended) == 400)
     producer.stop()

@@ -250,7 +250,9 @@ async def test_the_producer_claims_no_more_than_the_free_slots() -> None:
             held.hold(job)
         started.extend(jobs)
 
-    producer = Producer(MemoryConnection(db), held, SETTINGS, EVENTS, queues=None, start=start)
+    producer = Producer(
+        MemoryConnection(db), held, SETTINGS, EVENTS, queues=["default"], start=start
+    )
     task = asyncio.create_task(producer.claim_loop())
     await until(lambda: len(started) == 2)
     await asyncio.sleep(0.1)  # no slot is free: no further claim
@@ -272,8 +274,11 @@ async def test_an_ended_job_of_a_concurrency_limited_queue_wakes_the_producer() 
     db = MemoryDatabase()
     db.limited = ["limited"]
     producer = idle_producer(db, queues=["limited", "other"])
+    lookout = asyncio.create_task(producer.lookout_loop())
     task = asyncio.create_task(producer.claim_loop())
-    await until(lambda: len(db.sent("queue_next_wake")) == 1)  # idle, and knows the limits
+    await until(lambda: len(db.sent("queue_next_wake")) == 1)  # knows the limits
+    await until(lambda: len(db.sent("job_claim")) == 1)  # and is idle
+    await asyncio.sleep(0.05)
     claims = len(db.sent("job_claim"))
     producer.jobs_ended({"other"})
     await asyncio.sleep(0.05)
@@ -281,6 +286,7 @@ async def test_an_ended_job_of_a_concurrency_limited_queue_wakes_the_producer() 
     producer.jobs_ended({"limited"})
     await until(lambda: len(db.sent("job_claim")) == claims + 1)
     producer.stop()
+    lookout.cancel()
     await asyncio.wait_for(task, 5)
 
 
@@ -299,12 +305,14 @@ async def test_a_producer_of_every_queue_claims_from_those_it_finds_or_hears_of(
     tasks = [
         asyncio.create_task(producer.claim_loop()),
         asyncio.create_task(producer.listen_loop(hints)),
+        asyncio.create_task(producer.lookout_loop()),
     ]
     await until(lambda: any("new" in s.params["queues"] for s in db.sent("job_claim")))
     assert db.sent("job_claim")[0].params["queues"] == ["found"]
     assert {db.state(i) for i in db.jobs} == {"running"}
     producer.stop()
-    tasks[1].cancel()
+    for task in tasks[1:]:
+        task.cancel()
     await asyncio.wait_for(tasks[0], 5)
 
 
@@ -339,12 +347,61 @@ async def test_a_queue_heard_of_while_the_queues_are_listed_is_not_forgotten() -
         await asyncio.Event().wait()
 
     listener = asyncio.create_task(producer.listen_loop(hints))
+    lookout = asyncio.create_task(producer.lookout_loop())
     claimer = asyncio.create_task(producer.claim_loop())
     await until(lambda: db.jobs and next(iter(db.jobs.values()))["state"] == "running")
     assert producer.known == ["new"]
     producer.stop()
     listener.cancel()
+    lookout.cancel()
     await asyncio.wait_for(claimer, 5)
+
+
+class Recorded(MemoryConnection):
+    """Records the names of the statements sent on this connection."""
+
+    def __init__(self, db: MemoryDatabase) -> None:
+        super().__init__(db)
+        self.names: list[str] = []
+
+    async def run(self, flow: Any) -> Any:
+        db, names = self.db, self.names
+
+        class Session:
+            async def execute(self, statement: Any) -> list[Any]:
+                names.append(statement.name)
+                return db.execute(statement)
+
+        return await driver.run_async(flow, Session())
+
+
+async def test_the_claimers_connections_carry_claims_and_nothing_else() -> None:
+    """The lookout lists the queues and asks when a job is next due on a
+    connection of its own, so that a slow listing cannot hold up a claim."""
+    db = MemoryDatabase()
+    db.add(queue="found")
+    claims, lookout = Recorded(db), Recorded(db)
+    producer = Producer(
+        claims,
+        HeldJobs(10),
+        SETTINGS.replace(poll_interval_seconds=0.05),
+        EVENTS,
+        queues=None,
+        start=lambda jobs: None,
+        more=[claims],
+        lookout=lookout,
+    )
+    tasks = [
+        asyncio.create_task(producer.claim_loop()),
+        asyncio.create_task(producer.lookout_loop()),
+    ]
+    await until(lambda: db.state(1) == "running")
+    await until(lambda: lookout.names.count("queue_names_queued") >= 3)  # every poll interval
+    producer.stop()
+    tasks[1].cancel()
+    await asyncio.wait_for(tasks[0], 5)
+    assert set(claims.names) == {"job_claim"}
+    assert set(lookout.names) == {"queue_names_queued", "queue_next_wake"}
 
 
 # -- the whole worker ------------------------------------------------------------------------

@@ -8,6 +8,8 @@ One job's path, by calls::
     AsyncWorker._run_job    -> Executor.execute (executor.py): the handler, an Outcome
                             -> Completer.submit (completer.py): written in a batch by
                                Completer.write_loop, fenced by the attempt's token
+    Producer.lookout_loop           lists the queues, learns when a job is next due
+                                    and which queues are limited (producer.py)
     LeaseKeeper.heartbeat_loop      extends the leases of held jobs (leases.py)
     Maintenance.maintenance_loop    finds dead workers, reaps expired leases, prunes old jobs
                                     (maintenance.py)
@@ -171,7 +173,7 @@ class AsyncWorker:
         if not self.url:
             self.url = await asyncio.to_thread(resolve_url, self.settings)
         # Claims and outcomes (two each, so that one statement goes out while
-        # the other commits), and upkeep (heartbeats, maintenance, schedules).
+        # the other commits), and upkeep (heartbeats, maintenance, schedules, the lookout).
         connections = [self._connect(self.url) for _ in range(CONNECTIONS)]
         self._build(*connections)
         self.processes.start()
@@ -246,7 +248,14 @@ class AsyncWorker:
         s, events = self.settings, self.events
         claims, claims2, outcomes, outcomes2, upkeep = conns
         self.producer = Producer(
-            claims, self.held, s, events, queues=self.queues, start=self._start, more=[claims2]
+            claims,
+            self.held,
+            s,
+            events,
+            queues=self.queues,
+            start=self._start,
+            more=[claims2],
+            lookout=upkeep,
         )
         self.completer = Completer(
             outcomes, self.held, s, events, self.producer.jobs_ended, more=[outcomes2]
@@ -274,6 +283,7 @@ class AsyncWorker:
             "outcomes": self.completer.write_loop(),
             "heartbeats": self.lease_keeper.heartbeat_loop(),
             "claims": self.producer.claim_loop(),
+            "lookout": self.producer.lookout_loop(),
             "maintenance": self.maintenance.maintenance_loop(),
             "schedules": self.scheduler.schedule_loop(),
         }
