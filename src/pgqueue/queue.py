@@ -165,8 +165,8 @@ class Queue(_Common):
         """Block until the job succeeds, dies or is cancelled; raise WaitTimeout."""
         deadline = time.monotonic() + timeout
         with self._waiters.waiting(job_id) as ended:
+            job = self.run(t.watch(job_id, timeout))
             while True:
-                job = self.get(job_id)
                 remaining = deadline - time.monotonic()
                 if job.state.finished:
                     return job
@@ -174,6 +174,7 @@ class Queue(_Common):
                     raise WaitTimeout(job_id, timeout)
                 ended.wait(min(remaining, WAIT_POLL_SECONDS))
                 ended.clear()
+                job = self.get(job_id)
 
     # -- workers --------------------------------------------------------------------
 
@@ -398,8 +399,8 @@ class AsyncQueue(_Common):
         await self.open()
         assert self._waiters is not None
         async with self._waiters.waiting(job_id) as ended:
+            job = await self.run(t.watch(job_id, timeout))
             while True:
-                job = await self.get(job_id)
                 remaining = deadline - time.monotonic()
                 if job.state.finished:
                     return job
@@ -408,6 +409,7 @@ class AsyncQueue(_Common):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(ended.wait(), min(remaining, WAIT_POLL_SECONDS))
                 ended.clear()
+                job = await self.get(job_id)
 
     async def claim(
         self, limit: int = 1, *, worker: str = "", queues: Sequence[str] | None = None

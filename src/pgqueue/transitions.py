@@ -52,6 +52,7 @@ __all__ = [
     "enqueue_many",
     "finish",
     "finish_groups",
+    "forget_waits",
     "get",
     "health",
     "heartbeat",
@@ -64,9 +65,14 @@ __all__ = [
     "retry",
     "round_robin",
     "schema_pending",
+    "watch",
 ]
 
 T = TypeVar("T")
+
+# A wait's registration (watch) lasts at most this long: a longer wait falls
+# back to re-reading its job every second after that.
+WATCH_MAX_SECONDS = 24 * 3600.0
 
 
 class Outcome(NamedTuple):
@@ -342,6 +348,24 @@ def get(job_id: int) -> Flow[Job]:
     if not jobs:
         raise JobNotFound(job_id)
     return jobs[0]
+
+
+def watch(job_id: int, seconds: float) -> Flow[Job]:
+    """wait()'s first read of a job: unless the job has ended, the statement
+    that ends it will notify ``pgqueue_finished`` (for ``seconds`` at most;
+    the ends of jobs nobody watches notify nobody)."""
+    seconds = min(seconds, WATCH_MAX_SECONDS) if seconds > 0 else 0.0
+    jobs: list[Job] = yield Statement(
+        "job_watch", {"id": _job_id(job_id), "seconds": seconds}, jobs=True
+    )
+    if not jobs:
+        raise JobNotFound(job_id)
+    return jobs[0]
+
+
+def forget_waits() -> Flow[None]:
+    """Delete the registrations of waiters past their timeout."""
+    yield Statement("wait_prune", {})
 
 
 def cancel(job_id: int) -> Flow[Job]:

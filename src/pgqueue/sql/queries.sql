@@ -625,6 +625,25 @@ LEFT JOIN (SELECT finished_at, id FROM matching ORDER BY finished_at DESC, id DE
 -- One job by id.
 SELECT * FROM pgqueue_jobs WHERE id = %(id)s;
 
+-- name: job_watch
+-- One job by id, as job_get reads it, for wait(): unless it has ended, its
+-- waiter is registered (until `seconds` from now), so that the statement
+-- that ends it notifies pgqueue_finished (pgqueue_notify_ended, migration
+-- 0015); other jobs' ends notify nobody.
+WITH job AS (
+    SELECT * FROM pgqueue_jobs WHERE id = %(id)s
+), watched AS (
+    INSERT INTO pgqueue_waits (job_id, until)
+    SELECT id, now() + make_interval(secs => %(seconds)s) FROM job
+    WHERE state NOT IN ('succeeded', 'dead', 'cancelled')
+)
+SELECT * FROM job;
+
+-- name: wait_prune
+-- Registrations of waiters (job_watch) past their timeout: the waiter gave
+-- up or died before its job ended.
+DELETE FROM pgqueue_waits WHERE until < now();
+
 -- name: job_list
 -- Jobs newest first, filtered, after a keyset cursor (the last id seen):
 -- a walk down the primary key that stops after `limit` matches, so a page

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 
 from .. import history, presence
 from ..settings import Settings
-from ..transitions import prune, reap
+from ..transitions import forget_waits, prune, reap
 from .connection import FlowRunner
 from .faults import WAIT_OUT, Backoff, EventLog
 
@@ -102,9 +102,11 @@ class Maintenance:
             await asyncio.sleep(0)
 
     async def prune(self) -> None:
-        """Delete finished jobs past the retention period, and the registry
-        rows of workers long gone."""
+        """Delete finished jobs past the retention period, the registry
+        rows of workers long gone, and waiters' registrations past their
+        timeout."""
         await self.conn.run(presence.prune(self.settings.worker_retention_seconds))
+        await self.conn.run(forget_waits())
         total = 0
         for _ in range(MAX_BATCHES):
             pruned = await self.conn.run(prune(self.settings))
