@@ -404,6 +404,29 @@ async def test_the_claimers_connections_carry_claims_and_nothing_else() -> None:
     assert set(lookout.names) == {"queue_names_queued", "queue_next_wake"}
 
 
+async def test_the_lookout_asks_when_a_job_is_next_due_only_after_a_short_claim() -> None:
+    """A worker whose claims all come back full would never sleep until then."""
+    db = MemoryDatabase()
+    lookout = Recorded(db)
+    producer = Producer(
+        MemoryConnection(db),
+        HeldJobs(10),
+        SETTINGS.replace(poll_interval_seconds=0.02),
+        EVENTS,
+        queues=["default"],
+        start=lambda jobs: None,
+        lookout=lookout,
+    )
+    task = asyncio.create_task(producer.lookout_loop())
+    await until(lambda: lookout.names == ["queue_next_wake"])  # it starts by asking
+    producer._claimed([], full=True)
+    await asyncio.sleep(0.1)  # five rounds
+    assert lookout.names == ["queue_next_wake"]
+    producer._claimed([], full=False)
+    await until(lambda: lookout.names == ["queue_next_wake"] * 2)
+    task.cancel()
+
+
 # -- the whole worker ------------------------------------------------------------------------
 
 

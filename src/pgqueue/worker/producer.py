@@ -17,8 +17,9 @@ them once per poll interval, and learns a new one from its hint.
 
 The lookout (``lookout_loop``) does the asking that is not claiming, off the
 claimers' connections: once per poll interval, and when a due time has
-passed, it lists the queues (a worker of every queue) and asks when a job is
-next due and which queues are concurrency-limited. On a claimer's
+passed, it lists the queues (a worker of every queue) and, unless every
+claim since it last asked came back full, asks when a job is next due and
+which queues are concurrency-limited. On a claimer's
 connection, a listing under load (it walks the claim index's entries of the
 jobs claimed since the last vacuum) took 10 to 28 ms once a second, and the
 claims waited behind it.
@@ -93,6 +94,7 @@ class Producer:
         self._look = asyncio.Event()  # the lookout should ask now (a due time passed)
         self._next_due: float | None = None  # monotonic time of the earliest run_at
         self._asleep_until = 0.0  # when the idle claimer wakes up by itself (0: awake)
+        self._idled = True  # a claim came back short since the lookout last asked
         self._heard: set[str] = set()  # queues named by hints since the last listing began
         self._turn = 0  # which queue comes first in the round-robin
         self._sparse: frozenset[str] = frozenset()  # queues that gave nothing last time
@@ -235,8 +237,12 @@ class Producer:
             self._look.clear()
             try:
                 await self._list_queues(self.lookout)
-                await self._refresh_next_due(self.lookout)
+                # A worker whose every claim came back full has no use for it.
+                if self._idled:
+                    self._idled = False
+                    await self._refresh_next_due(self.lookout)
             except WAIT_OUT as exc:
+                self._idled = True  # ask again after the backoff
                 await backoff.failed(exc)
                 continue
             backoff.succeeded()
@@ -263,6 +269,7 @@ class Producer:
         self._turn += 1
         self._sparse = frozenset(self.known).difference(job.queue for job in jobs)
         self._set_full(full)
+        self._idled = self._idled or not full
         if not jobs:
             return
         self.stats["claimed"] += len(jobs)
