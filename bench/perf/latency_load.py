@@ -1,7 +1,7 @@
 """Enqueue-to-start latency under load: an open-loop producer at 25 %, 50 % and
 80 % of the worker's measured capacity.
 
-    python -m bench.perf.latency_load [--seconds 10] [--loads 0.25,0.5,0.8]
+    python -m bench.perf.latency_load [--seconds 10] [--loads 0.25,0.5,0.8 | --rates R,...]
                                       [--configs noop,io_10ms] [--capacity-jobs 20000]
                                       [--producers 4] [--repeats 3] [--out PATH]
 
@@ -25,7 +25,13 @@ configuration (one forked ``AsyncWorker`` process, as bench.workers runs it):
    commit; started_at is the claim's). Completion rate = jobs / (last finish
    - first start), database clock. And second by second (of run_at): how
    many seconds had a median latency over 25 ms (a stall, or the whole
-   level?).
+   level?); and p50/p99 of the jobs enqueued after the level's first
+   second ("steady"): each level starts a fresh worker, whose first claims
+   and acks on new connections are several times slower, so a backlog
+   forms in its first few hundred ms and its wait is the whole level's p99.
+
+``--rates`` offers those jobs/s instead of fractions of the capacity (the
+same offer on both sides of an A/B comparison).
 
 Two more configurations are diagnoses (``--configs noop,io_10ms,NAME``), the
 ``noop`` one with one thing changed (see docs/results.md):
@@ -73,8 +79,11 @@ MEDIANS = (
     "completion_per_second",
     "achieved_per_second",
     "enqueue_p50_ms",
+    "enqueue_p99_ms",
     "load_average_1m",
     "seconds_median_over_25_ms",
+    "steady_p50_ms",
+    "steady_p99_ms",
 )
 
 
@@ -159,6 +168,25 @@ def slow_seconds(url: str) -> dict[str, Any]:
     }
 
 
+STEADY_QUERY = """
+SELECT percentile_cont(ARRAY[0.5, 0.99])
+       WITHIN GROUP (ORDER BY extract(epoch FROM started_at - run_at) * 1000)
+FROM pgqueue_jobs
+WHERE state = 'succeeded'
+  AND run_at >= (SELECT min(run_at) FROM pgqueue_jobs) + make_interval(secs => %s)
+"""
+
+
+def steady(url: str, warm_up_seconds: float) -> dict[str, float]:
+    """p50 and p99 of the jobs enqueued after the level's warm-up, when the
+    fresh worker's start is behind it."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(STEADY_QUERY, [warm_up_seconds]).fetchone()
+    assert row is not None and row[0] is not None
+    p50, p99 = row[0]
+    return {"steady_p50_ms": round(p50, 2), "steady_p99_ms": round(p99, 2)}
+
+
 def level(url: str, config: Config, per_second: float, args: argparse.Namespace) -> dict[str, Any]:
     """One load level against a fresh worker: the latency percentiles, the
     completion rate and what the producer achieved."""
@@ -181,6 +209,8 @@ def level(url: str, config: Config, per_second: float, args: argparse.Namespace)
         "completion_per_second": rate(url, production.jobs),
         **production.as_dict(),
         **slow_seconds(url),
+        # A second, or half of a shorter level (the smoke test's).
+        **steady(url, min(1.0, args.seconds / 2)),
         "load_average_1m": round(load_average, 2),
     }
 
@@ -202,8 +232,9 @@ def _names(text: str) -> list[str]:
 def measure(args: argparse.Namespace, url: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """Every round: each configuration's capacity, then its load levels."""
     capacity: dict[str, list[float]] = {name: [] for name in args.configs}
+    levels = args.rates or args.loads
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {
-        name: {str(load): [] for load in args.loads} for name in args.configs
+        name: {str(level): [] for level in levels} for name in args.configs
     }
     started = time.monotonic()
     for repeat in range(args.repeats):
@@ -212,14 +243,19 @@ def measure(args: argparse.Namespace, url: str) -> tuple[dict[str, Any], dict[st
             cap = drain(url, args.capacity_jobs, concurrency=config.concurrency, task=config.task)
             capacity[name].append(cap)
             print(f"round {repeat + 1} {name}: capacity {cap:,.0f} jobs/s", flush=True)
-            for load in args.loads:
-                r = level(url, config, load * cap, args)
-                runs[name][str(load)].append(r | {"load": load, "capacity_per_second": cap})
+            for value in levels:
+                per_second = value if args.rates else value * cap
+                r = level(url, config, per_second, args)
+                runs[name][str(value)].append(
+                    r | {"load": per_second / cap, "capacity_per_second": cap}
+                )
                 print(
-                    f"round {repeat + 1} {name} {load:.0%}: {r['achieved_per_second']:,.0f}/s "
+                    f"round {repeat + 1} {name} {per_second / cap:.0%}: "
+                    f"{r['achieved_per_second']:,.0f}/s "
                     f"({'kept up' if r['producer_kept_up'] else 'PRODUCER BEHIND'}), "
                     f"p50 {r['p50_ms']:.1f} p95 {r['p95_ms']:.1f} p99 {r['p99_ms']:.1f} "
-                    f"max {r['max_ms']:.1f} ms (enqueue {r['enqueue_p50_ms']:.1f}), "
+                    f"max {r['max_ms']:.1f} ms, steady p99 {r['steady_p99_ms']:.1f} "
+                    f"(enqueue p50 {r['enqueue_p50_ms']:.1f} p99 {r['enqueue_p99_ms']:.1f}), "
                     f"completed {r['completion_per_second']:,.0f}/s "
                     f"[{time.monotonic() - started:,.0f} s]",
                     flush=True,
@@ -261,6 +297,12 @@ def main(argv: list[str] | None = None) -> ResultRecord:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="production per level")
     parser.add_argument("--loads", type=_floats, default=[0.25, 0.5, 0.8])
+    parser.add_argument(
+        "--rates",
+        type=_floats,
+        default=None,
+        help="jobs/s to offer instead of --loads (the same offer on both sides of an A/B)",
+    )
     parser.add_argument("--configs", type=_names, default=DEFAULT_CONFIGS)
     parser.add_argument("--capacity-jobs", type=int, default=20_000)
     parser.add_argument("--producers", type=int, default=4, help="producer connections")
@@ -279,6 +321,7 @@ def main(argv: list[str] | None = None) -> ResultRecord:
         parameters={
             "seconds_per_level": args.seconds,
             "loads": args.loads,
+            "rates": args.rates,
             "configs": {name: vars(CONFIGS[name]) for name in args.configs},
             "capacity_jobs": args.capacity_jobs,
             "producers": args.producers,
@@ -297,8 +340,9 @@ def main(argv: list[str] | None = None) -> ResultRecord:
         print(f"{CONFIGS[name].label}: capacity {cap:,.0f} jobs/s")
         for load, s in per.items():
             print(
-                f"  {float(load):>4.0%}  p50 {s['p50_ms']:6.1f}  p95 {s['p95_ms']:6.1f}  "
+                f"  {load:>7}  p50 {s['p50_ms']:6.1f}  p95 {s['p95_ms']:6.1f}  "
                 f"p99 {s['p99_ms']:6.1f}  max {s['max_ms']:7.1f}  "
+                f"steady p99 {s['steady_p99_ms']:6.1f}  "
                 f"completed {s['completion_per_second']:,.0f}/s"
                 + ("" if s["producer_kept_up"] else "  (producer fell behind)")
             )

@@ -452,10 +452,14 @@ class MemoryConnection:
 
     def __init__(self, db: MemoryDatabase) -> None:
         self.db = db
+        self.opened = False
         self.closed = False
 
     async def run(self, flow: Flow[T]) -> T:
         return await driver.run_async(flow, MemorySession(self.db))
+
+    async def open(self) -> None:
+        self.opened = True
 
     async def close(self) -> None:
         self.closed = True

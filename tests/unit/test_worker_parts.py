@@ -556,6 +556,34 @@ async def test_the_worker_waits_for_the_schema_and_starts_when_it_appears(
     assert caplog.text.count("schema not migrated") == 1
 
 
+async def test_the_worker_opens_every_connection_before_its_parts_start() -> None:
+    """Not at each one's first statement, which under a backlog is a claim
+    or an ack that would wait for the connection."""
+    db = MemoryDatabase()
+    job_id = db.add("echo")
+    made: list[MemoryConnection] = []
+    opened_before_use: dict[int, bool] = {}
+
+    class Watched(MemoryConnection):
+        async def run(self, flow: Any) -> Any:
+            opened_before_use.setdefault(id(self), self.opened)
+            return await super().run(flow)
+
+    def connect(url: str) -> MemoryConnection:
+        made.append(Watched(db))
+        return made[-1]
+
+    worker = AsyncWorker(
+        {"echo": lambda job: None}, settings=SETTINGS, connect=connect, hints=lambda url: no_hints()
+    )
+    async with running(worker):
+        await until(lambda: db.state(job_id) == "succeeded")
+    # The last is the upkeep connection: the schema check, before all, opens it.
+    used = [opened_before_use[id(conn)] for conn in made[:-1] if id(conn) in opened_before_use]
+    assert len(made) == 5 and len(used) >= 2  # a claimer's and a writer's, at least
+    assert all(used)
+
+
 async def test_a_stopped_worker_fails_the_attempts_of_handlers_past_the_shutdown_timeout() -> None:
     db = MemoryDatabase()
     job_id = db.add("slow")

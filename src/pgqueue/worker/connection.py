@@ -39,6 +39,8 @@ class FlowRunner(Protocol):
 
     async def run(self, flow: Flow[T]) -> T: ...
 
+    async def open(self) -> None: ...
+
     async def close(self) -> None: ...
 
 
@@ -54,6 +56,12 @@ class Connection:
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._session: driver.AsyncCursorSession | None = None
         self._lock = asyncio.Lock()
+
+    async def open(self) -> None:
+        """Connect now, not at the first flow (a no-op when connected)."""
+        async with self._lock:
+            if self._session is None:
+                await self._connect()
 
     async def run(self, flow: Flow[T]) -> T:
         async with self._lock:

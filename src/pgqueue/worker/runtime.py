@@ -187,6 +187,7 @@ class AsyncWorker:
         )
         try:
             if await self._supervised("schema check", self._schema_ready(connections[-1])):
+                await self._open(connections)
                 self._start_parts()
                 await self._stop_requested.wait()
                 self.events(
@@ -325,6 +326,19 @@ class AsyncWorker:
             self._failure = (part, exc)
             self.events.crashed(part, exc)
             return False
+
+    async def _open(self, connections: list[FlowRunner]) -> None:
+        """Connect them all now, together. Each used to connect at its first
+        statement: a worker started under a backlog made its second claim
+        and its first acks wait for a new connection, 15 to 100 ms each on a
+        busy machine. One that cannot connect now will at its first use, as
+        after any fault (its part logs it and backs off)."""
+
+        async def open_one(conn: FlowRunner) -> None:
+            with contextlib.suppress(*RETRYABLE_ERRORS):
+                await conn.open()
+
+        await asyncio.gather(*(open_one(conn) for conn in connections))
 
     async def _schema_ready(self, conn: FlowRunner) -> bool:
         """Wait until the schema is migrated (saying so once); False if told
