@@ -33,7 +33,7 @@ configuration (one forked ``AsyncWorker`` process, as bench.workers runs it):
 ``--rates`` offers those jobs/s instead of fractions of the capacity (the
 same offer on both sides of an A/B comparison).
 
-Two more configurations are diagnoses (``--configs noop,io_10ms,NAME``), the
+Three more configurations are diagnoses (``--configs noop,io_10ms,NAME``), the
 ``noop`` one with one thing changed (see docs/results.md):
 
 * ``noop_analyzed``: ANALYZE of the jobs table every 0.5 s during each
@@ -42,7 +42,14 @@ Two more configurations are diagnoses (``--configs noop,io_10ms,NAME``), the
 * ``noop_quiet_acks``: ``notify_finished`` off, so that the worker's acks
   send no NOTIFY and do not queue, with the producer's commits, for
   PostgreSQL's one notification lock (held from before each such commit
-  until after its WAL flush).
+  until after its WAL flush); since migration 0015 an ack notifies only
+  the jobs someone waits for, so this changes nothing here;
+* ``noop_naptime_60s``: the server's ``autovacuum_naptime`` at PostgreSQL's
+  default of 60 s instead of the embedded server's 2 s. Each claimed job
+  leaves a dead entry at the head of the claim index until a vacuum, and
+  every claim walks them all: between two vacuums a minute apart the walk
+  grows with every job claimed. Run it with ``--seconds 60``, a level that
+  long.
 
 Rounds are interleaved (each round measures its own capacity); the tables
 give the median of the rounds. Goal (issue 13): p99 < 25 ms at 50 % load
@@ -98,6 +105,9 @@ class Config:
     # Also a diagnosis: off, an ack's commit sends no NOTIFY (for wait()),
     # so it does not queue for PostgreSQL's one notification lock.
     notify_finished: bool = True
+    # Also a diagnosis: the server's autovacuum_naptime during each level
+    # (None: the server's own; the embedded server's is 2 s).
+    naptime: str | None = None
 
 
 CONFIGS = {
@@ -118,6 +128,12 @@ CONFIGS = {
         Settings().concurrency,
         "no-op jobs, default worker, notify_finished off (diagnosis)",
         notify_finished=False,
+    ),
+    "noop_naptime_60s": Config(
+        "noop",
+        Settings().concurrency,
+        "no-op jobs, default worker, autovacuum_naptime 60 s, PostgreSQL's default (diagnosis)",
+        naptime="60s",
     ),
 }
 DEFAULT_CONFIGS = ["noop", "io_10ms"]
@@ -144,6 +160,36 @@ def analyzing(url: str, every: float) -> Iterator[None]:
     finally:
         stop.set()
         thread.join()
+
+
+@contextlib.contextmanager
+def naptime(url: str, value: str | None) -> Iterator[None]:
+    """The server's autovacuum_naptime set to ``value`` while the block runs
+    (None: left alone)."""
+    if value is None:
+        yield
+        return
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"ALTER SYSTEM SET autovacuum_naptime = '{value}'")
+        conn.execute("SELECT pg_reload_conf()")
+        try:
+            yield
+        finally:
+            conn.execute("ALTER SYSTEM RESET autovacuum_naptime")
+            conn.execute("SELECT pg_reload_conf()")
+
+
+AUTOVACUUMS_QUERY = (
+    "SELECT autovacuum_count FROM pg_stat_user_tables WHERE relname = 'pgqueue_jobs'"
+)
+
+
+def autovacuums(url: str) -> int:
+    """How many times autovacuum has vacuumed the jobs table (as far as the
+    statistics, flushed about once a second, know)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(AUTOVACUUMS_QUERY).fetchone()
+    return int(row[0]) if row else 0
 
 
 PER_SECOND_QUERY = """
@@ -196,7 +242,9 @@ def level(url: str, config: Config, per_second: float, args: argparse.Namespace)
         concurrency=config.concurrency,
         notify_finished=config.notify_finished,
     )
+    vacuumed = autovacuums(url)
     with (
+        naptime(url, config.naptime),
         async_workers(1, settings, name=f"load-{config.task}", task=config.task) as procs,
         analyzing(url, config.analyze_seconds),
     ):
@@ -205,6 +253,7 @@ def level(url: str, config: Config, per_second: float, args: argparse.Namespace)
         load_average = os.getloadavg()[0]
         wait_drained(url, production.jobs, procs)
     return {
+        "autovacuums": autovacuums(url) - vacuumed,
         **start_latency_percentiles(url, production.jobs),
         "completion_per_second": rate(url, production.jobs),
         **production.as_dict(),

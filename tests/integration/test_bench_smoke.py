@@ -115,8 +115,9 @@ def test_latency_load_smoke(bench_url: str, out_dir: Path) -> None:
 
     out = out_dir / "latency_load.json"
     small = ["--seconds", "1", "--repeats", "1", "--capacity-jobs", "200"]
-    # The I/O handler, the no-op one and the ANALYZE thread of a diagnosis.
-    configs = ["io_10ms", "noop_analyzed"]
+    # The I/O handler, the no-op one, the ANALYZE thread of a diagnosis and
+    # another's server setting.
+    configs = ["io_10ms", "noop_analyzed", "noop_naptime_60s"]
     latency_load.main([*small, "--configs", ",".join(configs), "--out", str(out)])
     record = _read(out, "latency_load", "bench.perf.latency_load")
     levels = record.results["levels"]
@@ -131,12 +132,16 @@ def test_latency_load_smoke(bench_url: str, out_dir: Path) -> None:
             assert run["jobs"] > 0
             assert 1 <= run["seconds"] <= 3  # seconds of enqueue, for a level of 1 s
             assert 0 <= run["seconds_median_over_25_ms"] <= run["seconds"]
+            assert run["autovacuums"] >= 0
             assert run["target_per_second"] == pytest.approx(
                 run["load"] * run["capacity_per_second"], rel=0.01
             )
     for capacity in record.results["capacity_jobs_per_second"].values():
         assert capacity["median"] > 0
     assert "goal" not in record.results  # it is the noop configuration's, not run here
+    with psycopg.connect(bench_url, autocommit=True) as conn:
+        naptime = conn.execute("SHOW autovacuum_naptime").fetchone()
+    assert naptime == ("2s",), "the diagnosis gave the server its own setting back"
 
 
 def test_the_latency_goal_is_the_median_p99_of_the_noop_configuration_at_half_load() -> None:

@@ -8,13 +8,14 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
 from typer.testing import CliRunner
 
-from pgqueue import AsyncQueue, InvalidQueueControl, Job, JobState, Queue, Settings
+from pgqueue import AsyncQueue, InvalidQueueControl, Job, JobState, Queue, Settings, transitions
 from pgqueue.cli import app
 from pgqueue.worker import AsyncWorker
 from tests.support import api_client, running, until
@@ -194,6 +195,27 @@ def test_a_claim_of_several_queues_gives_each_a_share(queue: Queue) -> None:
     assert first == {"flood": 7, "trickle": 3}
     every = Counter(job.queue for job in queue.claim(10, worker="w"))
     assert every == {"flood": 10}
+
+
+def test_the_queues_with_queued_jobs_are_listed_by_name_whatever_was_claimed_before(
+    queue: Queue,
+) -> None:
+    # Each queue's claimed jobs stay in the claim index, dead, until a
+    # vacuum: the listing walks past them, and lists a queue whose every
+    # job was claimed no more.
+    queue.enqueue_many([{"task": "t", "queue": "b"}] * 30)
+    queue.enqueue_many([{"task": "t", "queue": "a"}] * 2)
+    queue.enqueue_many([{"task": "t", "queue": "d"}] * 5)
+    queue.enqueue("t", queue="c", run_at=datetime.now(UTC) + timedelta(hours=1))
+    queue.enqueue_many([{"task": "t", "queue": "e"}] * 40)
+    assert queue.run(transitions.queues_with_jobs()) == ["a", "b", "c", "d", "e"]
+    queue.claim(5, worker="w", queues=["d"])
+    queue.claim(29, worker="w", queues=["b"])
+    queue.claim(39, worker="w", queues=["e"])
+    assert queue.run(transitions.queues_with_jobs()) == ["a", "b", "c", "e"]
+    queue.claim(1, worker="w", queues=["e"])
+    queue.claim(2, worker="w", queues=["a"])
+    assert queue.run(transitions.queues_with_jobs()) == ["b", "c"]
 
 
 async def test_a_flood_in_one_queue_does_not_hold_up_another_served_by_the_same_worker(

@@ -796,14 +796,19 @@ SELECT extract(epoch FROM least(
 -- name: queue_names_queued
 -- The queues that have queued jobs, in name order: a skip scan of
 -- pgqueue_jobs_claim_queue, one probe per queue however many jobs wait in it.
+-- It walks the index backwards: a queue's entries begin with those of its
+-- jobs claimed since the last vacuum (dead, but in the index until then),
+-- and a forward probe read them all (300 pages, 1 to 6 ms under load,
+-- growing until the next autovacuum), while a backward one lands on the
+-- queue's newest entries at once (a dozen pages).
 WITH RECURSIVE named(queue) AS (
-    (SELECT queue FROM pgqueue_jobs WHERE state = 'queued' ORDER BY queue LIMIT 1)
+    (SELECT queue FROM pgqueue_jobs WHERE state = 'queued' ORDER BY queue DESC LIMIT 1)
     UNION ALL
     SELECT (SELECT j.queue FROM pgqueue_jobs j
-            WHERE j.state = 'queued' AND j.queue > n.queue ORDER BY j.queue LIMIT 1)
+            WHERE j.state = 'queued' AND j.queue < n.queue ORDER BY j.queue DESC LIMIT 1)
     FROM named n WHERE n.queue IS NOT NULL
 )
-SELECT queue FROM named WHERE queue IS NOT NULL;
+SELECT queue FROM named WHERE queue IS NOT NULL ORDER BY queue;
 
 -- name: queue_controls
 -- Every queue's controls (pause, limits), by name.
