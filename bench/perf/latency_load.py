@@ -91,6 +91,7 @@ MEDIANS = (
     "seconds_median_over_25_ms",
     "steady_p50_ms",
     "steady_p99_ms",
+    "jobs_per_claim",
 )
 
 
@@ -192,6 +193,17 @@ def autovacuums(url: str) -> int:
     return int(row[0]) if row else 0
 
 
+# Every job of a claim has the claim's now() as its started_at.
+CLAIMS_QUERY = "SELECT count(DISTINCT started_at) FROM pgqueue_jobs WHERE state = 'succeeded'"
+
+
+def jobs_per_claim(url: str, jobs: int) -> float:
+    """How many jobs a claim statement took, on average over the level."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(CLAIMS_QUERY).fetchone()
+    return round(jobs / row[0], 1) if row and row[0] else 0.0
+
+
 PER_SECOND_QUERY = """
 SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - run_at))
        * 1000
@@ -254,6 +266,7 @@ def level(url: str, config: Config, per_second: float, args: argparse.Namespace)
         wait_drained(url, production.jobs, procs)
     return {
         "autovacuums": autovacuums(url) - vacuumed,
+        "jobs_per_claim": jobs_per_claim(url, production.jobs),
         **start_latency_percentiles(url, production.jobs),
         "completion_per_second": rate(url, production.jobs),
         **production.as_dict(),
@@ -305,7 +318,8 @@ def measure(args: argparse.Namespace, url: str) -> tuple[dict[str, Any], dict[st
                     f"p50 {r['p50_ms']:.1f} p95 {r['p95_ms']:.1f} p99 {r['p99_ms']:.1f} "
                     f"max {r['max_ms']:.1f} ms, steady p99 {r['steady_p99_ms']:.1f} "
                     f"(enqueue p50 {r['enqueue_p50_ms']:.1f} p99 {r['enqueue_p99_ms']:.1f}), "
-                    f"completed {r['completion_per_second']:,.0f}/s "
+                    f"completed {r['completion_per_second']:,.0f}/s, "
+                    f"{r['jobs_per_claim']:,.0f} jobs a claim "
                     f"[{time.monotonic() - started:,.0f} s]",
                     flush=True,
                 )

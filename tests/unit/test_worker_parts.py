@@ -404,6 +404,64 @@ async def test_the_claimers_connections_carry_claims_and_nothing_else() -> None:
     assert set(lookout.names) == {"queue_names_queued", "queue_next_wake"}
 
 
+class Gated(MemoryConnection):
+    """A claim connection whose claims wait until the test opens the gate."""
+
+    def __init__(self, db: MemoryDatabase) -> None:
+        super().__init__(db)
+        self.gate = asyncio.Event()
+        self.in_flight = 0
+        self.limits: list[int] = []
+
+    async def run(self, flow: Any) -> Any:
+        gated = self
+
+        class Session:
+            async def execute(self, statement: Any) -> list[Any]:
+                gated.limits.append(statement.params["limit"])
+                gated.in_flight += 1
+                await gated.gate.wait()
+                gated.in_flight -= 1
+                return gated.db.execute(statement)
+
+        return await driver.run_async(flow, Session())
+
+
+async def test_a_hint_during_a_claim_starts_the_next_claim_on_the_other_connection() -> None:
+    db = MemoryDatabase()
+    conns = [Gated(db), Gated(db)]
+    conns[0].gate.set()
+    conns[1].gate.set()
+    producer = Producer(
+        conns[0],
+        HeldJobs(10),
+        SETTINGS.replace(poll_interval_seconds=60),
+        EVENTS,
+        queues=["default"],
+        start=lambda jobs: None,
+        more=conns[1:],
+    )
+    task = asyncio.create_task(producer.claim_loop())
+    await until(lambda: sum(len(c.limits) for c in conns) == 1)  # nothing found: idle
+    await asyncio.sleep(0.05)
+    assert sum(len(c.limits) for c in conns) == 1  # one claimer polls
+    for conn in conns:
+        conn.gate.clear()
+    producer.wake()
+    await until(lambda: sum(c.in_flight for c in conns) == 1)
+    busy, other = conns if conns[0].in_flight else conns[::-1]
+    db.add()
+    producer.wake()  # while that claim is out
+    await until(lambda: other.in_flight == 1)
+    # Each asked for a share of the room: the queues had run dry.
+    assert busy.limits[-1] == other.limits[-1] == 5
+    other.gate.set()
+    await until(lambda: db.state(1) == "running")
+    busy.gate.set()
+    producer.stop()
+    await asyncio.wait_for(task, 5)
+
+
 async def test_the_lookout_asks_when_a_job_is_next_due_only_after_a_short_claim() -> None:
     """A worker whose claims all come back full would never sleep until then."""
     db = MemoryDatabase()

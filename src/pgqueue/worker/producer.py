@@ -8,6 +8,13 @@ job becomes runnable (a delayed job's ``run_at``, a rate limit's window
 moving on), whichever comes first. Each claimed job goes to ``start`` (the
 worker), which runs it.
 
+Two claimers (one per claim connection) take turns: one at a time waits
+for work, and while it claims the other waits in its place, so that a hint
+that comes during a claim starts the next claim at once instead of after
+it (at moderate load, a job committed just after a claim began waited for
+that claim and then for the next). Under load, when claims come back full,
+both claim continuously, each asking for the room the other did not.
+
 Its queues share the free slots round-robin (``transitions.claim``), so that
 a flood in one cannot hold up another; the turn moves on with every claim,
 and a queue that gave nothing last time is asked for one job (what it does
@@ -89,8 +96,7 @@ class Producer:
         self.stopping = False
         self._wake = asyncio.Event()  # work may be ready (or we are stopping)
         self._last_claim_full = True  # start by looking for work
-        self._busy = asyncio.Event()  # set while the last claim came back full
-        self._busy.set()
+        self._polling = asyncio.Lock()  # held by the claimer that waits for work
         self._look = asyncio.Event()  # the lookout should ask now (a due time passed)
         self._next_due: float | None = None  # monotonic time of the earliest run_at
         self._asleep_until = 0.0  # when the idle claimer wakes up by itself (0: awake)
@@ -116,7 +122,6 @@ class Producer:
         """Claim nothing more; a claim in flight completes (its jobs run)."""
         self.stopping = True
         self._wake.set()
-        self._busy.set()
         self.held.slot_freed.set()
 
     async def claim_loop(self) -> None:
@@ -137,15 +142,19 @@ class Producer:
                 await self.held.slot_freed.wait()
                 continue
             if not self._last_claim_full:
-                # Only the first claimer waits for work: an idle worker polls
-                # with one claim; the others help a busy one.
-                if conn is not self.conns[0]:
-                    self._busy.clear()
-                    await self._busy.wait()
-                    continue
-                await self._idle_wait()
+                # One claimer at a time waits for work, so that an idle
+                # worker polls with one claim. While it claims, another waits
+                # in its place: a hint that comes during a claim starts the
+                # next one at once, not after it.
+                async with self._polling:
+                    await self._idle_wait()
                 if self.stopping:
                     break
+                # The queues ran dry at the last claim: ask for part of the
+                # room, and leave the rest to the claimer now waiting.
+                free = self._share(self.held.free_slots())
+                if free <= 0:
+                    continue
             self._wake.clear()
             sent_at = time.monotonic()
             self._claiming += free
@@ -175,6 +184,12 @@ class Producer:
             # Let the handlers of the jobs just started run first, so that the
             # next claim is sized by the slots they free (no-op jobs: at once).
             await asyncio.sleep(0)
+
+    def _share(self, room: int) -> int:
+        """What a claim takes of the free ``room`` when jobs come in slower
+        than the claims take them: an equal share for each claimer, of what
+        the claims in flight left."""
+        return min(room - self._claiming, math.ceil(room / len(self.conns)))
 
     def _pace(self, sent_at: float) -> None:
         """Claim ahead as many jobs as start during PACE_MARGIN claims'
@@ -222,7 +237,7 @@ class Producer:
     def _set_full(self, full: bool) -> None:
         self._last_claim_full = full
         if full:
-            self._busy.set()
+            self._wake.set()  # the claimer waiting for work helps a busy one
 
     def seconds_since_claim(self) -> float | None:
         """Since the last claim statement that worked (None: none yet)."""
@@ -292,7 +307,6 @@ class Producer:
         if self._next_due is not None and time.monotonic() >= self._next_due:
             self._next_due = None
             self._look.set()  # the next due time is another one
-        self._set_full(True)  # look once more
 
     async def _refresh_next_due(self, conn: FlowRunner) -> None:
         """Ask when a job is next due (a delayed job, a rate window) and
