@@ -3,7 +3,8 @@
 
     python -m bench.perf.latency_load [--seconds 10] [--loads 0.25,0.5,0.8 | --rates R,...]
                                       [--configs noop,io_10ms] [--capacity-jobs 20000]
-                                      [--producers 4] [--repeats 3] [--out PATH]
+                                      [--producers 4] [--repeats 3] [--statements]
+                                      [--out PATH]
 
 On a fresh server on disk (fsync and synchronous_commit on), for each
 configuration (one forked ``AsyncWorker`` process, as bench.workers runs it):
@@ -50,6 +51,10 @@ Three more configurations are diagnoses (``--configs noop,io_10ms,NAME``), the
   every claim walks them all: between two vacuums a minute apart the walk
   grows with every job claimed. Run it with ``--seconds 60``, a level that
   long.
+
+``--statements`` loads pg_stat_statements into the server and adds, per
+level, the buffers a claim read and its execution time (the walk past the
+dead entries shows there first).
 
 Rounds are interleaved (each round measures its own capacity); the tables
 give the median of the rounds. Goal (issue 13): p99 < 25 ms at 50 % load
@@ -193,6 +198,31 @@ def autovacuums(url: str) -> int:
     return int(row[0]) if row else 0
 
 
+# The claim statement's work in a level (``--statements``): what it read, and
+# its execution time, per claim.
+CLAIM_STATEMENTS_QUERY = """
+SELECT sum(calls)::float8, sum(shared_blks_hit + shared_blks_read)::float8, sum(total_exec_time)
+FROM pg_stat_statements WHERE toplevel AND query LIKE 'WITH wanted AS%%'
+"""
+
+
+@contextlib.contextmanager
+def claim_statements(url: str, enabled: bool) -> Iterator[dict[str, float]]:
+    """While the block runs, count the claims' buffers and execution time
+    (pg_stat_statements); the dict is filled when it ends (empty: off)."""
+    found: dict[str, float] = {}
+    if not enabled:
+        yield found
+        return
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_statements_reset()")
+        yield found
+        row = conn.execute(CLAIM_STATEMENTS_QUERY).fetchone()
+    calls, buffers, ms = row if row and row[0] else (0, 0, 0.0)
+    found["claim_buffers_per_claim"] = round(float(buffers) / max(1, calls), 1)
+    found["claim_ms_per_claim"] = round(float(ms) / max(1, calls), 3)
+
+
 # Every job of a claim has the claim's now() as its started_at.
 CLAIMS_QUERY = "SELECT count(DISTINCT started_at) FROM pgqueue_jobs WHERE state = 'succeeded'"
 
@@ -256,6 +286,7 @@ def level(url: str, config: Config, per_second: float, args: argparse.Namespace)
     )
     vacuumed = autovacuums(url)
     with (
+        claim_statements(url, args.statements) as claims,
         naptime(url, config.naptime),
         async_workers(1, settings, name=f"load-{config.task}", task=config.task) as procs,
         analyzing(url, config.analyze_seconds),
@@ -266,6 +297,7 @@ def level(url: str, config: Config, per_second: float, args: argparse.Namespace)
         wait_drained(url, production.jobs, procs)
     return {
         "autovacuums": autovacuums(url) - vacuumed,
+        **claims,
         "jobs_per_claim": jobs_per_claim(url, production.jobs),
         **start_latency_percentiles(url, production.jobs),
         "completion_per_second": rate(url, production.jobs),
@@ -370,10 +402,19 @@ def main(argv: list[str] | None = None) -> ResultRecord:
     parser.add_argument("--capacity-jobs", type=int, default=20_000)
     parser.add_argument("--producers", type=int, default=4, help="producer connections")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--statements",
+        action="store_true",
+        help="with pg_stat_statements: each level's buffers and time per claim",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     started = time.monotonic()
-    with bench_database("latency-load") as url:
+    options = {"shared_preload_libraries": "pg_stat_statements"} if args.statements else None
+    with bench_database("latency-load", options) as url:
+        if args.statements:
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         info = server_info(url)
         capacity, runs = measure(args, url)
     results = tables(capacity, runs) | {"elapsed_seconds": time.monotonic() - started}
@@ -389,6 +430,7 @@ def main(argv: list[str] | None = None) -> ResultRecord:
             "capacity_jobs": args.capacity_jobs,
             "producers": args.producers,
             "repeats": args.repeats,
+            "statements": args.statements,
             "worker_processes": 1,
             "latency": "started_at - run_at, database clock (includes the producer's commit)",
             "producer": "open loop: a batch every 10 ms (enqueue_many) over the producer "

@@ -110,6 +110,22 @@ def test_latency_smoke(bench_url: str, out_dir: Path) -> None:
         assert 0 <= row["p50_ms"] <= row["p95_ms"] <= row["p99_ms"] <= row["max_ms"]
 
 
+def test_latency_load_counts_the_claims_work_on_a_server_of_its_own(
+    out_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bench.perf import latency_load
+
+    monkeypatch.delenv("DATABASE_URL", raising=False)  # pg_stat_statements is preloaded
+    out = out_dir / "latency_load_statements.json"
+    small = ["--seconds", "1", "--repeats", "1", "--capacity-jobs", "200", "--rates", "300"]
+    latency_load.main([*small, "--configs", "noop", "--statements", "--out", str(out)])
+    (run,) = _read(out, "latency_load", "bench.perf.latency_load").results["levels"]["noop"][
+        "300.0"
+    ]["runs"]
+    assert run["claim_buffers_per_claim"] > 0
+    assert run["claim_ms_per_claim"] > 0
+
+
 def test_latency_load_smoke(bench_url: str, out_dir: Path) -> None:
     from bench.perf import latency_load
 
