@@ -34,7 +34,7 @@ configuration (one forked ``AsyncWorker`` process, as bench.workers runs it):
 ``--rates`` offers those jobs/s instead of fractions of the capacity (the
 same offer on both sides of an A/B comparison).
 
-Three more configurations are diagnoses (``--configs noop,io_10ms,NAME``), the
+Four more configurations are diagnoses (``--configs noop,io_10ms,NAME``), the
 ``noop`` one with one thing changed (see docs/results.md):
 
 * ``noop_analyzed``: ANALYZE of the jobs table every 0.5 s during each
@@ -45,8 +45,9 @@ Three more configurations are diagnoses (``--configs noop,io_10ms,NAME``), the
   PostgreSQL's one notification lock (held from before each such commit
   until after its WAL flush); since migration 0015 an ack notifies only
   the jobs someone waits for, so this changes nothing here;
-* ``noop_naptime_60s``: the server's ``autovacuum_naptime`` at PostgreSQL's
-  default of 60 s instead of the embedded server's 2 s. Each claimed job
+* ``noop_naptime_60s`` (and ``noop_naptime_10s``): the server's
+  ``autovacuum_naptime`` at PostgreSQL's default of 60 s (or at 10 s)
+  instead of the embedded server's 2 s. Each claimed job
   leaves a dead entry at the head of the claim index until a vacuum, and
   every claim walks them all: between two vacuums a minute apart the walk
   grows with every job claimed. Run it with ``--seconds 60``, a level that
@@ -135,6 +136,12 @@ CONFIGS = {
         "no-op jobs, default worker, notify_finished off (diagnosis)",
         notify_finished=False,
     ),
+    "noop_naptime_10s": Config(
+        "noop",
+        Settings().concurrency,
+        "no-op jobs, default worker, autovacuum_naptime 10 s (diagnosis)",
+        naptime="10s",
+    ),
     "noop_naptime_60s": Config(
         "noop",
         Settings().concurrency,
@@ -186,16 +193,25 @@ def naptime(url: str, value: str | None) -> Iterator[None]:
 
 
 AUTOVACUUMS_QUERY = (
-    "SELECT autovacuum_count FROM pg_stat_user_tables WHERE relname = 'pgqueue_jobs'"
+    "SELECT autovacuum_count, total_autovacuum_time FROM pg_stat_user_tables "
+    "WHERE relname = 'pgqueue_jobs'"
 )
 
 
-def autovacuums(url: str) -> int:
-    """How many times autovacuum has vacuumed the jobs table (as far as the
-    statistics, flushed about once a second, know)."""
+def autovacuums(url: str) -> tuple[int, float]:
+    """How many times autovacuum has vacuumed the jobs table, and for how
+    many seconds in all (as far as the statistics, flushed about once a
+    second, know)."""
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute(AUTOVACUUMS_QUERY).fetchone()
-    return int(row[0]) if row else 0
+    return (int(row[0]), float(row[1]) / 1000) if row else (0, 0.0)
+
+
+def vacuumed(url: str, vacuums: int, seconds: float) -> dict[str, Any]:
+    """The autovacuums of the jobs table since ``autovacuums`` read
+    ``vacuums`` and ``seconds``: how many, and their time in all."""
+    now, now_seconds = autovacuums(url)
+    return {"autovacuums": now - vacuums, "autovacuum_seconds": round(now_seconds - seconds, 3)}
 
 
 # The claim statement's work in a level (``--statements``): what it read, and
@@ -284,7 +300,7 @@ def level(url: str, config: Config, per_second: float, args: argparse.Namespace)
         concurrency=config.concurrency,
         notify_finished=config.notify_finished,
     )
-    vacuumed = autovacuums(url)
+    vacuums, vacuum_seconds = autovacuums(url)
     with (
         claim_statements(url, args.statements) as claims,
         naptime(url, config.naptime),
@@ -296,7 +312,7 @@ def level(url: str, config: Config, per_second: float, args: argparse.Namespace)
         load_average = os.getloadavg()[0]
         wait_drained(url, production.jobs, procs)
     return {
-        "autovacuums": autovacuums(url) - vacuumed,
+        **vacuumed(url, vacuums, vacuum_seconds),
         **claims,
         "jobs_per_claim": jobs_per_claim(url, production.jobs),
         **start_latency_percentiles(url, production.jobs),

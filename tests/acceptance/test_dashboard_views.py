@@ -264,6 +264,27 @@ def test_pause_and_resume_ask_first(
         assert not paused("archive")
 
 
+def test_a_question_closed_with_escape_is_a_no_and_the_next_one_gets_its_own_answer(
+    settings: Settings, stack: dict[str, int], sql: psycopg.Connection[Any], page: DevTools
+) -> None:
+    button = json.dumps('#queues-body tr[data-queue="emails"] button')
+    with LiveServer(create_app(settings)) as server:
+        open_page(page, server)
+        click(page, '#queues-body tr[data-queue="emails"] button')
+        until(page, 'document.getElementById("confirm").open')
+        # Closed (as Escape does) and asked again at once: the dialog's "close"
+        # event comes after the second question opened it.
+        page.run(
+            f'document.getElementById("confirm").close(), '
+            f"document.querySelector({button}).click(), true"
+        )
+        assert "Pause queue emails?" in answer(page, accept=True)
+        assert until(page, 'document.getElementById("queues-message").textContent') == (
+            "Paused emails."
+        )
+        assert scalar(sql, "SELECT paused FROM pgqueue_queues WHERE name = 'emails'") is True
+
+
 # -- jobs -----------------------------------------------------------------------------------------
 
 FILTERS: list[tuple[dict[str, str], str]] = [
