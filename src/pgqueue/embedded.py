@@ -75,13 +75,6 @@ _BASE_CONFIG = {
     # above a scan of the whole table, and the queue statistics read every
     # finished job instead of the live ones.
     "random_page_cost": "1.1",
-    # A claimed job's entry stays, dead, at the head of the claim index until
-    # a vacuum, and every claim walks past all of them: with PostgreSQL's
-    # default of a minute between autovacuum rounds, a worker under a steady
-    # load spends more on each claim the longer the round, and may fall
-    # behind (docs/results.md, section 16). The jobs table's own thresholds
-    # (migration 0001) make each round vacuum it.
-    "autovacuum_naptime": "'2s'",
     "log_min_messages": "warning",
     "log_line_prefix": "'%m [%p] '",
 }
