@@ -74,7 +74,7 @@ def test_leases_of_waiting_jobs_are_kept_and_a_lost_one_never_starts() -> None:
     running, first, second = (held.hold(job) for job in claimed(MemoryDatabase(), 3))
     assert (first.stage, second.stage) == (Stage.WAITING, Stage.WAITING)
     assert [i for i, _ in held.leases()] == [running.job.id, first.job.id, second.job.id]
-    assert held.lose(first.job.id) is first
+    assert held.lose(first.job.id, first.job.lease_token) is first
     held.handler_finished(running)
     assert held.next_ready() is first and first.lost and held.running == 0
     assert held.next_ready() is second and second.stage is Stage.RUNNING

@@ -28,7 +28,7 @@ from pgqueue.worker.handlers import resolve_tasks
 from pgqueue.worker.isolation import HandlerProcesses
 from pgqueue.worker.leases import LeaseKeeper
 from pgqueue.worker.producer import Producer
-from pgqueue.worker.registry import HeldJobs, Stage
+from pgqueue.worker.registry import Held, HeldJobs, Stage
 from tests.support import running, until
 from tests.unit.memory import MemoryConnection, MemoryDatabase, no_hints
 
@@ -68,9 +68,10 @@ def test_a_lease_being_written_is_not_lost_by_a_heartbeat() -> None:
     [job] = claimed(MemoryDatabase())
     entry = held.hold(job)
     entry.stage = Stage.WRITING
-    assert held.leases() == [] and held.lose(job.id) is None
+    token = job.lease_token
+    assert held.leases() == [] and held.lose(job.id, token) is None
     entry.stage = Stage.DONE
-    assert held.lose(job.id) is entry and entry.lost and held.lose(job.id) is None
+    assert held.lose(job.id, token) is entry and entry.lost and held.lose(job.id, token) is None
 
 
 # -- the executor -------------------------------------------------------------------------
@@ -162,7 +163,7 @@ async def test_an_outcome_whose_lease_was_lost_while_waiting_is_dropped() -> Non
     writer = completer(db, held)
     [job] = claimed(db)
     writer.submit(held.hold(job), t.Outcome.success(job, None))
-    held.lose(job.id)
+    held.lose(job.id, job.lease_token)
     task = asyncio.create_task(writer.write_loop())
     await until(lambda: len(held) == 0, 5)
     task.cancel()
@@ -195,6 +196,57 @@ async def test_a_lost_lease_cancels_the_running_handler() -> None:
     await keeper.beat()  # the next heartbeat reports what the worker holds
     assert db.workers["unit"]["held"] == 2
     kept_task.cancel()
+
+
+class Meanwhile(MemoryConnection):
+    """Runs ``meanwhile`` once, when the first heartbeat is out."""
+
+    def __init__(self, db: MemoryDatabase, meanwhile: Any) -> None:
+        super().__init__(db)
+        self.meanwhile = meanwhile
+
+    async def run(self, flow: Any) -> Any:
+        outer = self
+
+        class Session:
+            async def execute(self, statement: Any) -> list[Any]:
+                if statement.name == "job_heartbeat" and outer.meanwhile is not None:
+                    outer.meanwhile()
+                    outer.meanwhile = None
+                return outer.db.execute(statement)
+
+        return await driver.run_async(flow, Session())
+
+
+async def test_a_heartbeat_that_finds_an_attempt_gone_leaves_the_jobs_newer_attempt_alone() -> None:
+    """A snooze of 0 s commits and the job is claimed again by the same
+    worker while a heartbeat of the old attempt's token is out: the reply
+    says that token is gone, and the newer attempt, holding the job's id
+    by then, must keep its lease (it was dropped, never heartbeated again,
+    and reaped dead when its lease expired)."""
+    db = MemoryDatabase()
+    held = HeldJobs(10)
+    [job] = claimed(db)
+    first = held.hold(job)
+    first.stage = Stage.DONE  # its snooze waits in the outbox
+    again: list[Held] = []
+
+    def snoozed_and_claimed_again() -> None:
+        db.jobs[job.id]["state"] = "queued"
+        [newer] = claimed(db)
+        held.release(job.id, first)
+        again.append(held.hold(newer))
+
+    info = WorkerInfo("unit", "host", 1, "0", None, 10)
+    load = WorkerLoad(held=1, running=1, hung=0, claimed=2, claim_seconds_ago=0.5)
+    conn = Meanwhile(db, snoozed_and_claimed_again)
+    keeper = LeaseKeeper(conn, held, SETTINGS, EVENTS, info, lambda: load)
+    await keeper.beat()
+    [newer] = again
+    assert newer.job.lease_token != job.lease_token
+    assert held.get(job.id) is newer and not newer.lost
+    await keeper.beat()
+    assert db.sent("job_heartbeat")[-1].params["tokens"] == [newer.job.lease_token]
 
 
 # -- a job's own context -------------------------------------------------------------------

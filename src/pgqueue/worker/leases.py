@@ -69,12 +69,12 @@ class LeaseKeeper:
             return
         still = await self.conn.run(heartbeat(leases, self.settings.lease_seconds))
         self.events(logging.DEBUG, "heartbeat", "extended %d leases", len(still))
-        for job_id, _ in leases:
+        for job_id, token in leases:
             if job_id not in still:
-                self._lost(job_id)
+                self._lost(job_id, token)
 
-    def _lost(self, job_id: int) -> None:
-        held = self.held.lose(job_id)
+    def _lost(self, job_id: int, token: int) -> None:
+        held = self.held.lose(job_id, token)
         if held is None:
             return
         self.events(

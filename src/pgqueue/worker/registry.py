@@ -162,11 +162,16 @@ class HeldJobs:
             if not h.lost and h.stage is not Stage.WRITING and h.job.lease_token is not None
         ]
 
-    def lose(self, job_id: int) -> Held | None:
-        """Mark a lease as lost; return the job if this is news. A job whose
-        outcome is being written is left to the write's reply."""
+    def lose(self, job_id: int, token: int | None) -> Held | None:
+        """Mark the lease of the attempt with ``token`` as lost; return the
+        job if this is news. A job whose outcome is being written is left to
+        the write's reply. A newer attempt of the job holding the id (its
+        snooze committed, and it was claimed again, while the heartbeat that
+        found the old token gone was out) keeps its lease."""
         held = self._held.get(job_id)
         if held is None or held.lost or held.stage is Stage.WRITING:
+            return None
+        if held.job.lease_token != token:
             return None
         held.lost = True
         return held
