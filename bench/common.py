@@ -16,6 +16,7 @@ from pgqueue import migrate
 from pgqueue.embedded import EmbeddedPostgres
 
 __all__ = [
+    "STATEMENT_HEADS",
     "bench_database",
     "bench_server",
     "clear",
@@ -25,6 +26,14 @@ __all__ = [
     "start_latency_percentiles",
     "summary",
 ]
+
+# The worker's statements in pg_stat_statements, by the start of their text
+# (constants are normalised; the claim's text changed over time, its role
+# did not).
+STATEMENT_HEADS = {
+    "claim": ("WITH wanted AS", "WITH in_one_queue AS"),
+    "finish": ("WITH outcome AS",),
+}
 
 TRUNCATE = (
     "TRUNCATE pgqueue_jobs, pgqueue_counters, pgqueue_start_latency, pgqueue_enqueued,"

@@ -36,12 +36,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench.common import STATEMENT_HEADS
 from bench.record import ResultRecord, command_line, write_result
 
 ROOT = Path(__file__).resolve().parents[2]
-# The statements of a drain, by the start of their text (pg_stat_statements
-# normalises constants; the claim's text changed over time, its role did not).
-ROLES = {"claim": ("WITH wanted AS", "WITH in_one_queue AS"), "finish": ("WITH outcome AS",)}
 PER_JOB = ("shared_blks_hit", "shared_blks_dirtied", "wal_records", "wal_bytes", "total_exec_time")
 
 
@@ -52,7 +50,7 @@ def _cpu_seconds(pid: int) -> float:
 
 def _role(query: str) -> str | None:
     text = " ".join(query.split())
-    return next((role for role, heads in ROLES.items() if text.startswith(heads)), None)
+    return next((role for role, heads in STATEMENT_HEADS.items() if text.startswith(heads)), None)
 
 
 def one(jobs: int) -> dict[str, Any]:

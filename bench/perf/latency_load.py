@@ -77,7 +77,14 @@ from typing import Any
 
 import psycopg
 
-from bench.common import bench_database, clear, rate, start_latency_percentiles, summary
+from bench.common import (
+    STATEMENT_HEADS,
+    bench_database,
+    clear,
+    rate,
+    start_latency_percentiles,
+    summary,
+)
 from bench.producer import open_loop
 from bench.record import ResultRecord, command_line, server_info, write_result
 from bench.workers import async_workers, drain, wait_connected, wait_drained
@@ -217,7 +224,7 @@ def vacuumed(url: str, vacuums: int, seconds: float) -> dict[str, Any]:
 # its execution time, per claim.
 CLAIM_STATEMENTS_QUERY = """
 SELECT sum(calls)::float8, sum(shared_blks_hit + shared_blks_read)::float8, sum(total_exec_time)
-FROM pg_stat_statements WHERE toplevel AND query LIKE 'WITH wanted AS%%'
+FROM pg_stat_statements WHERE toplevel AND query LIKE ANY(%s)
 """
 
 
@@ -232,7 +239,8 @@ def claim_statements(url: str, enabled: bool) -> Iterator[dict[str, float]]:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SELECT pg_stat_statements_reset()")
         yield found
-        row = conn.execute(CLAIM_STATEMENTS_QUERY).fetchone()
+        heads = [f"{head}%" for head in STATEMENT_HEADS["claim"]]
+        row = conn.execute(CLAIM_STATEMENTS_QUERY, [heads]).fetchone()
     calls, buffers, ms = row if row and row[0] else (0, 0, 0.0)
     found["claim_buffers_per_claim"] = round(float(buffers) / max(1, calls), 1)
     found["claim_ms_per_claim"] = round(float(ms) / max(1, calls), 3)

@@ -162,7 +162,7 @@ class HeldJobs:
             if not h.lost and h.stage is not Stage.WRITING and h.job.lease_token is not None
         ]
 
-    def lose(self, job_id: int, token: int | None) -> Held | None:
+    def lose(self, job_id: int, token: int) -> Held | None:
         """Mark the lease of the attempt with ``token`` as lost; return the
         job if this is news. A job whose outcome is being written is left to
         the write's reply. A newer attempt of the job holding the id (its
