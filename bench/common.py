@@ -25,6 +25,7 @@ __all__ = [
     "reset_database",
     "start_latency_percentiles",
     "summary",
+    "warm_wal",
 ]
 
 # The worker's statements in pg_stat_statements, by the start of their text
@@ -44,6 +45,35 @@ TRUNCATE = (
 def summary(values: list[float]) -> dict[str, float]:
     """Median with min and max: the machines are shared and noisy."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+WAL_SEGMENTS_QUERY = (
+    "SELECT ceil(pg_size_bytes(current_setting('max_wal_size'))"
+    " / pg_size_bytes(current_setting('wal_segment_size')))::int"
+)
+
+
+def warm_wal(url: str) -> int:
+    """Have a fresh server make the WAL segments that a server under steady
+    load has, then check-point so that it recycles them; returns how many.
+
+    A server creates each 16 MB segment the first time its WAL reaches it,
+    zero-filled and fsynced, while the commits behind it wait (30 to 60 ms
+    each on this machine); one that has run a while renames old segments
+    instead, and one busy enough to check-point by WAL volume cycles through
+    max_wal_size of them. A switch after each small write makes one segment
+    at a time; the check-point after them sees max_wal_size of WAL since
+    the last, so it keeps them all for reuse."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(WAL_SEGMENTS_QUERY).fetchone()
+        segments = int(row[0]) if row else 0
+        conn.execute("CREATE TABLE bench_wal_warm_up (n int)")
+        for n in range(segments):
+            conn.execute("INSERT INTO bench_wal_warm_up VALUES (%s)", [n])
+            conn.execute("SELECT pg_switch_wal()")
+        conn.execute("DROP TABLE bench_wal_warm_up")
+        conn.execute("CHECKPOINT")
+    return segments
 
 
 def reset_database(url: str) -> None:

@@ -4,9 +4,12 @@
     python -m bench.perf.latency_load [--seconds 10] [--loads 0.25,0.5,0.8 | --rates R,...]
                                       [--configs noop,io_10ms] [--capacity-jobs 20000]
                                       [--producers 4] [--repeats 3] [--statements]
-                                      [--out PATH]
+                                      [--cold-wal] [--out PATH]
 
-On a fresh server on disk (fsync and synchronous_commit on), for each
+On a fresh server on disk (fsync and synchronous_commit on), its WAL warmed
+first (bench.common.warm_wal: the segments a server under steady load
+recycles; a fresh one creates each on first use and stalls the commits
+behind it; ``--cold-wal`` skips this, to see the difference), for each
 configuration (one forked ``AsyncWorker`` process, as bench.workers runs it):
 
 * ``noop``: no-op jobs, the default worker (concurrency 100);
@@ -84,6 +87,7 @@ from bench.common import (
     rate,
     start_latency_percentiles,
     summary,
+    warm_wal,
 )
 from bench.producer import open_loop
 from bench.record import ResultRecord, command_line, server_info, write_result
@@ -430,6 +434,11 @@ def main(argv: list[str] | None = None) -> ResultRecord:
         action="store_true",
         help="with pg_stat_statements: each level's buffers and time per claim",
     )
+    parser.add_argument(
+        "--cold-wal",
+        action="store_true",
+        help="skip the WAL warm-up: the server creates its WAL segments during the levels",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     started = time.monotonic()
@@ -439,6 +448,7 @@ def main(argv: list[str] | None = None) -> ResultRecord:
             with psycopg.connect(url, autocommit=True) as conn:
                 conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         info = server_info(url)
+        warmed = 0 if args.cold_wal else warm_wal(url)
         capacity, runs = measure(args, url)
     results = tables(capacity, runs) | {"elapsed_seconds": time.monotonic() - started}
     record = ResultRecord(
@@ -454,6 +464,7 @@ def main(argv: list[str] | None = None) -> ResultRecord:
             "producers": args.producers,
             "repeats": args.repeats,
             "statements": args.statements,
+            "wal_segments_warmed": warmed,
             "worker_processes": 1,
             "latency": "started_at - run_at, database clock (includes the producer's commit)",
             "producer": "open loop: a batch every 10 ms (enqueue_many) over the producer "

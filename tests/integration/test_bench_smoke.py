@@ -119,18 +119,19 @@ def test_latency_load_counts_the_claims_work_on_a_server_of_its_own(
     out = out_dir / "latency_load_statements.json"
     small = ["--seconds", "1", "--repeats", "1", "--capacity-jobs", "200", "--rates", "300"]
     latency_load.main([*small, "--configs", "noop", "--statements", "--out", str(out)])
-    (run,) = _read(out, "latency_load", "bench.perf.latency_load").results["levels"]["noop"][
-        "300.0"
-    ]["runs"]
+    record = _read(out, "latency_load", "bench.perf.latency_load")
+    (run,) = record.results["levels"]["noop"]["300.0"]["runs"]
     assert run["claim_buffers_per_claim"] > 0
     assert run["claim_ms_per_claim"] > 0
+    assert record.parameters["wal_segments_warmed"] > 0, "its own server's WAL was warmed"
 
 
 def test_latency_load_smoke(bench_url: str, out_dir: Path) -> None:
     from bench.perf import latency_load
 
     out = out_dir / "latency_load.json"
-    small = ["--seconds", "1", "--repeats", "1", "--capacity-jobs", "200"]
+    # --cold-wal: the test server is shared, so no check-point and no GB of WAL.
+    small = ["--seconds", "1", "--repeats", "1", "--capacity-jobs", "200", "--cold-wal"]
     # The I/O handler, the no-op one, the ANALYZE thread of a diagnosis and
     # another's server setting.
     configs = ["io_10ms", "noop_analyzed", "noop_naptime_2s"]
@@ -156,9 +157,31 @@ def test_latency_load_smoke(bench_url: str, out_dir: Path) -> None:
     for capacity in record.results["capacity_jobs_per_second"].values():
         assert capacity["median"] > 0
     assert "goal" not in record.results  # it is the noop configuration's, not run here
+    assert record.parameters["wal_segments_warmed"] == 0
     with psycopg.connect(bench_url, autocommit=True) as conn:
         naptime = conn.execute("SHOW autovacuum_naptime").fetchone()
     assert naptime == ("1min",), "the diagnosis gave the server its own setting back"
+
+
+WAL_SEGMENT_FILES = "SELECT count(*) FROM pg_ls_waldir() WHERE name ~ '^[0-9A-F]{24}$'"
+
+
+def test_warm_wal_leaves_a_fresh_server_the_segments_of_max_wal_size_to_recycle() -> None:
+    from bench.common import bench_server, warm_wal
+
+    with (
+        bench_server("warm-wal") as server,
+        psycopg.connect(server.url, autocommit=True) as conn,
+    ):
+        (before,) = conn.execute(WAL_SEGMENT_FILES).fetchone() or (0,)
+        segments = warm_wal(server.url)
+        (after,) = conn.execute(WAL_SEGMENT_FILES).fetchone() or (0,)
+        (max_wal_size,) = conn.execute(
+            "SELECT pg_size_bytes(current_setting('max_wal_size'))"
+        ).fetchone() or (0,)
+    assert before <= 2, "a fresh server has its first segment or two"
+    assert segments * 16 * 1024 * 1024 == max_wal_size
+    assert after >= segments - 2, "made, then kept for reuse by the check-point"
 
 
 def test_the_latency_goal_is_the_median_p99_of_the_noop_configuration_at_half_load() -> None:
