@@ -11,7 +11,7 @@ import psycopg
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pgqueue import Queue
+from pgqueue import Outcome, Queue
 from pgqueue import transitions as t
 from pgqueue.sql import QUERIES
 
@@ -97,3 +97,31 @@ def test_the_next_run_at_does_not_read_the_backlog(
         # Probes grow with the index's height, not with the backlog: a plain
         # min(run_at) reads the whole index (ten times the pages here).
         assert _pages(sql, queues) < 2 * small[str(queues)]
+
+
+def test_the_next_wake_of_every_queue_sees_jobs_retried_or_snoozed_after_a_claim(
+    queue: Queue, sql: psycopg.Connection[Any]
+) -> None:
+    # Enqueued to run at once (run_at = enqueued_at), then put off by their
+    # outcome: such jobs are delayed too, and the due index must hold them.
+    queue.enqueue("t", queue="a", max_attempts=3)
+    queue.enqueue("t", queue="b")
+    queue.enqueue("t", queue="c", delay_seconds=3600)
+    failed, snoozed = sorted(queue.claim(2, worker="w"), key=lambda job: job.queue)
+    queue.finish([Outcome.failure(failed, "later"), Outcome.snooze(snoozed, 600)])
+    retry_at = _seconds_to(sql, failed.id)
+    assert 0 < retry_at < 600, "the retry's backoff is the earliest"
+    wake = queue.run(t.next_wake(None)).seconds
+    assert wake is not None and abs(wake - retry_at) < 1.0
+    sql.execute("DELETE FROM pgqueue_jobs WHERE id = %s", [failed.id])
+    wake = queue.run(t.next_wake(None)).seconds
+    assert wake is not None and abs(wake - _seconds_to(sql, snoozed.id)) < 1.0
+
+
+def _seconds_to(sql: psycopg.Connection[Any], job_id: int) -> float:
+    row = sql.execute(
+        "SELECT extract(epoch FROM run_at - now())::float8 FROM pgqueue_jobs WHERE id = %s",
+        [job_id],
+    ).fetchone()
+    assert row is not None
+    return float(row[0])

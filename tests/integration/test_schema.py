@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 
@@ -74,6 +75,38 @@ def test_claim_reads_the_partial_index(queue: Queue, sql: psycopg.Connection) ->
         plan = _plan(sql, "job_claim", {**CLAIM, **several})
         assert "Index Scan using pgqueue_jobs_claim_queue" in plan
         assert "Seq Scan on pgqueue_jobs" not in plan
+
+
+def _claim_buffers(sql: psycopg.Connection, params: dict[str, object]) -> int:
+    """Shared buffers one claim touched, the claim rolled back."""
+    with sql.transaction(force_rollback=True):
+        rows = sql.execute("EXPLAIN (ANALYZE, BUFFERS) " + QUERIES["job_claim"], params)
+        plan = "\n".join(r[0] for r in rows.fetchall())
+    return int(re.findall(r"shared hit=(\d+)", plan.split("Planning")[0])[0])
+
+
+def test_a_claim_does_not_read_another_queues_backlog_whatever_the_statistics(
+    queue: Queue, sql: psycopg.Connection
+) -> None:
+    # Statistics taken when no job was runnable (the workers kept up, or
+    # before a burst); then a backlog in one queue, while three others hold
+    # only delayed jobs. Each queue asked must walk its own entries only.
+    sql.execute(
+        "INSERT INTO pgqueue_jobs (task, queue, priority, run_at)"
+        " SELECT 't', 'later' || (i %% 3), i %% 3, now() + make_interval(days => 1 + i %% 30)"
+        " FROM generate_series(1, %s) i",
+        [3000],
+    )
+    sql.execute("VACUUM ANALYZE pgqueue_jobs")
+    claim = {
+        **CLAIM,
+        "queues": ["later0", "later1", "later2", "busy"],
+        "shares": [1, 1, 1, 10],
+    }
+    queue.enqueue_many([{"task": "t", "queue": "busy"}] * 1_000)
+    small = _claim_buffers(sql, claim)
+    queue.enqueue_many([{"task": "t", "queue": "busy"}] * 19_000)  # twenty times the backlog
+    assert _claim_buffers(sql, claim) < 2 * small
 
 
 def test_reap_and_prune_read_their_partial_indexes(sql: psycopg.Connection) -> None:

@@ -741,24 +741,17 @@ SELECT count(*) AS pruned FROM pruned;
 -- or a pause, not for time.
 -- The earliest delayed job: a plain min(run_at) would read every queued row
 -- (90 ms with a million scheduled jobs, once per poll interval per idle
--- worker). The claim indexes hold each priority level in run_at order, so
--- this walks the levels with one index probe each (a loose index scan), and
--- takes each level's first job after now(), whatever the backlog.
-WITH RECURSIVE levels AS (
-    -- Every queue (no queues given): the levels of pgqueue_jobs_claim.
-    SELECT max(priority) AS priority FROM pgqueue_jobs
-    WHERE state = 'queued' AND %(queues)s::text[] IS NULL
-  UNION ALL
-    SELECT (SELECT max(priority) FROM pgqueue_jobs
-            WHERE state = 'queued' AND priority < levels.priority)
-    FROM levels WHERE levels.priority IS NOT NULL
-), firsts AS (
+-- worker). For every queue, pgqueue_jobs_due (the queued jobs that were
+-- delayed when written) has it as its first entry after now(). For given
+-- queues, pgqueue_jobs_claim_queue holds each queue's priority levels in
+-- run_at order: this walks the levels with one index probe each (a loose
+-- index scan) and takes each level's first job after now().
+WITH firsts AS (
     SELECT (SELECT run_at FROM pgqueue_jobs
-            WHERE state = 'queued' AND priority = levels.priority AND run_at > now()
+            WHERE state = 'queued' AND run_at > enqueued_at AND run_at > now()
             ORDER BY run_at LIMIT 1) AS run_at
-    FROM levels WHERE levels.priority IS NOT NULL
+    WHERE %(queues)s::text[] IS NULL
   UNION ALL
-    -- Given queues: the levels of each queue in pgqueue_jobs_claim_queue.
     SELECT first.run_at
     FROM unnest(%(queues)s::text[]) AS wanted(name) CROSS JOIN LATERAL (
         WITH RECURSIVE queue_levels AS (
