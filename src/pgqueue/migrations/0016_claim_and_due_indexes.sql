@@ -17,9 +17,10 @@
 -- now() is the next due job of every queue: one probe, whatever the
 -- backlog. A claim cannot use it: its predicate is not the claim's.
 --
--- DROP INDEX and CREATE INDEX take the table's lock: the first for a
--- moment, the second while it reads the queued rows (a million delayed
--- jobs: about a second); claims and enqueues wait behind them.
+-- DROP INDEX takes the table's lock for a moment; CREATE INDEX holds off
+-- writes while it reads the whole table once (finished jobs too: a table
+-- that keeps a long history takes longer), and claims and enqueues wait
+-- behind it. Migrations run in a transaction, where CONCURRENTLY cannot.
 DROP INDEX IF EXISTS pgqueue_jobs_claim;
 CREATE INDEX pgqueue_jobs_due ON pgqueue_jobs (run_at)
     WHERE state = 'queued' AND run_at > enqueued_at;
