@@ -747,6 +747,8 @@ SELECT count(*) AS pruned FROM pruned;
 -- run_at order: this walks the levels with one index probe each (a loose
 -- index scan) and takes each level's first job after now().
 WITH firsts AS (
+    -- run_at > enqueued_at: the index's predicate, true of every job due
+    -- after now() (enqueued_at is its enqueue's now(), never later).
     SELECT (SELECT run_at FROM pgqueue_jobs
             WHERE state = 'queued' AND run_at > enqueued_at AND run_at > now()
             ORDER BY run_at LIMIT 1) AS run_at
