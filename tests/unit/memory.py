@@ -305,6 +305,9 @@ class MemoryDatabase:
     def job_prune(self, retention_seconds: float, limit: int) -> list[Row]:
         return [{"pruned": 0}]
 
+    def wait_prune(self) -> list[Row]:
+        return []  # nobody registers a wait() here
+
     def queue_next_wake(self, queues: list[str] | None) -> list[Row]:
         return [{"seconds": None, "limited": self.limited}]
 

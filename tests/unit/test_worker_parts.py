@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import logging
 import threading
 from typing import Any
@@ -649,6 +650,18 @@ async def test_database_errors_are_waited_out_not_fatal() -> None:
     async with running(memory_worker(db, {"echo": lambda job: None})):
         await until(lambda: db.state(job_id) == "succeeded")
     assert len(db.sent("job_claim")) >= 4
+
+
+async def test_maintenance_prunes_jobs_workers_and_waits_and_the_worker_runs_on() -> None:
+    # Pruning is due at a random moment of its first interval: made short
+    # here, so that every chore of it runs while the worker works.
+    db = MemoryDatabase()
+    settings = dataclasses.replace(SETTINGS, prune_interval_seconds=0.05)
+    async with running(memory_worker(db, {"echo": lambda job: None}, settings)):
+        await until(lambda: len(db.sent("wait_prune")) >= 2)
+        job_id = db.add("echo")
+        await until(lambda: db.state(job_id) == "succeeded")
+    assert db.sent("job_prune") and db.sent("worker_prune")
 
 
 async def test_the_worker_waits_for_the_schema_and_starts_when_it_appears(
