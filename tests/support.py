@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import socket
 import threading
 import time
@@ -98,6 +99,17 @@ class LiveServer:
         self.server.should_exit = True
         self.thread.join(10)
         self.sock.close()
+
+
+def executed_plan(
+    sql: psycopg.Connection[Any], name: str, params: dict[str, Any]
+) -> tuple[str, int]:
+    """EXPLAIN (ANALYZE, BUFFERS) of a named query, run for real (the caller
+    rolls back what it writes): the plan, and the shared buffers it touched
+    (its first total, before planning's)."""
+    rows = sql.execute("EXPLAIN (ANALYZE, BUFFERS) " + QUERIES[name], params).fetchall()
+    plan = "\n".join(row[0] for row in rows)
+    return plan, int(re.findall(r"shared hit=(\d+)", plan.split("Planning")[0])[0])
 
 
 def query_plan(sql: psycopg.Connection[Any], name: str, params: dict[str, Any]) -> str:

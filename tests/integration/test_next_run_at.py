@@ -4,7 +4,6 @@ index probes instead of reading the whole backlog."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import psycopg
@@ -13,7 +12,7 @@ from hypothesis import strategies as st
 
 from pgqueue import Outcome, Queue
 from pgqueue import transitions as t
-from pgqueue.sql import QUERIES
+from tests.support import executed_plan
 
 QUEUES = ["a", "b", "c"]
 job_rows = st.lists(
@@ -66,15 +65,9 @@ def test_the_next_run_at_is_the_earliest_queued_jobs(
 
 
 def _pages(sql: psycopg.Connection[Any], queues: list[str] | None) -> int:
-    """Shared buffers the statement touched (EXPLAIN ANALYZE's first total)."""
-    plan = "\n".join(
-        r[0]
-        for r in sql.execute(
-            "EXPLAIN (ANALYZE, BUFFERS) " + QUERIES["queue_next_wake"], {"queues": queues}
-        ).fetchall()
-    )
+    plan, pages = executed_plan(sql, "queue_next_wake", {"queues": queues})
     assert "Seq Scan on pgqueue_jobs" not in plan
-    return int(re.findall(r"shared hit=(\d+)", plan.split("Planning")[0])[0])
+    return pages
 
 
 def _schedule(sql: psycopg.Connection[Any], count: int) -> None:

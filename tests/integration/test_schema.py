@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import threading
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from pgqueue import transitions as t
 from pgqueue.embedded import EmbeddedPostgres
 from pgqueue.sql import QUERIES, migration_files, migration_versions
 from pgqueue.transitions import heartbeat
+from tests.support import executed_plan
 
 
 def test_concurrent_migrators_apply_each_file_once(empty_db: str) -> None:
@@ -80,9 +80,7 @@ def test_claim_reads_the_partial_index(queue: Queue, sql: psycopg.Connection) ->
 def _claim_buffers(sql: psycopg.Connection, params: dict[str, object]) -> int:
     """Shared buffers one claim touched, the claim rolled back."""
     with sql.transaction(force_rollback=True):
-        rows = sql.execute("EXPLAIN (ANALYZE, BUFFERS) " + QUERIES["job_claim"], params)
-        plan = "\n".join(r[0] for r in rows.fetchall())
-    return int(re.findall(r"shared hit=(\d+)", plan.split("Planning")[0])[0])
+        return executed_plan(sql, "job_claim", params)[1]
 
 
 def test_a_claim_does_not_read_another_queues_backlog_whatever_the_statistics(
