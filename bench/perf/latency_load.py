@@ -9,7 +9,8 @@
 On a fresh server on disk (fsync and synchronous_commit on), its WAL warmed
 first (bench.common.warm_wal: the segments a server under steady load
 recycles; a fresh one creates each on first use and stalls the commits
-behind it; ``--cold-wal`` skips this, to see the difference), for each
+behind it; ``--cold-wal`` skips this, to see the difference, and on a
+server of DATABASE_URL, which it would check-point), for each
 configuration (one forked ``AsyncWorker`` process, as bench.workers runs it):
 
 * ``noop``: no-op jobs, the default worker (concurrency 100);
