@@ -2,7 +2,8 @@
 
 ``Settings.load(**flags)`` layers, highest first: the flags given (None means
 not given), ``PGQUEUE_<FIELD>`` environment variables (and DATABASE_URL), the
-``[tool.pgqueue]`` table of ./pyproject.toml, the defaults below. The library
+``[tool.pgqueue]`` table of ./pyproject.toml (the command line's: of its
+project folder, ``root``), the defaults below. The library
 (``Queue()``, ``AsyncQueue()``), the worker, the API (``create_app()``) and the
 command line all call it when given no Settings.
 """
@@ -200,10 +201,20 @@ class Settings:
             raise InvalidSettings("clusters must map queue names (or '*') to database URLs")
 
     @classmethod
-    def load(cls, *, environ: Mapping[str, str] | None = None, **flags: Any) -> Self:
+    def load(
+        cls, *, environ: Mapping[str, str] | None = None, root: Path | None = None, **flags: Any
+    ) -> Self:
         """Flags > environment (default: os.environ) > ./pyproject.toml >
-        defaults. A flag that is None counts as not given."""
-        values = _read_pyproject(Path.cwd() / PYPROJECT)
+        defaults. A flag that is None counts as not given.
+
+        ``root`` (the command line's project folder, pgqueue.cli.project):
+        its pyproject.toml is read instead of ./pyproject.toml, and a relative
+        ``data_dir`` from that file or the default is taken from ``root``, so
+        that every folder of the project reaches one embedded server; one from
+        a flag or the environment stays relative to the current folder."""
+        values = _read_pyproject((Path.cwd() if root is None else root) / PYPROJECT)
+        if root is not None:
+            values["data_dir"] = str(root / values.get("data_dir", cls.data_dir))
         values.update(_read_environment(os.environ if environ is None else environ))
         values.update({name: value for name, value in flags.items() if value is not None})
         return cls(**values)

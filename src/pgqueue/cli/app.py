@@ -2,11 +2,12 @@
 and the one place where every error becomes one line.
 
 Every command builds the same Settings object (``Settings.load``: flags >
-PGQUEUE_* environment > [tool.pgqueue] in ./pyproject.toml > defaults). Read
-commands print Rich tables, or one JSON document with ``--json``. Errors are
-one red line on stderr: exit code 2 for usage (bad flags, unreadable input,
-bad configuration), 1 for everything that went wrong at run time. ``--debug``
-shows the traceback instead.
+PGQUEUE_* environment > [tool.pgqueue] in the project's pyproject.toml >
+defaults; the project: cli/project.py, which also says which commands may
+start the embedded server). Read commands print Rich tables, or one JSON
+document with ``--json``. Errors are one red line on stderr: exit code 2 for
+usage (bad flags, unreadable input, bad configuration), 1 for everything that
+went wrong at run time. ``--debug`` shows the traceback instead.
 
 The commands live in the topic modules (running, producing, jobs, queues,
 watching, server, maintenance), which add themselves to ``app``, ``jobs_app`` and
@@ -37,10 +38,11 @@ from ..errors import (
     PgQueueError,
 )
 from ..logs import ENV_LOG_FORMAT, stderr_handler
-from ..queue import Queue, resolve_url
+from ..queue import Queue
 from ..settings import Settings
 from . import output
 from .options import JsonFlag, LogFormatChoice
+from .project import Project, existing_database
 
 __all__ = [
     "State",
@@ -166,7 +168,8 @@ app.add_typer(db_app, name="db")
 
 @dataclass
 class State:
-    """What the global options said; builds the settings and the queue."""
+    """What the global options said, and the project the current folder is
+    in (cli/project.py); builds the settings and the queue."""
 
     database_url: str | None = None
     data_dir: str | None = None
@@ -174,14 +177,22 @@ class State:
     debug: bool = False
     out: Console = field(default_factory=output.stdout_console)
     err: Console = field(default_factory=output.stderr_console)
+    project: Project = field(default_factory=Project.find)
 
     def settings(self, **flags: Any) -> Settings:
-        return Settings.load(database_url=self.database_url, data_dir=self.data_dir, **flags)
+        return Settings.load(
+            root=self.project.folder,
+            database_url=self.database_url,
+            data_dir=self.data_dir,
+            **flags,
+        )
 
     @contextlib.contextmanager
     def queue(self, settings: Settings | None = None) -> Iterator[Queue]:
+        """A queue on the database named, or on the project's running embedded
+        server: the commands that use this one start no server."""
         settings = settings or self.settings()
-        url = resolve_url(settings)
+        url = existing_database(settings, self.project)
         # One direct connection first: a down server fails at once with the
         # driver's reason, not after the pool's timeout with a generic one.
         timeout = max(1, round(settings.pool_timeout_seconds))
@@ -237,15 +248,19 @@ def root(
         str | None,
         typer.Option(
             "--database-url",
+            "--url",
             metavar="URL",
-            help="PostgreSQL to use (else DATABASE_URL, PGQUEUE_DATABASE_URL, or the embedded "
-            "server in --data-dir).",
+            help="PostgreSQL to use (else DATABASE_URL, PGQUEUE_DATABASE_URL, or the project's "
+            "embedded server: the nearest folder up from here holding .pgqueue/ or a "
+            "pyproject.toml with [tool.pgqueue]).",
         ),
     ] = None,
     data_dir: Annotated[
         str | None,
         typer.Option(
-            "--data-dir", metavar="DIR", help="Folder of the embedded server (default: .pgqueue)."
+            "--data-dir",
+            metavar="DIR",
+            help="Folder of the embedded server (default: .pgqueue in the project's folder).",
         ),
     ] = None,
     json_out: JsonFlag = False,
@@ -271,7 +286,10 @@ def root(
     """pgqueue: a durable job queue on PostgreSQL.
 
     Settings come from flags, then PGQUEUE_* environment variables, then a
-    [tool.pgqueue] table in ./pyproject.toml, then defaults.
+    [tool.pgqueue] table in the project's pyproject.toml, then defaults. The
+    project is the nearest folder, from here up, holding .pgqueue/ or a
+    pyproject.toml with [tool.pgqueue]. Only up, worker, api, migrate and db
+    start start its embedded server.
     """
     ctx.obj = State(database_url=database_url, data_dir=data_dir, json=json_out, debug=debug)
     configure_logging(debug, log_format=log_format.value)
