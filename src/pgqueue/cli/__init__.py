@@ -1,6 +1,7 @@
 """The ``pgqueue`` command line (Typer + Rich); ``main`` is the console script.
 
 app.py          the root group, global options, errors as one line
+project.py      which project (walking up from the current folder), which database
 options.py      --json, durations, times, lists
 running.py      migrate, api, worker, up
 producing.py    enqueue, enqueue-file
