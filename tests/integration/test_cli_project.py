@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from pgqueue import Queue
+from pgqueue import Queue, Settings
 from pgqueue.embedded import EmbeddedPostgres
 
 # Commands that act on an existing database (read, or write jobs and
@@ -182,3 +182,20 @@ def test_a_url_wins_over_the_project_and_starts_nothing(home: Path, db_url: str)
         by_env = ok_json(cwd, "jobs", "list", DATABASE_URL=db_url)
         assert [job["id"] for job in by_flag] == [job["id"] for job in by_env] == [named.id]
     assert data_folders(home) == [project / ".pgqueue"]
+
+
+def test_a_relative_data_dir_is_the_projects_unless_a_flag_or_the_environment_says_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project = tmp_path / "project"
+    inside = project / "src"
+    inside.mkdir(parents=True)
+    monkeypatch.chdir(inside)
+    (project / "pyproject.toml").write_text('[tool.pgqueue]\ndata_dir = "var/pg"\n')
+
+    assert Settings.load(root=project, environ={}).data_dir == str(project / "var" / "pg")
+    (project / "pyproject.toml").write_text("[tool.pgqueue]\n")
+    assert Settings.load(root=project, environ={}).data_dir == str(project / ".pgqueue")
+    from_env = Settings.load(root=project, environ={"PGQUEUE_DATA_DIR": "here"})
+    assert from_env.data_dir == "here"  # relative to the current folder, as typed
+    assert Settings.load(root=project, environ={}, data_dir="flag").data_dir == "flag"
