@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import re
 import socket
 import threading
@@ -110,6 +111,42 @@ def executed_plan(
     rows = sql.execute("EXPLAIN (ANALYZE, BUFFERS) " + QUERIES[name], params).fetchall()
     plan = "\n".join(row[0] for row in rows)
     return plan, int(re.findall(r"shared hit=(\d+)", plan.split("Planning")[0])[0])
+
+
+@dataclasses.dataclass
+class PlanReads:
+    """What an executed plan read: shared buffers touched, rows every scan
+    node produced or filtered out (times its loops: a scan repeated inside a
+    nested loop counts each time), and how it reached pgqueue_jobs (node
+    type, and index when there is one)."""
+
+    buffers: int
+    rows: float
+    scans: set[str]
+
+
+def plan_reads(sql: psycopg.Connection[Any], name: str, params: dict[str, Any]) -> PlanReads:
+    """EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) of a named query, run for real
+    (the caller rolls back what it writes)."""
+    [[document]] = sql.execute(
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES[name], params
+    ).fetchall()
+    top = document[0]["Plan"]
+    reads = PlanReads(top["Shared Hit Blocks"] + top["Shared Read Blocks"], 0.0, set())
+    nodes = [top]
+    while nodes:
+        node = nodes.pop()
+        nodes += node.get("Plans", [])
+        if not node["Node Type"].endswith("Scan"):
+            continue
+        seen = sum(
+            node.get(key, 0)
+            for key in ("Actual Rows", "Rows Removed by Filter", "Rows Removed by Join Filter")
+        )
+        reads.rows += seen * node.get("Actual Loops", 1)
+        if node.get("Relation Name") == "pgqueue_jobs":
+            reads.scans.add(" ".join(filter(None, [node["Node Type"], node.get("Index Name")])))
+    return reads
 
 
 def query_plan(sql: psycopg.Connection[Any], name: str, params: dict[str, Any]) -> str:

@@ -110,7 +110,7 @@ def test_a_claim_does_not_read_another_queues_backlog_whatever_the_statistics(
 def test_reap_and_prune_read_their_partial_indexes(sql: psycopg.Connection) -> None:
     sql.execute("ANALYZE pgqueue_jobs")
     reap = _plan(sql, "job_reap", {"limit": 10, "backoff_base": 1, "backoff_cap": 10})
-    assert "pgqueue_jobs_reap" in reap
+    assert "pgqueue_expired_leases" in reap
     prune = _plan(sql, "job_prune", {"limit": 10, "retention_seconds": 60})
     assert "pgqueue_jobs_finished" in prune
 

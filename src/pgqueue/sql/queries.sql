@@ -203,7 +203,8 @@ SELECT count(pg_notify('pgqueue_jobs', q)) AS notified FROM unnest(%(queues)s::t
 -- chosen by pgqueue_pick_limited, under that queue's lock.
 WITH wanted AS (
     SELECT q.name, q.share, q.place, c.paused, c.limited
-    FROM unnest(%(queues)s::text[], %(shares)s::integer[]) WITH ORDINALITY AS q(name, share, place)
+    FROM unnest((SELECT %(queues)s::text[]), (SELECT %(shares)s::integer[]))
+         WITH ORDINALITY AS q(name, share, place)
     LEFT JOIN pgqueue_queues c ON c.name = q.name
 ), in_limited_queues AS (
     -- In the order of their locks, so that two claimers never wait for each
@@ -238,16 +239,17 @@ WITH wanted AS (
         lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
         worker = %(worker)s, started_at = coalesce(picked.at, now())
     FROM (SELECT id, at FROM in_limited_queues UNION ALL SELECT id, at FROM in_free_queues
-          LIMIT %(limit)s) picked
+          LIMIT %(limit)s) picked,
+         (SELECT 'queued'::text OFFSET 0) AS expected(state)
     -- A limited queue's jobs were chosen, not locked: the state is checked
-    -- again on the row's newest version. Written `(...) IS TRUE` so that no
-    -- plan can find the rows through a partial index on the state instead of
-    -- the primary key: under a backlog that grows faster than ANALYZE runs,
-    -- the statistics say few rows are queued, and the planner read every
-    -- queued row of the claim index once per claimed job (42,000 for each of
-    -- 111, 150 ms a claim), so that a worker behind a producer fell further
-    -- behind. The statements below that update held rows by id do the same.
-    WHERE j.id = picked.id AND (j.state = 'queued') IS TRUE
+    -- again on the row's newest version. Against `expected`, a join
+    -- condition (as in job_heartbeat), so that the rows are reached by
+    -- primary key whatever the statistics say: neither through a partial
+    -- index on the state (under a backlog that grows faster than ANALYZE
+    -- runs, the statistics say few rows are queued, and the planner read
+    -- every queued row of the claim index once per claimed job: 42,000 for
+    -- each of 111, 150 ms a claim) nor by a scan of the table.
+    WHERE j.id = picked.id AND j.state = expected.state
     RETURNING j.*
 ), latency AS (
     INSERT INTO pgqueue_start_latency AS h (queue, shard, bucket, count, sum_seconds)
@@ -273,10 +275,24 @@ FROM claimed c ORDER BY priority DESC, run_at, id;
 -- name: job_heartbeat
 -- Extend the leases of many held jobs at once, only where the fencing token
 -- still matches. Returns the ids whose lease is still held.
+-- Like every statement that changes held jobs by id, it reaches each row by
+-- its primary key whatever the statistics say, by two devices (see
+-- docs/concepts.md "Plans that ignore statistics"):
+-- * the batch's arrays are read through scalar subqueries, `(SELECT ...)`,
+--   so the planner guesses a batch of 10 instead of counting it: a batch
+--   counted at 1,000 made a hash join over the whole table look cheaper than
+--   1,000 index probes;
+-- * the state a held job must still be in comes from a one-row relation the
+--   planner cannot fold (`expected`, kept apart by OFFSET 0), so it is a join
+--   condition and not a filter on the table, which the planner would
+--   estimate from the statistics: after an ANALYZE that saw no running job it
+--   expected one row, put the table's scan outside a nested loop and matched
+--   every outcome of the batch against every running job (2.5 s an ack).
 UPDATE pgqueue_jobs j
 SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
-FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS held(id, token)
-WHERE j.id = held.id AND j.lease_token = held.token AND (j.state = 'running') IS TRUE
+FROM unnest((SELECT %(ids)s::bigint[]), (SELECT %(tokens)s::bigint[])) AS held(id, token),
+     (SELECT 'running'::text OFFSET 0) AS expected(state)
+WHERE j.id = held.id AND j.lease_token = held.token AND j.state = expected.state
 RETURNING j.id;
 
 -- name: job_finish
@@ -285,8 +301,10 @@ RETURNING j.id;
 -- the job; a failure retries it after a backoff, or ends it dead when it is
 -- out of attempts or not retryable. Counts outcomes, and wakes waiters.
 WITH outcome AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(succeeded)s::boolean[],
-                         %(results)s::jsonb[], %(errors)s::text[], %(retryable)s::boolean[])
+    -- Reached by primary key whatever the statistics say (job_heartbeat).
+    SELECT * FROM unnest((SELECT %(ids)s::bigint[]), (SELECT %(tokens)s::bigint[]),
+                         (SELECT %(succeeded)s::boolean[]), (SELECT %(results)s::jsonb[]),
+                         (SELECT %(errors)s::text[]), (SELECT %(retryable)s::boolean[]))
          AS t(id, token, succeeded, result, error, retryable)
 ), finished AS (
     UPDATE pgqueue_jobs j
@@ -305,8 +323,8 @@ WITH outcome AS (
         finished_at = CASE WHEN o.succeeded OR NOT o.retryable OR j.attempts >= j.max_attempts
                            THEN now() END,
         lease_expires_at = NULL
-    FROM outcome o
-    WHERE j.id = o.id AND j.lease_token = o.token AND (j.state = 'running') IS TRUE
+    FROM outcome o, (SELECT 'running'::text OFFSET 0) AS expected(state)
+    WHERE j.id = o.id AND j.lease_token = o.token AND j.state = expected.state
     RETURNING j.id, j.queue, j.state, o.succeeded, j.has_dependents
 ), counted AS (
     INSERT INTO pgqueue_counters AS c (queue, shard, succeeded, failed, dead)
@@ -342,8 +360,9 @@ SELECT id, state FROM finished, (SELECT count(*) FROM woken) w, (SELECT count(*)
 -- without one, both stay.
 -- A separate statement, so that job_finish costs nothing more when nobody snoozes.
 WITH request AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(seconds)s::double precision[],
-                         %(errors)s::text[])
+    -- Reached by primary key whatever the statistics say (job_heartbeat).
+    SELECT * FROM unnest((SELECT %(ids)s::bigint[]), (SELECT %(tokens)s::bigint[]),
+                         (SELECT %(seconds)s::double precision[]), (SELECT %(errors)s::text[]))
          AS t(id, token, seconds, error)
 ), snoozed AS (
     UPDATE pgqueue_jobs j
@@ -352,8 +371,8 @@ WITH request AS (
         last_error = coalesce(r.error, j.last_error),
         errors = CASE WHEN r.error IS NULL THEN j.errors
                       ELSE pgqueue_errors_append(j.errors, j.attempts, r.error, j.worker) END
-    FROM request r
-    WHERE j.id = r.id AND j.lease_token = r.token AND (j.state = 'running') IS TRUE
+    FROM request r, (SELECT 'running'::text OFFSET 0) AS expected(state)
+    WHERE j.id = r.id AND j.lease_token = r.token AND j.state = expected.state
     RETURNING j.id, j.queue, j.state, j.run_at
 ), counted AS (
     INSERT INTO pgqueue_counters AS c (queue, shard, snoozed)
@@ -372,13 +391,15 @@ SELECT id, state FROM snoozed, (SELECT count(*) FROM woken) w;
 -- cancelled, as an operator's cancel is (not as a failed attempt), and
 -- waiters are woken as by job_finish.
 WITH request AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(reasons)s::text[])
+    -- Reached by primary key whatever the statistics say (job_heartbeat).
+    SELECT * FROM unnest((SELECT %(ids)s::bigint[]), (SELECT %(tokens)s::bigint[]),
+                         (SELECT %(reasons)s::text[]))
          AS t(id, token, reason)
 ), cancelled AS (
     UPDATE pgqueue_jobs j
     SET state = 'cancelled', last_error = r.reason, finished_at = now(), lease_expires_at = NULL
-    FROM request r
-    WHERE j.id = r.id AND j.lease_token = r.token AND (j.state = 'running') IS TRUE
+    FROM request r, (SELECT 'running'::text OFFSET 0) AS expected(state)
+    WHERE j.id = r.id AND j.lease_token = r.token AND j.state = expected.state
     RETURNING j.id, j.queue, j.state, j.has_dependents
 ), counted AS (
     INSERT INTO pgqueue_counters AS c (queue, shard, cancelled)
@@ -402,8 +423,10 @@ SELECT id, state FROM cancelled, (SELECT count(*) FROM woken) w, (SELECT count(*
 WITH released AS (
     UPDATE pgqueue_jobs j
     SET state = 'queued', attempts = j.attempts - 1, lease_expires_at = NULL
-    FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS r(id, token)
-    WHERE j.id = r.id AND j.lease_token = r.token AND (j.state = 'running') IS TRUE
+    -- Reached by primary key whatever the statistics say (job_heartbeat).
+    FROM unnest((SELECT %(ids)s::bigint[]), (SELECT %(tokens)s::bigint[])) AS r(id, token),
+         (SELECT 'running'::text OFFSET 0) AS expected(state)
+    WHERE j.id = r.id AND j.lease_token = r.token AND j.state = expected.state
     RETURNING j.id, j.queue
 ), woken AS (
     SELECT pg_notify('pgqueue_jobs', queue) FROM (SELECT DISTINCT queue FROM released) q
@@ -418,14 +441,9 @@ SELECT id FROM released, (SELECT count(*) FROM woken) w;
 -- attempts. Rows another reaper is handling are skipped, so every worker
 -- may run this at once.
 WITH expired AS (
-    SELECT id, format('lease expired (worker %%s%%s, attempt %%s)', worker,
-                      CASE WHEN lease_expires_at = 'epoch' THEN ' whose session ended' END,
-                      attempts) AS error
-    FROM pgqueue_jobs
-    WHERE state = 'running' AND lease_expires_at < now()
-    ORDER BY lease_expires_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    -- Earliest first, through pgqueue_jobs_reap whatever the statistics say
+    -- (migrations/0017).
+    SELECT id, error FROM pgqueue_expired_leases(%(limit)s)
 ), reaped AS (
     UPDATE pgqueue_jobs j
     SET state = CASE WHEN j.attempts < j.max_attempts THEN 'queued' ELSE 'dead' END,

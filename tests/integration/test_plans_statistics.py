@@ -1,0 +1,195 @@
+"""The worker's statements reach their rows the intended way whatever the
+statistics say (docs/concepts.md, "Plans that ignore statistics").
+
+An outside benchmark loads its jobs, runs VACUUM ANALYZE (as autovacuum does
+after any large enqueue) and then starts the workers; a deployment runs on
+whatever statistics its last ANALYZE took. Each statement of the worker's path
+is executed for real (EXPLAIN ANALYZE, rolled back) over a table of 20,000
+jobs in four states of the statistics, and must reach pgqueue_jobs only
+through its primary key or its one intended index, reading a bounded number
+of rows and buffers per job. Before this was so, an ack of 1,000 outcomes
+after an ANALYZE that saw only queued jobs matched every outcome against
+every running job (800 rows read per job), and a reap after one that saw
+running jobs read the whole table.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgqueue import Job, Queue, Settings
+from pgqueue import transitions as t
+from pgqueue.embedded import EmbeddedPostgres
+from pgqueue.flows import Flow, Statement
+from tests.conftest import TEMPLATE
+from tests.support import plan_reads
+
+JOBS = 20_000
+# The most jobs one statement handles: a worker at concurrency 1,000 acks
+# and heartbeats that many at once.
+BATCH = 1_000
+STATISTICS = ("never_analyzed", "analyzed_empty", "analyzed_queued", "analyzed_running")
+# What an index probe and the update of one row read: a few index pages and
+# the heap page, for the row and for each index the update writes. A scan of
+# the table reads 20 rows per job at this batch; a nested loop over the batch
+# for every running job, 800.
+ROWS_PER_JOB = 10
+BUFFERS_PER_JOB = 20
+
+_templates: dict[str, str] = {}
+
+
+def _url(server: EmbeddedPostgres, database: str) -> str:
+    return server.url.rsplit("/", 1)[0] + "/" + database
+
+
+def _build(server: EmbeddedPostgres, statistics: str) -> str:
+    """A database of JOBS queued jobs whose statistics are in ``statistics``
+    (autovacuum off for the table, so that they stay so)."""
+    name = f"plans_{statistics}_{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(server.url, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
+    with psycopg.connect(_url(server, name), autocommit=True) as sql:
+        sql.execute("ALTER TABLE pgqueue_jobs SET (autovacuum_enabled = false)")
+        if statistics == "analyzed_empty":
+            sql.execute("VACUUM ANALYZE pgqueue_jobs")
+        sql.execute(
+            "INSERT INTO pgqueue_jobs (task) SELECT 'noop' FROM generate_series(1, %s)", [JOBS]
+        )
+        if statistics == "analyzed_queued":
+            sql.execute("VACUUM ANALYZE pgqueue_jobs")
+        if statistics == "analyzed_running":
+            sql.execute(
+                "UPDATE pgqueue_jobs SET state = 'running', attempts = 1, "
+                "lease_token = nextval('pgqueue_lease_token_seq'), "
+                "lease_expires_at = now() + interval '1 hour'"
+            )
+            sql.execute("VACUUM ANALYZE pgqueue_jobs")
+            sql.execute(
+                "UPDATE pgqueue_jobs SET state = 'queued', attempts = 0, "
+                "lease_token = NULL, lease_expires_at = NULL"
+            )
+            sql.execute("VACUUM pgqueue_jobs")
+    return name
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _drop_templates(pg_server: EmbeddedPostgres) -> Iterator[None]:
+    yield
+    with psycopg.connect(pg_server.url, autocommit=True) as admin:
+        for name in _templates.values():
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    _templates.clear()
+
+
+@pytest.fixture(params=STATISTICS)
+def loaded(request: pytest.FixtureRequest, pg_server: EmbeddedPostgres) -> Iterator[str]:
+    """URL of a copy, of this test's own, of the database in the state of
+    statistics the test is parametrized with."""
+    statistics = request.param
+    if statistics not in _templates:
+        _templates[statistics] = _build(pg_server, statistics)
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server.url, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name} TEMPLATE {_templates[statistics]}")
+    try:
+        yield _url(pg_server, name)
+    finally:
+        with psycopg.connect(pg_server.url, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def _first(flow: Flow[Any]) -> Statement:
+    """The statement a flow sends first (each of these sends one)."""
+    statement = next(flow)
+    assert isinstance(statement, Statement)
+    return statement
+
+
+SETTINGS = Settings()
+HELD: dict[str, Callable[[list[Job]], Statement]] = {
+    "job_heartbeat": lambda jobs: _first(t.heartbeat([(j.id, t._token(j)) for j in jobs], 30)),
+    "job_finish": lambda jobs: _first(
+        t.finish(SETTINGS, [t.Outcome.success(j, None) for j in jobs])
+    ),
+    "job_finish_failed": lambda jobs: _first(
+        t.finish(SETTINGS, [t.Outcome.failure(j, "boom") for j in jobs])
+    ),
+    "job_snooze": lambda jobs: _first(t.finish(SETTINGS, [t.Outcome.snooze(j, 5) for j in jobs])),
+    "job_cancel_held": lambda jobs: _first(
+        t.finish(SETTINGS, [t.Outcome.cancel(j, "no") for j in jobs])
+    ),
+    "job_release": lambda jobs: _first(t.release([(j.id, t._token(j)) for j in jobs])),
+}
+
+
+def _assert_bounded(statement: Statement, url: str, jobs: int, indexes: set[str]) -> None:
+    with psycopg.connect(url) as sql:
+        reads = plan_reads(sql, statement.name, statement.params)
+        sql.rollback()
+    assert reads.scans <= indexes, f"{statement.name} reached pgqueue_jobs by {reads.scans}"
+    assert reads.rows / jobs <= ROWS_PER_JOB, f"{statement.name} read {reads.rows} rows"
+    assert reads.buffers / jobs <= BUFFERS_PER_JOB, f"{statement.name}: {reads.buffers} buffers"
+
+
+BY_ID = {"Index Scan pgqueue_jobs_pkey"}
+
+
+@pytest.mark.parametrize("name", sorted(HELD))
+def test_statements_on_held_jobs_reach_them_by_primary_key(loaded: str, name: str) -> None:
+    with Queue(loaded) as queue:
+        jobs = queue.claim(BATCH, worker="w", queues=["default"])
+    assert len(jobs) == BATCH
+    statement = HELD[name](jobs)
+    assert statement.name == name.removesuffix("_failed")
+    _assert_bounded(statement, loaded, BATCH, BY_ID)
+
+
+def test_a_large_claim_walks_its_queue_index(loaded: str) -> None:
+    statement = _first(t.claim(SETTINGS, limit=BATCH, worker="w", queues=["default"]))
+    _assert_bounded(statement, loaded, BATCH, BY_ID | {"Index Scan pgqueue_jobs_claim_queue"})
+
+
+def test_reap_reads_the_running_jobs_only(loaded: str) -> None:
+    # The expired leases are read by pgqueue_expired_leases, whose plan the
+    # EXPLAIN does not show; its buffers are counted with the statement's
+    # (a scan of the table would read its 400 pages: 4 a job).
+    with Queue(loaded) as queue:
+        queue.claim(100, worker="w", queues=["default"])
+    with psycopg.connect(loaded, autocommit=True) as sql:
+        sql.execute(
+            "UPDATE pgqueue_jobs SET lease_expires_at = now() - interval '1 s'"
+            " WHERE state = 'running'"
+        )
+    statement = _first(t.reap(SETTINGS, limit=100))
+    _assert_bounded(statement, loaded, 100, BY_ID)
+
+
+def test_reap_with_nothing_expired_reads_almost_nothing(loaded: str) -> None:
+    with Queue(loaded) as queue:
+        queue.claim(100, worker="w", queues=["default"])
+    with psycopg.connect(loaded) as sql:
+        reads = plan_reads(sql, "job_reap", _first(t.reap(SETTINGS, limit=100)).params)
+        sql.rollback()
+    assert reads.scans <= BY_ID
+    # The 100 running jobs, each read to learn when its lease ends; a scan
+    # of the table would read its 400 pages.
+    assert reads.rows <= 10 and reads.buffers <= 3 * 100, reads
+
+
+@pytest.mark.parametrize("queues", [None, ["default"]])
+def test_next_wake_reads_index_entries_only(loaded: str, queues: list[str] | None) -> None:
+    with psycopg.connect(loaded, autocommit=True) as sql:
+        sql.execute(
+            "INSERT INTO pgqueue_jobs (task, run_at)"
+            " SELECT 'later', now() + make_interval(mins => i) FROM generate_series(1, 100) i"
+        )
+    with psycopg.connect(loaded) as sql:
+        reads = plan_reads(sql, "queue_next_wake", _first(t.next_wake(queues)).params)
+    assert all(scan.startswith("Index Only Scan") for scan in reads.scans), reads.scans
+    assert reads.buffers <= 200, reads
