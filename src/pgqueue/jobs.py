@@ -25,6 +25,10 @@ Dependencies: ``depends_on`` lists the ids of jobs this one waits for (it is
 one of them dies or is cancelled (``DEPENDENCY_POLICIES``; see
 docs/workflows.md). A job with dependencies has no key.
 
+JSON values (the payload, the metadata, and a handler's result, checked by
+the same ``checks.dump_json``) must read back as written: at most
+``MAX_JSON_DEPTH`` levels deep and ``MAX_JSON_BYTES`` bytes, keys strings.
+
 Metadata: a JSON object about the job rather than its arguments, shown with
 it and given to its handler (``Job.metadata``); the key ``otel`` is where
 tracing.py carries the enqueuer's trace context (docs/tracing.md).
@@ -46,6 +50,8 @@ from typing import Any, NamedTuple
 from uuid import UUID
 
 from .checks import (
+    MAX_JSON_BYTES,
+    MAX_JSON_DEPTH,
     Integer,
     JobIds,
     Key,
@@ -67,6 +73,8 @@ __all__ = [
     "MAX_ATTEMPTS",
     "MAX_ATTEMPT_ERRORS",
     "MAX_DELAY_SECONDS",
+    "MAX_JSON_BYTES",
+    "MAX_JSON_DEPTH",
     "MAX_KEY_LENGTH",
     "MAX_METADATA_BYTES",
     "MAX_PRIORITY",
@@ -287,8 +295,9 @@ JOB_FIELDS: tuple[JobField, ...] = (
     JobField(
         "payload",
         Payload(),
-        "The job's arguments: a JSON object (no NaN or Infinity, no NUL character, "
-        "no lone surrogate).",
+        f"The job's arguments: a JSON object of at most {MAX_JSON_BYTES} bytes as JSON, "
+        f"nested at most {MAX_JSON_DEPTH} levels deep (the object itself is one), with "
+        "string keys, no NaN or Infinity, no NUL character, no lone surrogate.",
         default={},
     ),
     JobField("queue", Name(QUEUE_NAME), "The queue's name.", default="default", nullable=False),
@@ -370,9 +379,10 @@ JOB_FIELDS: tuple[JobField, ...] = (
         "metadata",
         Payload(MAX_METADATA_BYTES),
         f"Facts about the job, not its arguments: a JSON object of at most "
-        f"{MAX_METADATA_BYTES} bytes, shown with the job and given to its handler as "
-        "job.metadata. The key otel is pgqueue's: the trace context of the code that "
-        "enqueued the job, when tracing is on (docs/tracing.md).",
+        f"{MAX_METADATA_BYTES} bytes (otherwise checked as payload is), shown with the "
+        "job and given to its handler as job.metadata. The key otel is pgqueue's: the "
+        "trace context of the code that enqueued the job, when tracing is on "
+        "(docs/tracing.md).",
     ),
 )
 FIELD_ALIASES = {f.alias: f.name for f in JOB_FIELDS if f.alias}

@@ -93,6 +93,46 @@ def test_arguments_that_do_not_fit_are_refused_and_nothing_is_written(
     assert _count(sql) == 0
 
 
+@dataclass
+class Customer:
+    name: str
+    age: int
+
+
+async def test_a_value_that_does_not_make_its_dataclass_or_model_is_refused_at_enqueue(
+    queue: Queue, aqueue: AsyncQueue, sql: psycopg.Connection[Any]
+) -> None:
+    """The docs promise InvalidJob for bad arguments: a value the worker
+    could not rebuild into the annotated class was written, then failed at
+    run time on every attempt."""
+    registry = TaskRegistry()
+
+    @registry.task
+    def ship(order: Order, to: Point, customer: Customer | None = None) -> None: ...
+
+    fine = (Order(id=1, items=[]), Point(0, 0))
+    bad_calls: list[tuple[tuple[Any, ...], dict[str, Any], str]] = [
+        ((Order(id=1, items=[]), Order(id=2, items=[])), {}, "'to' is not a valid Point"),
+        (({"id": "seven", "items": []}, Point(0, 0)), {}, "'order' is not a valid Order"),
+        (({"id": 1}, Point(0, 0)), {}, "'order' is not a valid Order.*items"),
+        (("order 1", Point(0, 0)), {}, "'order' is not a valid Order: got str"),
+        ((Order(id=1, items=[]), {"x": 1}), {}, "'to' is not a valid Point"),
+        ((Order(id=1, items=[]), Point("a", 0)), {}, "Point: field 'x' must be float, got str"),
+    ]
+    for args, kwargs, problem in bad_calls:
+        with pytest.raises(InvalidJob, match=problem) as refused:
+            ship.using(queue).enqueue(*args, **kwargs)
+        assert refused.value.field == "payload"
+        with pytest.raises(InvalidJob, match=problem):
+            await ship.using(aqueue).enqueue_async(*args, **kwargs)
+    assert _count(sql) == 0
+    # A dict with the right fields makes one, as at run time; so does an instance.
+    job = ship.using(queue).enqueue({"id": 3, "items": ["a"]}, *fine[1:])
+    assert job.payload["order"] == {"id": 3, "items": ["a"]}
+    assert ship.using(queue).enqueue(*fine).payload["to"] == {"x": 0, "y": 0}
+    assert _count(sql) == 2
+
+
 def test_using_sets_fields_and_a_rolled_back_transaction_keeps_nothing(
     queue: Queue, db_url: str, sql: psycopg.Connection[Any]
 ) -> None:

@@ -145,16 +145,21 @@ class AttemptErrorOut(BaseModel):
 class JobOut(JobSummary):
     """A job as the API shows it."""
 
-    payload: dict[str, Any]
+    # Any, not an object: a row written by SQL may hold any JSON value, and
+    # every read shows it (jobs.py: what pgqueue itself writes).
+    payload: Any = Field(
+        description="The job's arguments: the JSON object it was enqueued with (a row "
+        "written outside pgqueue may hold another JSON value, shown as it is)."
+    )
     last_error: str | None
     errors: list[AttemptErrorOut] = Field(
         description=f"Its failed attempts, oldest first: the last {MAX_ATTEMPT_ERRORS}."
     )
     result: Any = Field(description="What the handler returned (any JSON), once succeeded.")
-    metadata: dict[str, Any] | None = Field(
+    metadata: Any = Field(
         default=None,
-        description="Facts about the job given at enqueue (null: none); the key otel holds "
-        "the trace context of its enqueuer when tracing is on.",
+        description="Facts about the job given at enqueue, a JSON object (null: none); the "
+        "key otel holds the trace context of its enqueuer when tracing is on.",
     )
 
     @classmethod

@@ -15,12 +15,14 @@ wrong argument, and checks it again at run time: the arguments must bind to
 the parameters, and a parameter annotated ``str``, ``int``, ``float`` or
 ``bool`` must get one, or InvalidJob is raised and nothing is written. A
 parameter annotated with a dataclass or a pydantic model travels as its JSON
-fields and arrives as an instance. The payload is the bound arguments, by
-name; the worker calls the function with them. The job's other fields come
-from the decorator (queue, priority, max_attempts, timeout, ...), then from
-``using(...)``, which also names the Queue (default: one made from
-``Settings.load()`` on first use) and the caller's ``connection`` for a
-transactional enqueue. A typed task cannot be ``isolated``.
+fields and arrives as an instance; at enqueue, the instance is rebuilt from
+those fields as the worker will (and a dataclass's str, int, float and bool
+fields checked), so that a value that does not make one is InvalidJob too.
+The payload is the bound arguments, by name; the worker calls the function
+with them. The job's other fields come from the decorator (queue, priority,
+max_attempts, timeout, ...), then from ``using(...)``, which also names the
+Queue (default: one made from ``Settings.load()`` on first use) and the
+caller's ``connection`` for a transactional enqueue. A typed task cannot be ``isolated``.
 
 A function whose one parameter is the job (annotated ``Job``, or not
 annotated) stays a plain handler; ``TaskRegistry.task`` tells them apart.
@@ -142,17 +144,28 @@ class TypedTask(Generic[P, R]):
         for name, value in bound.arguments.items():
             self._check(name, value)
             payload[name] = _encode(value)
+            self._check_decodes(name, payload[name])
         return payload
 
     def _check(self, name: str, value: Any) -> None:
-        allowed = _SIMPLE.get(self._hints.get(name))
-        if allowed and (
-            not isinstance(value, allowed) or (bool not in allowed and isinstance(value, bool))
-        ):
-            wanted = self._hints[name].__name__
+        problem = _mismatch(self._hints.get(name), value)
+        if problem is not None:
+            raise InvalidJob("payload", f"task {self.name}: argument {name!r} {problem}")
+
+    def _check_decodes(self, name: str, encoded: Any) -> None:
+        """For a parameter annotated with a dataclass or a pydantic model:
+        that the worker will make one of what is sent (``_decode``), with the
+        fields annotated str, int, float or bool of a dataclass holding one.
+        Found at enqueue, not at run time after every attempt has failed."""
+        annotation = self._hints.get(name)
+        if not isinstance(annotation, type) or not _is_structured(annotation):
+            return
+        problem = _decode_problem(annotation, encoded)
+        if problem is not None:
             raise InvalidJob(
                 "payload",
-                f"task {self.name}: argument {name!r} must be {wanted}, got {type(value).__name__}",
+                f"task {self.name}: argument {name!r} is not a valid "
+                f"{annotation.__name__}: {problem}",
             )
 
     # -- running ----------------------------------------------------------------
@@ -218,6 +231,43 @@ def _encode(value: Any) -> Any:
     if callable(dump):
         return dump(mode="json")
     return value
+
+
+def _is_structured(annotation: Any) -> bool:
+    """A dataclass or a pydantic model (the annotations ``_decode`` rebuilds)."""
+    return isinstance(annotation, type) and (
+        dataclasses.is_dataclass(annotation)
+        or callable(getattr(annotation, "model_validate", None))
+    )
+
+
+def _decode_problem(annotation: type, encoded: Any) -> str | None:
+    """Why the worker could not rebuild ``annotation`` from ``encoded`` (its
+    JSON fields), or None."""
+    if not isinstance(encoded, dict):
+        return f"got {type(encoded).__name__}"
+    try:
+        made = _decode(annotation, encoded)
+    except Exception as exc:  # the class's own refusal (TypeError, ValidationError...)
+        return " ".join(str(exc).split())[:300]
+    if dataclasses.is_dataclass(annotation):
+        hints = _hints(annotation)
+        for item in dataclasses.fields(annotation):
+            problem = _mismatch(hints.get(item.name), getattr(made, item.name))
+            if problem is not None:
+                return f"field {item.name!r} {problem}"
+    return None
+
+
+def _mismatch(annotation: Any, value: Any) -> str | None:
+    """Why ``value`` does not fit ``annotation`` when that is str, int, float
+    or bool (other annotations are not checked), or None."""
+    allowed = _SIMPLE.get(annotation)
+    if allowed and (
+        not isinstance(value, allowed) or (bool not in allowed and isinstance(value, bool))
+    ):
+        return f"must be {annotation.__name__}, got {type(value).__name__}"
+    return None
 
 
 def _decode(annotation: Any, value: Any) -> Any:
