@@ -10,6 +10,10 @@ call (its bulk enqueue). Prints one JSON line: the rate from PgQueuer's own
 log table (first 'picked' row to the last 'successful' row, database clock)
 and the wall-clock times.
 
+``--phase load`` only loads (and analyzes) the jobs and ``--phase consume``
+only drains them, so that bench.perf.outside_harness can clock worker
+processes from their spawn, as an outside harness does.
+
 Self-contained on purpose: pgqueue is not installed in this virtualenv.
 """
 
@@ -29,9 +33,8 @@ from pgqueuer.models import Job
 from pgqueuer.types import QueueExecutionMode
 
 
-async def main(
-    url: str, jobs: int, consumers: int, batch_size: int, install: bool
-) -> dict[str, object]:
+async def load(url: str, jobs: int, install: bool, analyze: bool) -> float:
+    """Empty PgQueuer's tables and enqueue ``jobs`` no-op jobs; their rate."""
     admin = await asyncpg.connect(url)
     queries = Queries(AsyncpgDriver(admin))
     if install:
@@ -41,7 +44,14 @@ async def main(
     started = time.perf_counter()
     await queries.enqueue(["noop"] * jobs, [None] * jobs, [0] * jobs)
     enqueue_seconds = time.perf_counter() - started
+    if analyze:
+        await admin.execute("VACUUM ANALYZE pgqueuer")
+    await admin.close()
+    return jobs / enqueue_seconds
 
+
+async def consume(url: str, consumers: int, batch_size: int) -> float:
+    """Drain the queue with ``consumers`` QueueManagers; the seconds it took."""
     managers = []
     for _ in range(consumers):
         pgq = PgQueuer(AsyncpgDriver(await asyncpg.connect(url)))
@@ -55,7 +65,15 @@ async def main(
     await asyncio.gather(
         *(m.run(batch_size=batch_size, mode=QueueExecutionMode.drain) for m in managers)
     )
-    drain_seconds = time.perf_counter() - started
+    return time.perf_counter() - started
+
+
+async def main(
+    url: str, jobs: int, consumers: int, batch_size: int, install: bool
+) -> dict[str, object]:
+    enqueue_per_second = await load(url, jobs, install, analyze=False)
+    drain_seconds = await consume(url, consumers, batch_size)
+    admin = await asyncpg.connect(url)
     row = await admin.fetchrow(
         "SELECT count(*) FILTER (WHERE status = 'successful') AS done, "
         "extract(epoch FROM max(created) FILTER (WHERE status = 'successful') "
@@ -72,7 +90,7 @@ async def main(
         "jobs": jobs,
         "rate_db": jobs / seconds,
         "rate_wall": jobs / drain_seconds,
-        "enqueue_per_second": jobs / enqueue_seconds,
+        "enqueue_per_second": enqueue_per_second,
     }
 
 
@@ -83,7 +101,17 @@ if __name__ == "__main__":
     parser.add_argument("consumers", type=int)
     parser.add_argument("batch_size", type=int)
     parser.add_argument("--install", action="store_true")
+    parser.add_argument("--phase", choices=("all", "load", "consume"), default="all")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    result = uvloop.run(main(args.url, args.jobs, args.consumers, args.batch_size, args.install))
-    print(json.dumps(result))
+    if args.phase == "load":
+        rate = uvloop.run(load(args.url, args.jobs, args.install, analyze=True))
+        print(json.dumps({"enqueue_per_second": rate}))
+    elif args.phase == "consume":
+        seconds = uvloop.run(consume(args.url, args.consumers, args.batch_size))
+        print(json.dumps({"drain_seconds": seconds}))
+    else:
+        result = uvloop.run(
+            main(args.url, args.jobs, args.consumers, args.batch_size, args.install)
+        )
+        print(json.dumps(result))

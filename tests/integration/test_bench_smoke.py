@@ -372,6 +372,35 @@ def test_worker_throughput_smoke(bench_url: str, out_dir: Path) -> None:
     assert results["latency_idle_100_per_second"]["p50_ms"] > 0
 
 
+def test_outside_harness_smoke_analyzes_the_loaded_table_before_each_drain(
+    bench_url: str, out_dir: Path
+) -> None:
+    """pgqueue alone, both sides this checkout: every drain starts on a table
+    that ANALYZE saw full of queued jobs."""
+    from bench.perf import worker_throughput
+
+    def analyzes() -> int:
+        with psycopg.connect(bench_url, autocommit=True) as conn:
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            row = conn.execute(
+                "SELECT analyze_count FROM pg_stat_user_tables WHERE relname = 'pgqueue_jobs'"
+            ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    out = out_dir / "outside_harness.json"
+    repo = Path(__file__).resolve().parents[2]
+    before = analyzes()
+    args = ["--outside-harness", "--jobs", "200", "--repeats", "1", "--no-pgqueuer"]
+    worker_throughput.main([*args, "--before", str(repo), "--out", str(out)])
+    results = _read(out, "outside_harness", "bench.perf.outside_harness").results
+    rates = results["rates_jobs_per_second"]
+    assert len(rates) == 6 and all(r["median"] > 0 for r in rates.values())
+    assert results["ratios"]["after_over_before_2"]["median"] > 0
+    # Each drain: the empty table's ANALYZE, then the loaded one's.
+    assert analyzes() - before >= 2 * len(rates)
+
+
 def test_before_after_smoke(bench_url: str, out_dir: Path) -> None:
     """Both sides this checkout (its .venv): the script's rounds and pairing."""
     from bench.compare import before_after

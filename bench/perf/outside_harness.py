@@ -1,0 +1,221 @@
+"""Worker throughput measured the way an outside harness measures it: load,
+ANALYZE, spawn, clock. pgqueue and PgQueuer in the same run.
+
+    python -m bench.perf.outside_harness [--jobs 20000] [--repeats 5]
+        [--before DIR] [--venv-dir DIR] [--no-pgqueuer] [--out PATH]
+    (or python -m bench.perf.worker_throughput --outside-harness ...)
+
+Each measurement: empty the queue, enqueue JOBS no-op jobs in one call (the
+system's own bulk enqueue), run ``VACUUM ANALYZE`` on the queue table (what
+autovacuum does after any large enqueue: the planner then sees a table full
+of queued jobs), CHECKPOINT, then spawn the worker processes and clock, on
+the wall, from the spawn until the queue table has no job left to run. The
+clock includes the processes' start (imports, connections), as an outside
+harness's does; bench.perf.worker_throughput's own drains start their
+clock at the first claim of workers that were already waiting.
+
+Scenarios (rounds interleave them, so that the shared machine's drift hits
+all alike; each ratio is taken within a round, then the median):
+  * pgqueue: 1 and 2 processes at concurrency 100 (the default), 2 at 1,000;
+  * with --before DIR (a checkout of an earlier commit): the same three
+    with that checkout's pgqueue in the worker processes (its ``src``), on
+    the same server and schema;
+  * PgQueuer 1.6 (its own virtualenv, as bench.compare.compare makes it):
+    1 and 2 processes, each one QueueManager with batch_size 100, the
+    fastest of its shapes in results/compare.json, asyncpg and uvloop,
+    run(mode=drain).
+
+Writes results/outside_harness.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench.common import bench_database, clear, has_live_jobs, summary
+from bench.compare.compare import database_url, ensure_venv, run_helper
+from bench.perf.worker_throughput import spawn_workers, stop_workers
+from bench.record import ResultRecord, command_line, server_info, write_result
+from pgqueue import Queue, Settings
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+PGQUEUER_SCRIPT = ROOT / "bench" / "compare" / "_pgqueuer.py"
+PGQUEUER_BATCH = 100
+POLL_SECONDS = 0.01
+DRAIN_TIMEOUT = 600.0
+
+
+def _wait_until_empty(conn: psycopg.Connection[Any], empty: str) -> None:
+    deadline = time.monotonic() + DRAIN_TIMEOUT
+    while not conn.execute(empty).fetchone()[0]:  # type: ignore[index]
+        if time.monotonic() > deadline:
+            raise RuntimeError("the queue was not drained in time")
+        time.sleep(POLL_SECONDS)
+
+
+def pgqueue_drain(
+    url: str, jobs: int, processes: int, concurrency: int, src: Path | None = None
+) -> float:
+    """Jobs per second, from the spawn of the worker processes to an empty queue."""
+    clear(url, checkpoint=False)
+    with Queue(url, settings=Settings(database_url=url)) as queue:
+        queue.enqueue_many([{"task": "noop"}] * jobs)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE pgqueue_jobs")
+        conn.execute("CHECKPOINT")
+        started = time.monotonic()
+        procs = spawn_workers(url, processes, "noop", concurrency, src=src)
+        try:
+            while has_live_jobs(conn):
+                if time.monotonic() - started > DRAIN_TIMEOUT:
+                    raise RuntimeError("the queue was not drained in time")
+                time.sleep(POLL_SECONDS)
+            seconds = time.monotonic() - started
+        finally:
+            codes = stop_workers(procs)
+    # A process still starting when the others had emptied the queue dies
+    # of the SIGTERM before its handler is in place.
+    if any(code not in (0, -signal.SIGTERM) for code in codes):
+        raise RuntimeError(f"workers exited with {codes}")
+    return jobs / seconds
+
+
+def pgqueuer_drain(python: Path, url: str, jobs: int, processes: int) -> float:
+    """The same for PgQueuer: its bulk enqueue, VACUUM ANALYZE, then
+    ``processes`` processes of one QueueManager each, until its queue table
+    is empty (PgQueuer deletes a job as it completes)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        installed = conn.execute("SELECT to_regclass('pgqueuer') IS NOT NULL").fetchone()
+        install = [] if installed and installed[0] else ["--install"]
+        run_helper(python, "_pgqueuer.py", [url, str(jobs), "1", "1", *install, "--phase", "load"])
+        conn.execute("CHECKPOINT")
+        started = time.monotonic()
+        procs = [
+            subprocess.Popen(
+                [
+                    str(python),
+                    str(PGQUEUER_SCRIPT),
+                    url,
+                    str(jobs),
+                    "1",
+                    str(PGQUEUER_BATCH),
+                    "--phase",
+                    "consume",
+                ],
+                cwd="/",
+                stdout=subprocess.DEVNULL,
+            )
+            for _ in range(processes)
+        ]
+        try:
+            _wait_until_empty(conn, "SELECT NOT EXISTS (SELECT 1 FROM pgqueuer)")
+            seconds = time.monotonic() - started
+        finally:
+            codes = [proc.wait(timeout=60) for proc in procs]
+    if any(codes):
+        raise RuntimeError(f"PgQueuer processes exited with {codes}")
+    return jobs / seconds
+
+
+def _ratios(runs: dict[str, list[float]], pairs: dict[str, tuple[str, str]]) -> dict[str, Any]:
+    """The median over rounds of each pair's ratio (None unless both ran)."""
+    out: dict[str, Any] = {}
+    for name, (top, bottom) in pairs.items():
+        if runs.get(top) and runs.get(bottom):
+            each = [a / b for a, b in zip(runs[top], runs[bottom], strict=True)]
+            out[name] = {"median": statistics.median(each), "rounds": each}
+    return out
+
+
+RATIOS = {
+    "pgqueue_2_over_pgqueuer_2": ("pgqueue_2_processes", "pgqueuer_2_processes"),
+    "pgqueue_1_over_pgqueuer_1": ("pgqueue_1_process", "pgqueuer_1_process"),
+    "concurrency_1000_over_100": ("pgqueue_2_processes_c1000", "pgqueue_2_processes"),
+    "after_over_before_1": ("pgqueue_1_process", "before_1_process"),
+    "after_over_before_2": ("pgqueue_2_processes", "before_2_processes"),
+    "after_over_before_2_c1000": ("pgqueue_2_processes_c1000", "before_2_processes_c1000"),
+}
+GOALS = {"pgqueue_2_over_pgqueuer_2": 1.5, "pgqueue_1_over_pgqueuer_1": 1.2}
+
+
+def main(argv: list[str] | None = None) -> ResultRecord:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--before", type=Path, default=None, help="an earlier checkout")
+    parser.add_argument("--venv-dir", type=Path, default=ROOT / ".bench-venvs")
+    parser.add_argument("--no-pgqueuer", action="store_true", help="pgqueue alone (smoke test)")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+
+    scenarios: dict[str, Any] = {}
+    sides = [("pgqueue", None)] + ([("before", args.before / "src")] if args.before else [])
+    for label, src in sides:
+        for name, processes, concurrency in (
+            ("1_process", 1, 100),
+            ("2_processes", 2, 100),
+            ("2_processes_c1000", 2, 1000),
+        ):
+            scenarios[f"{label}_{name}"] = lambda url, p=processes, c=concurrency, s=src: (
+                pgqueue_drain(url, args.jobs, p, c, src=s)
+            )
+    pgqueuer_version = None
+    if not args.no_pgqueuer:
+        python, pgqueuer_version = ensure_venv(args.venv_dir, "pgqueuer")
+        if python is None:
+            raise SystemExit(pgqueuer_version)
+        for processes in (1, 2):
+            name = "pgqueuer_1_process" if processes == 1 else "pgqueuer_2_processes"
+            scenarios[name] = lambda url, p=processes, py=python: pgqueuer_drain(
+                py, database_url(url, "bench_pgqueuer"), args.jobs, p
+            )
+
+    runs: dict[str, list[float]] = {name: [] for name in scenarios}
+    with bench_database("outside_harness") as url:
+        info = server_info(url)
+        for repeat in range(args.repeats):
+            for name, drain in scenarios.items():
+                runs[name].append(drain(url))
+                print(f"round {repeat + 1} {name}: {runs[name][-1]:,.0f} jobs/s", flush=True)
+    ratios = _ratios(runs, RATIOS)
+    record = ResultRecord(
+        name="outside_harness",
+        command=command_line(__spec__, argv),
+        server=info,
+        parameters={
+            "jobs": args.jobs,
+            "repeats": args.repeats,
+            "before": str(args.before) if args.before else None,
+            "pgqueuer": pgqueuer_version,
+            "pgqueuer_batch_size": PGQUEUER_BATCH,
+            "clock": "wall, from the spawn of the worker processes to an empty queue",
+            "statistics": "VACUUM ANALYZE of the loaded queue table before the spawn",
+        },
+        results={
+            "rates_jobs_per_second": {k: summary(v) | {"runs": v} for k, v in runs.items()},
+            "ratios": ratios,
+            "goals": GOALS,
+        },
+    )
+    path = write_result(record, args.out)
+    print()
+    for name, values in runs.items():
+        print(f"{name:>28}: {statistics.median(values):>9,.0f} jobs/s")
+    for name, ratio in ratios.items():
+        goal = f" (goal {GOALS[name]})" if name in GOALS else ""
+        print(f"{name:>28}: {ratio['median']:.2f}{goal}")
+    print(f"written to {path}")
+    return record
+
+
+if __name__ == "__main__":
+    main()
