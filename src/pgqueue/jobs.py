@@ -45,7 +45,7 @@ import operator
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, make_dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, NamedTuple
 from uuid import UUID
 
@@ -142,13 +142,21 @@ class AttemptError:
     at: datetime
 
     @classmethod
-    def from_dict(cls, value: Mapping[str, Any]) -> AttemptError:
-        return cls(
-            int(value["attempt"]),
-            str(value["error"]),
-            value.get("worker"),
-            datetime.fromisoformat(value["at"]),
-        )
+    def from_dict(cls, value: Any) -> AttemptError:
+        """One element of the errors column. An element pgqueue did not
+        write (a row written by SQL) reads as attempt 0 at 1970-01-01 whose
+        error is that element's JSON, so that every read can show the job."""
+        try:
+            worker = value.get("worker")
+            return cls(
+                int(value["attempt"]),
+                str(value["error"]),
+                None if worker is None else str(worker),
+                datetime.fromisoformat(value["at"]),
+            )
+        except (AttributeError, KeyError, TypeError, ValueError):
+            shown = json.dumps(value, ensure_ascii=False)[:2000]
+            return cls(0, f"[not a failed attempt as pgqueue writes one: {shown}]", None, _EPOCH)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -159,6 +167,8 @@ class AttemptError:
         }
 
 
+# When an element of the errors column that pgqueue did not write failed.
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # Failed attempts a job keeps (the oldest go first): pgqueue_errors_append,
 # migrations/0010_history.sql.
 MAX_ATTEMPT_ERRORS = 20
@@ -268,6 +278,8 @@ def _made(columns: Iterable[Any], duplicate: bool, parents: tuple[Any, ...]) -> 
     job = _Unfrozen(*columns, duplicate, parents)
     job.state = STATES[job.state]
     errors = job.errors
+    if errors and not isinstance(errors, list):  # a row written by SQL
+        errors = [errors]
     job.errors = tuple(map(AttemptError.from_dict, errors)) if errors else ()
     job.__class__ = Job
     return job  # type: ignore[no-any-return]

@@ -193,3 +193,30 @@ def test_each_branch_of_a_wide_value_is_cut_at_the_same_depth(
     job_id = insert(sql, "[" + ", ".join([branch] * 1_000) + "]")
     # The list is the first level: each branch keeps the next 64.
     assert queue.get(job_id).payload == [nested(MAX_READ_DEPTH - 1, TOO_DEEP)] * 1_000
+
+
+def test_failed_attempts_pgqueue_did_not_write_read_as_such(
+    http: httpx.Client, queue: Queue, sql: psycopg.Connection[Any], db_url: str
+) -> None:
+    job_id = insert(sql, "{}")
+    odd = {
+        '[{"oops": 1}, 7]': ['{"oops": 1}', "7"],
+        '{"error": 1, "attempt": "x"}': ['{"error": 1, "attempt": "x"}'],  # jsonb's key order
+        '[{"attempt": 1, "error": "boom", "worker": 5, "at": "2030-01-01T00:00:00+00:00"}]': [],
+    }
+    for stored, shown in odd.items():
+        sql.execute("UPDATE pgqueue_jobs SET errors = %s::jsonb WHERE id = %s", (stored, job_id))
+        errors = queue.get(job_id).errors
+        if shown:
+            assert [(e.attempt, e.error) for e in errors] == [
+                (0, f"[not a failed attempt as pgqueue writes one: {text}]") for text in shown
+            ]
+        else:
+            assert [(e.attempt, e.error, e.worker) for e in errors] == [(1, "boom", "5")]
+        one = http.get(f"/jobs/{job_id}")
+        assert one.status_code == 200, one.text
+        assert len(one.json()["errors"]) == len(errors)
+        shown_by_cli = CliRunner().invoke(
+            cli, ["--database-url", db_url, "jobs", "show", str(job_id)]
+        )
+        assert shown_by_cli.exit_code == 0, shown_by_cli.output
