@@ -22,6 +22,7 @@ from pgqueue.api import create_app
 from pgqueue.checks import MAX_READ_DEPTH, TOO_DEEP
 from pgqueue.cli import app as cli
 from pgqueue.worker import AsyncWorker
+from pgqueue.workflows import chain
 from tests.support import LiveServer, running
 
 # Deeper than a job may be written; the second deeper than Python's json
@@ -220,3 +221,18 @@ def test_failed_attempts_pgqueue_did_not_write_read_as_such(
             cli, ["--database-url", db_url, "jobs", "show", str(job_id)]
         )
         assert shown_by_cli.exit_code == 0, shown_by_cli.output
+
+
+def test_a_workflow_holding_such_a_job_shows(
+    http: httpx.Client, queue: Queue, sql: psycopg.Connection[Any]
+) -> None:
+    made = queue.enqueue_workflow(chain({"task": "a"}, {"task": "b"}))
+    first = made.jobs[0].id
+    sql.execute(
+        "UPDATE pgqueue_jobs SET payload = %s::jsonb WHERE id = %s", (nested_text(1_500), first)
+    )
+    shown = {job.id: job.payload for job in queue.workflow(made.id).jobs}
+    assert shown[first] == read_as(1_500)
+    answer = http.get(f"/workflows/{made.id}")
+    assert answer.status_code == 200, answer.text
+    assert {job["id"]: job["payload"] for job in answer.json()["jobs"]}[first] == read_as(1_500)
