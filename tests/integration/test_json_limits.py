@@ -204,3 +204,28 @@ def test_enqueue_file_reports_each_line_past_the_limits(
     for line, (_, field, problem) in enumerate(HTTP_BAD, 2):
         assert rejected[line].startswith(f"{field}:") and problem in rejected[line]
     assert [job.payload for job in queue.list_jobs()] == [{"n": 1}]
+
+
+def test_json_text_python_cannot_parse_is_a_clear_error_not_a_traceback(
+    db_url: str, queue: Queue, tmp_path: Path
+) -> None:
+    deep = '{"a": ' * 5_000 + "1" + "}" * 5_000
+    long_number = "9" * 5_000
+    lines = [
+        '{"task": "echo"}',
+        f'{{"task": "t", "payload": {deep}}}',
+        f'{{"task": "t", "payload": {{"n": {long_number}}}}}',
+    ]
+    path = tmp_path / "jobs.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    base = ["--database-url", db_url]
+    result = CliRunner().invoke(cli, [*base, "enqueue-file", str(path), "--json"])
+    assert result.exit_code == 1, result.output
+    rejected = {r["line"]: r["reason"] for r in json.loads(result.stdout)["rejected"]}
+    assert rejected[2] == "not valid JSON: nested too deeply to read"
+    assert rejected[3].startswith("not valid JSON: a number too long to read")
+    for payload in (deep, f'{{"n": {long_number}}}'):
+        one = CliRunner().invoke(cli, [*base, "enqueue", "t", "--payload", payload])
+        assert one.exit_code == 2 and "not valid JSON" in one.stderr, one.output
+        assert "Traceback" not in one.output
+    assert [job.task for job in queue.list_jobs()] == ["echo"]
