@@ -229,3 +229,16 @@ def test_json_text_python_cannot_parse_is_a_clear_error_not_a_traceback(
         assert one.exit_code == 2 and "not valid JSON" in one.stderr, one.output
         assert "Traceback" not in one.output
     assert [job.task for job in queue.list_jobs()] == ["echo"]
+
+
+def test_a_result_as_deep_as_allowed_reaches_the_jobs_that_depend_on_it_whole(
+    queue: Queue,
+) -> None:
+    """A dependent gets its parents' results as one array, a level deeper
+    than any result: the read cut (MAX_READ_DEPTH) leaves that level."""
+    parent = queue.enqueue("parent")
+    child = queue.enqueue("child", depends_on=[parent.id])
+    [claimed] = queue.claim(1, worker="w")
+    assert queue.ack(claimed, nested(MAX_JSON_DEPTH)) is JobState.SUCCEEDED
+    [dependent] = queue.claim(1, worker="w")
+    assert dependent.id == child.id and dependent.parents == (nested(MAX_JSON_DEPTH),)
