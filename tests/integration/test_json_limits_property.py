@@ -69,7 +69,7 @@ def allowed(payload: dict[Any, Any]) -> bool:
 
 
 PROPERTY = settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 
 
