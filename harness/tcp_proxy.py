@@ -5,6 +5,11 @@
     url = proxy.url(database_url)  # the same URL, through the proxy
     proxy.freeze()                 # stop forwarding; sockets stay open
     proxy.thaw()                   # forward again, the held bytes first
+    proxy.cut_after(b"COMMIT")     # the next chunk a client sends that holds
+                                   # these bytes reaches the server, then that
+                                   # connection is closed: its reply is lost
+    proxy.cut_after(b"COMMIT", refuse=True)  # ... and every later connection
+                                   # is closed as it comes: the server is gone
 
 Frozen, the proxy reads nothing more from either side and writes nothing,
 but closes nothing: to both ends the peer looks alive and silent, like a
@@ -39,6 +44,10 @@ class TcpProxy:
         self._flowing.set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
+        self._cut_marker: bytes | None = None
+        self._refuse_after_cut = False
+        self.refusing = False
+        self.cuts = 0
 
     async def start(self) -> TcpProxy:
         self._server = await asyncio.start_server(self._accept, self.listen_host, 0)
@@ -61,6 +70,18 @@ class TcpProxy:
     def thaw(self) -> None:
         self._flowing.set()
 
+    def cut_after(self, marker: bytes, *, refuse: bool = False) -> None:
+        """Close the connection whose client next sends ``marker``, right
+        after those bytes reach the server (which runs them, its answer
+        lost); with ``refuse``, close every connection made afterwards as
+        it is accepted. Once: the marker is then disarmed."""
+        self._cut_marker = marker
+        self._refuse_after_cut = refuse
+
+    def accept(self) -> None:
+        """Forward new connections again (after ``cut_after(refuse=True)``)."""
+        self.refusing = False
+
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
@@ -81,6 +102,9 @@ class TcpProxy:
 
     async def _accept(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         self.connections += 1
+        if self.refusing:
+            client_w.close()
+            return
         try:
             server_r, server_w = await asyncio.open_connection(self.target_host, self.target_port)
         except OSError:
@@ -88,7 +112,7 @@ class TcpProxy:
             return
         self._writers |= {client_w, server_w}
         pumps = [
-            asyncio.create_task(self._pump(client_r, server_w)),
+            asyncio.create_task(self._pump(client_r, server_w, client=client_w)),
             asyncio.create_task(self._pump(server_r, client_w)),
         ]
         self._tasks.update(pumps)
@@ -102,7 +126,14 @@ class TcpProxy:
                 self._writers.discard(writer)
             self._tasks.difference_update(pumps)
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pump(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        client: asyncio.StreamWriter | None = None,
+    ) -> None:
+        """Copy ``reader`` to ``writer``; ``client``: the client's side, when
+        this is its way to the server (where ``cut_after`` looks)."""
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
             while True:
                 await self._flowing.wait()
@@ -111,5 +142,15 @@ class TcpProxy:
                     return
                 # Frozen while reading: hold the bytes until the thaw.
                 await self._flowing.wait()
+                marker = self._cut_marker
+                if client is not None and marker is not None and marker in data:
+                    # The client first, so that not a byte of the answer reaches it.
+                    client.transport.abort()
+                    self._cut_marker = None
+                    self.cuts += 1
+                    self.refusing = self._refuse_after_cut
+                    writer.write(data)
+                    await writer.drain()
+                    return  # _accept closes the server's side
                 writer.write(data)
                 await writer.drain()

@@ -46,6 +46,7 @@ from .controls import QueueControls
 from .errors import (
     DatabaseReadOnly,
     DatabaseUnavailable,
+    EnqueueOutcomeUnknown,
     InvalidJob,
     InvalidQueueControl,
     InvalidSchedule,
@@ -77,6 +78,7 @@ __all__ = [
     "CancelJob",
     "DatabaseReadOnly",
     "DatabaseUnavailable",
+    "EnqueueOutcomeUnknown",
     "Enqueued",
     "InvalidJob",
     "InvalidQueueControl",

@@ -28,7 +28,7 @@ import contextlib
 import functools
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 import psycopg
@@ -215,27 +215,44 @@ class AsyncCursorSession:
         return [] if names is None else _shaped(statement, names, await cur.fetchall())
 
 
-def run_on(connection: psycopg.Connection[Any], flow: Flow[T], *, transaction: bool) -> T:
+def run_on(
+    connection: psycopg.Connection[Any],
+    flow: Flow[T],
+    *,
+    transaction: bool,
+    committing: Callable[[], None] | None = None,
+) -> T:
     """Run a flow on a pooled (or the queue's own) connection; with
-    ``transaction``, in one transaction. A session found read-only is closed
-    (see run_on_async)."""
+    ``transaction``, in one transaction, calling ``committing`` as its
+    COMMIT goes out (an error after that leaves the outcome to judge). A
+    session found read-only is closed (see run_on_async)."""
     tx = connection.transaction() if transaction else contextlib.nullcontext()
     try:
         with tx, tuple_cursor(connection) as cur:
-            return run(flow, CursorSession(cur))
+            result = run(flow, CursorSession(cur))
+            if committing is not None:
+                committing()
+            return result
     except psycopg.errors.ReadOnlySqlTransaction:
         connection.close()
         raise
 
 
 async def run_on_async(
-    connection: psycopg.AsyncConnection[Any], flow: Flow[T], *, transaction: bool
+    connection: psycopg.AsyncConnection[Any],
+    flow: Flow[T],
+    *,
+    transaction: bool,
+    committing: Callable[[], None] | None = None,
 ) -> T:
     """``run_on`` for an async connection."""
     tx = connection.transaction() if transaction else contextlib.nullcontext()
     try:
         async with tx, async_tuple_cursor(connection) as cur:
-            return await run_async(flow, AsyncCursorSession(cur))
+            result = await run_async(flow, AsyncCursorSession(cur))
+            if committing is not None:
+                committing()
+            return result
     except psycopg.errors.ReadOnlySqlTransaction:
         # The session of a demoted primary stays read-only: closed, the pool
         # replaces it, and a multi-host URL with target_session_attrs=read-write

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from .dependencies import Graph, enqueue_graph
 from .errors import KeyTaken
@@ -23,8 +23,10 @@ from .jobs import Job, JobSpec
 __all__ = [
     "ENQUEUE_CHUNK",
     "KEY_ROUNDS",
+    "LOSABLE",
     "CallKey",
     "Enqueued",
+    "PerAttempt",
     "enqueue",
     "enqueue_group",
     "enqueue_many",
@@ -41,6 +43,21 @@ ENQUEUE_CHUNK = 5000
 # error: each round that fails needs a holder that let the key go between
 # the two statements.
 KEY_ROUNDS = 3
+
+
+# The statements of the enqueue flows whose loss (the connection gone before
+# their answer) leaves no job written: reads, and the reservation of ids (a
+# lost id is a gap in the sequence, not a job). Any other may have committed.
+LOSABLE = frozenset(
+    {
+        "db_now",
+        "job_reserve_ids",
+        "job_get",
+        "job_get_by_idempotency_key",
+        "job_get_many",
+        "job_enqueue_found",
+    }
+)
 
 
 def _spec_params(spec: JobSpec) -> dict[str, Any]:
@@ -84,10 +101,14 @@ class CallKey:
     reserved from the sequence by the first attempt that got them (None
     until then). An id is never handed out twice, so the primary key finds
     a job that an earlier attempt committed, at no cost to the table.
-    ``attempts``: the attempts that began."""
+    ``attempts``: the attempts that began. ``unsure``: an attempt lost its
+    connection while its write may have committed, and no later attempt
+    has ended since (retrying.py: giving up then is EnqueueOutcomeUnknown,
+    not DatabaseUnavailable)."""
 
     ids: list[int] | None = None
     attempts: int = 0
+    unsure: bool = False
 
     def begin(self) -> bool:
         """Count an attempt; whether an earlier one began (and may have committed)."""
@@ -95,11 +116,22 @@ class CallKey:
         return self.attempts > 1
 
 
-def per_attempt(make: Callable[[A, CallKey], Flow[T]], jobs: A) -> Callable[[], Flow[T]]:
-    """A new flow for each attempt of one call (``make(jobs, key)``: enqueue
-    or enqueue_many), all with the call's key."""
-    call = CallKey()
-    return lambda: make(jobs, call)
+@dataclass(slots=True)
+class PerAttempt(Generic[A, T]):
+    """A new flow for each attempt of one call (``make(jobs, call)``:
+    enqueue or enqueue_many), all with the call's key."""
+
+    make: Callable[[A, CallKey], Flow[T]]
+    jobs: A
+    call: CallKey = dataclasses.field(default_factory=CallKey)
+
+    def __call__(self) -> Flow[T]:
+        return self.make(self.jobs, self.call)
+
+
+def per_attempt(make: Callable[[A, CallKey], Flow[T]], jobs: A) -> PerAttempt[A, T]:
+    """The attempts of one call (``PerAttempt``)."""
+    return PerAttempt(make, jobs)
 
 
 def _reserve(call: CallKey, count: int) -> Flow[list[int]]:

@@ -15,7 +15,10 @@ PgQueueError
 ├── KeyTaken              (internal) a statement met a key taken at the same
 │                         moment; the flows that can meet it try again
 ├── WaitTimeout           wait() gave up before the job finished
-├── DatabaseUnavailable   the database did not answer in time
+├── DatabaseUnavailable   the database did not answer in time; nothing was written
+│   ├── DatabaseReadOnly        it answers but refuses writes; nothing was written
+│   └── EnqueueOutcomeUnknown   an enqueue's commit went out and its answer never
+│                               came back: the job may exist (``job_ids``)
 ├── SchemaNotMigrated     the database lacks pgqueue's tables, or has an older schema
 └── WorkerFailed          a part of a worker failed unexpectedly; the worker stopped
 """
@@ -25,6 +28,7 @@ from __future__ import annotations
 __all__ = [
     "DatabaseReadOnly",
     "DatabaseUnavailable",
+    "EnqueueOutcomeUnknown",
     "InvalidJob",
     "InvalidQueueControl",
     "InvalidSchedule",
@@ -155,7 +159,9 @@ class WaitTimeout(PgQueueError, TimeoutError):
 
 
 class DatabaseUnavailable(PgQueueError, ConnectionError):
-    """The database could not be reached within the configured wait."""
+    """The database could not be reached, or did not answer, within the
+    configured wait. Raised as this class itself, nothing was written: an
+    enqueue whose outcome is not known raises ``EnqueueOutcomeUnknown``."""
 
 
 class DatabaseReadOnly(DatabaseUnavailable):
@@ -189,3 +195,25 @@ class WorkerFailed(PgQueueError):
         self.worker = worker
         self.part = part
         super().__init__(f"worker {worker}: {part} failed: {type(cause).__name__}: {cause}")
+
+
+class EnqueueOutcomeUnknown(DatabaseUnavailable):
+    """An enqueue could not learn, within its deadline, whether its jobs
+    were written: a COMMIT went out and its answer never came back (the
+    connection was lost, or the server stopped answering), or the COMMIT
+    waited for a synchronous standby past the deadline and its wait was
+    cancelled (then it did commit on that server, its replication not
+    confirmed). ``job_ids``: the ids the call reserved, which its jobs have
+    if they exist (``job_id``: the first, a single enqueue's); read them
+    (``Queue.get``, ``GET /jobs/{id}``) to find out. Enqueueing again
+    without an idempotency key may make a second job."""
+
+    def __init__(self, what: str, job_ids: list[int], reason: str) -> None:
+        self.job_ids = list(job_ids)
+        self.job_id = self.job_ids[0] if self.job_ids else None
+        self.reason = reason
+        named = ", ".join(map(str, self.job_ids[:5])) + (", ..." if len(self.job_ids) > 5 else "")
+        super().__init__(
+            f"{what}: the outcome is unknown: {reason}; job id(s) {named} may exist: "
+            "read them to find out"
+        )

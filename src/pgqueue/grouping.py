@@ -42,7 +42,7 @@ from typing import Protocol, TypeVar
 import psycopg
 
 from .enqueue import CallKey, enqueue, enqueue_group
-from .errors import PgQueueError
+from .errors import EnqueueOutcomeUnknown, PgQueueError
 from .flows import Flow
 from .jobs import Job, JobSpec
 from .retrying import backoff_delay
@@ -60,7 +60,12 @@ class Retried(Protocol):
     retried across lost connections within the call's deadline)."""
 
     def __call__(
-        self, flow: Callable[[], Flow[T]], what: str, *, transaction: bool = False
+        self,
+        flow: Callable[[], Flow[T]],
+        what: str,
+        *,
+        transaction: bool = False,
+        call: CallKey | None = None,
     ) -> Awaitable[T]: ...
 
 
@@ -94,7 +99,13 @@ class _Group:
         committed is found by it."""
         if self.call.ids is None:
             return CallKey()
-        return CallKey(ids=[self.call.ids[index]], attempts=self.call.attempts)
+        return CallKey([self.call.ids[index]], self.call.attempts, self.call.unsure)
+
+    def unknown(self, exc: EnqueueOutcomeUnknown, index: int) -> EnqueueOutcomeUnknown:
+        """The group's unknown outcome as the one of its ``index``-th job
+        (the id reserved for it), as that job's caller alone would hear it."""
+        ids = [self.call.ids[index]] if self.call.ids else []
+        return EnqueueOutcomeUnknown("enqueue", ids, exc.reason)
 
 
 class GroupCommitter:
@@ -207,10 +218,17 @@ class GroupCommitter:
         specs = [each.spec for each in group.waiting]
         try:
             jobs = await self._write(
-                lambda: enqueue_group(specs, group.call), "enqueue", transaction=True
+                lambda: enqueue_group(specs, group.call),
+                "enqueue",
+                transaction=True,
+                call=group.call,
             )
         except psycopg.Error:  # a job the database refused: each alone, so that it fails alone
             jobs = [None] * len(specs)
+        except EnqueueOutcomeUnknown as exc:  # each caller hears of its own job
+            for index, each in enumerate(group.waiting):
+                each.settle(error=group.unknown(exc, index))
+            return
         for each, job in zip(group.waiting, jobs, strict=True):
             if job is not None:
                 each.settle(job)
@@ -220,7 +238,7 @@ class GroupCommitter:
     async def _alone(self, group: _Group, index: int) -> None:
         each, call = group.waiting[index], group.alone(index)
         try:
-            job = await self._write(lambda: enqueue(each.spec, call), "enqueue")
+            job = await self._write(lambda: enqueue(each.spec, call), "enqueue", call=call)
         except Exception as exc:  # this caller's own error, as enqueue alone would raise it
             each.settle(error=exc)
         else:

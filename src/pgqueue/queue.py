@@ -34,7 +34,7 @@ from .connections import (
 from .controls import QueueControls
 from .dependencies import WorkflowJobs
 from .driver import is_asyncpg_connection
-from .enqueue import per_attempt
+from .enqueue import CallKey, PerAttempt, per_attempt
 from .errors import WaitTimeout
 from .grouping import GroupCommitter
 from .jobs import Job, JobSpec, JobState, build_specs
@@ -113,10 +113,19 @@ class Queue(_Common):
             with self._pool.connection() as conn:
                 return driver.run_on(conn, flow, transaction=transaction)
 
-    def _retried(self, flow: Callable[[], Flow[T]], what: str, *, transaction: bool = False) -> T:
-        """Run a new ``flow()`` until one attempt ends (retrying.py)."""
+    def _retried(
+        self,
+        flow: Callable[[], Flow[T]],
+        what: str,
+        *,
+        transaction: bool = False,
+        call: CallKey | None = None,
+    ) -> T:
+        """Run a new ``flow()`` until one attempt ends (retrying.py); ``call``:
+        the key its flows share (a PerAttempt's own, if not given)."""
+        call = call or (flow.call if isinstance(flow, PerAttempt) else None)
         with errors_translated():
-            return self._retrying.run(self._pool, self.url, flow, what, transaction)
+            return self._retrying.run(self._pool, self.url, flow, what, transaction, call)
 
     # -- producers ----------------------------------------------------------------
 
@@ -347,13 +356,21 @@ class AsyncQueue(_Common):
                 return await driver.run_on_async(conn, flow, transaction=transaction)
 
     async def _retried(
-        self, flow: Callable[[], Flow[T]], what: str, *, transaction: bool = False
+        self,
+        flow: Callable[[], Flow[T]],
+        what: str,
+        *,
+        transaction: bool = False,
+        call: CallKey | None = None,
     ) -> T:
         """As Queue._retried."""
         await self.open()
         assert self._pool is not None
+        call = call or (flow.call if isinstance(flow, PerAttempt) else None)
         with errors_translated():
-            return await self._retrying.run_async(self._pool, self.url, flow, what, transaction)
+            return await self._retrying.run_async(
+                self._pool, self.url, flow, what, transaction, call
+            )
 
     async def enqueue(
         self, task: str, payload: Any = None, *, connection: Any = None, **fields: Any

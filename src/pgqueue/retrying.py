@@ -33,10 +33,11 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
-from . import driver
+from . import deadlines, driver
 from .connections import unchecked
 from .driver import RETRYABLE_ERRORS
-from .errors import DatabaseReadOnly, DatabaseUnavailable
+from .enqueue import LOSABLE, CallKey
+from .errors import DatabaseReadOnly, DatabaseUnavailable, EnqueueOutcomeUnknown
 from .flows import Flow
 from .settings import Settings
 
@@ -47,8 +48,10 @@ BACKOFF_BASE_SECONDS = 0.05
 BACKOFF_CAP_SECONDS = 5.0
 
 # (psycopg_pool's PoolTimeout is an OperationalError: a pool that found no
-# connection in time is in RETRYABLE_ERRORS too.)
-RETRIED = RETRYABLE_ERRORS
+# connection in time is in RETRYABLE_ERRORS too.) A statement cancelled (by
+# the attempt's cut-off at the deadline, or a statement_timeout) committed
+# nothing: retried too, within the deadline.
+RETRIED = (*RETRYABLE_ERRORS, psycopg.errors.QueryCanceled)
 
 T = TypeVar("T")
 
@@ -66,12 +69,17 @@ def backoff_delay(
 
 class Retries:
     """One call's attempts against its deadline (monotonic: a duration, not
-    a time stored anywhere)."""
+    a time stored anywhere); ``call``, the enqueue call's key, says whether
+    giving up leaves its outcome unknown."""
 
-    def __init__(self, seconds: float, what: str) -> None:
+    def __init__(self, seconds: float, what: str, call: CallKey | None = None) -> None:
         self.seconds = seconds
         self.what = what
+        self.call = call
         self.failures = 0
+        # The last error that said why, over a statement cancelled at the
+        # deadline: a read-only server stays the reason to give.
+        self._reason: BaseException | None = None
         self._deadline = time.monotonic() + seconds
         # At least ten attempts fit in the deadline, however long the run of
         # failures: a lost connection is usually back within milliseconds.
@@ -85,8 +93,17 @@ class Retries:
         ``exc``) when the next attempt would start past the deadline."""
         delay = backoff_delay(self.failures, cap=self._cap)
         self.failures += 1
+        if not isinstance(exc, psycopg.errors.QueryCanceled):
+            self._reason = exc
         if delay >= self.remaining():
-            if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
+            if self.call is not None and self.call.unsure:
+                raise EnqueueOutcomeUnknown(
+                    self.what,
+                    self.call.ids or [],
+                    f"a commit went out and no answer came back within {self.seconds:g} s "
+                    f"(enqueue_retry_seconds; {self.failures} attempt(s)): {_first_line(exc)}",
+                ) from exc
+            if isinstance(self._reason or exc, psycopg.errors.ReadOnlySqlTransaction):
                 raise DatabaseReadOnly() from exc  # still no primary: say so
             raise DatabaseUnavailable(
                 f"{self.what}: the database did not answer within {self.seconds:g} s "
@@ -146,14 +163,32 @@ class Retrying:
         flow: Callable[[], Flow[T]],
         what: str,
         transaction: bool,
+        call: CallKey | None = None,
     ) -> T:
-        """Run a new ``flow()`` per attempt until one ends (``call``)."""
+        """Run a new ``flow()`` per attempt until one ends (``call``), each
+        attempt's statements cut off at the deadline (deadlines.py).
+        ``call``: the key the flows share, which records an attempt whose
+        outcome is unknown."""
 
         def attempt(retries: Retries) -> T:
-            with self._connection(pool, url, retries) as conn:
-                return driver.run_on(conn, flow(), transaction=transaction)
+            with (
+                self._connection(pool, url, retries) as conn,
+                deadlines.watched(conn, retries.remaining()) as cutoff,
+            ):
+                one = _Attempt(what, call, transaction, cutoff)
+                try:
+                    result = driver.run_on(
+                        conn,
+                        one.bounded(flow()),
+                        transaction=transaction,
+                        committing=one.committing,
+                    )
+                except Exception as exc:
+                    one.failed(exc, conn)
+                    raise
+            return one.ended(result)
 
-        return self.call(attempt, what)
+        return self.call(attempt, what, call)
 
     async def run_async(
         self,
@@ -162,14 +197,29 @@ class Retrying:
         flow: Callable[[], Flow[T]],
         what: str,
         transaction: bool,
+        call: CallKey | None = None,
     ) -> T:
         """``run`` for asyncio."""
 
         async def attempt(retries: Retries) -> T:
-            async with self._connection_async(pool, url, retries) as conn:
-                return await driver.run_on_async(conn, flow(), transaction=transaction)
+            async with (
+                self._connection_async(pool, url, retries) as conn,
+                deadlines.watched_async(conn, retries.remaining()) as cutoff,
+            ):
+                one = _Attempt(what, call, transaction, cutoff)
+                try:
+                    result = await driver.run_on_async(
+                        conn,
+                        one.bounded(flow()),
+                        transaction=transaction,
+                        committing=one.committing,
+                    )
+                except Exception as exc:
+                    one.failed(exc, conn)
+                    raise
+            return one.ended(result)
 
-        return await self.call_async(attempt, what)
+        return await self.call_async(attempt, what, call)
 
     @contextlib.contextmanager
     def _connection(
@@ -197,11 +247,11 @@ class Retrying:
                 async with pool.connection(timeout=self._pool_wait(retries)) as conn:
                     yield conn
 
-    def call(self, attempt: Callable[[Retries], T], what: str) -> T:
+    def call(self, attempt: Callable[[Retries], T], what: str, call: CallKey | None = None) -> T:
         """``attempt(retries)`` until it returns, retrying RETRIED errors
         within ``seconds`` in all (``retries`` says how long is left, and
         how many attempts failed before)."""
-        retries = Retries(self.seconds, what)
+        retries = Retries(self.seconds, what, call)
         while True:
             try:
                 return attempt(retries)
@@ -209,9 +259,11 @@ class Retrying:
                 self._failed(exc)
                 time.sleep(retries.after(exc))
 
-    async def call_async(self, attempt: Callable[[Retries], Awaitable[T]], what: str) -> T:
+    async def call_async(
+        self, attempt: Callable[[Retries], Awaitable[T]], what: str, call: CallKey | None = None
+    ) -> T:
         """``call`` for a coroutine."""
-        retries = Retries(self.seconds, what)
+        retries = Retries(self.seconds, what, call)
         while True:
             try:
                 return await attempt(retries)
@@ -225,6 +277,83 @@ class Retrying:
         # though this call's retries connect anew.
         if not isinstance(exc, PoolTimeout):
             self._lost_at = time.monotonic()
+
+
+class _Attempt:
+    """One attempt's statements, and what its end says about the call's
+    writes. A statement that the server answered with an error committed
+    nothing. A lost connection (or one cut at the deadline) leaves the
+    outcome unknown if a write may have committed: in a transaction, from
+    its COMMIT on; without one (each statement commits alone), while a
+    statement that writes was out (``enqueue.LOSABLE`` lists those that do
+    not). A write answered after the cancel with a WARNING committed locally
+    while it waited for a synchronous standby: its replication is not
+    confirmed. Once the cancel went out no further statement is sent."""
+
+    def __init__(
+        self, what: str, call: CallKey | None, transaction: bool, cutoff: deadlines.Cutoff
+    ) -> None:
+        self.what = what
+        self.call = call
+        self.transaction = transaction
+        self.cutoff = cutoff
+        self.commit_sent = False
+        self.in_flight: str | None = None  # the statement sent and not answered
+        self.warned_write: str | None = None
+
+    def committing(self) -> None:
+        self.commit_sent = True
+
+    def bounded(self, flow: Flow[T]) -> Flow[T]:
+        """The flow, its statements watched (see the class's docstring)."""
+        try:
+            statement = next(flow)
+            while True:
+                if self.cutoff.cancelled:
+                    raise psycopg.errors.QueryCanceled("cancelled at the call's deadline")
+                self.in_flight = statement.name
+                try:
+                    rows = yield statement
+                except Exception as exc:  # the driver's KeyTaken: the statement failed
+                    self.in_flight = None
+                    statement = flow.throw(exc)
+                    continue
+                self.in_flight = None
+                if self.cutoff.warned and statement.name not in LOSABLE:
+                    self.warned_write = self.warned_write or statement.name
+                statement = flow.send(rows)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+    def failed(
+        self, exc: Exception, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
+    ) -> None:
+        """Record in the call's key whether ``exc`` leaves its writes unknown."""
+        if self.call is None or isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
+            return
+        answered = isinstance(exc, psycopg.Error) and exc.sqlstate is not None
+        lost = conn.broken or self.cutoff.cut or not answered
+        if self.transaction:
+            unsure = lost and self.commit_sent
+        else:
+            writing = self.in_flight is not None and self.in_flight not in LOSABLE
+            unsure = (lost and writing) or self.warned_write is not None
+        self.call.unsure = self.call.unsure or unsure
+
+    def ended(self, result: T) -> T:
+        """``result``, unless the commit was cut short waiting for a standby."""
+        if self.call is None:
+            return result
+        if self.warned_write is not None or (self.transaction and self.cutoff.warned):
+            self.call.unsure = True
+            raise EnqueueOutcomeUnknown(
+                self.what,
+                self.call.ids or [],
+                "its commit waited for a synchronous standby past the deadline and was "
+                "cancelled: it committed on the server, but its replication is not confirmed",
+            )
+        self.call.unsure = False
+        return result
 
 
 def _first_line(exc: BaseException) -> str:

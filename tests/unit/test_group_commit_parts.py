@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from pgqueue import driver
+from pgqueue.enqueue import CallKey
 from pgqueue.errors import DatabaseUnavailable
 from pgqueue.flows import Flow
 from pgqueue.grouping import GroupCommitter
@@ -36,7 +37,12 @@ class Writer:
         self.gate.set()
 
     async def __call__(
-        self, flow: Callable[[], Flow[T]], what: str, *, transaction: bool = False
+        self,
+        flow: Callable[[], Flow[T]],
+        what: str,
+        *,
+        transaction: bool = False,
+        call: CallKey | None = None,
     ) -> T:
         self.calls.append((what, transaction))
         await self.gate.wait()

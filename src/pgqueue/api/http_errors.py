@@ -10,6 +10,8 @@ JobNotFound, WorkflowNotFound        404 not_found
 JobStateConflict                     409 conflict
 DatabaseUnavailable                  503 database_unavailable  (Retry-After: 1)
 DatabaseReadOnly                     503 database_read_only    (Retry-After: 1; failover)
+EnqueueOutcomeUnknown                503 enqueue_outcome_unknown (Retry-After: 1; job_ids:
+                                     the jobs may exist: GET them)
 SchemaNotMigrated                    503 schema_not_migrated   (run `pgqueue migrate`)
 HTTPException (404 route, 405, ...)  its status
 anything else                        500 internal_error, logged, no traceback sent
@@ -31,6 +33,7 @@ from starlette.routing import Match, Route
 from ..errors import (
     DatabaseReadOnly,
     DatabaseUnavailable,
+    EnqueueOutcomeUnknown,
     InvalidJob,
     InvalidQueueControl,
     JobNotFound,
@@ -45,6 +48,7 @@ __all__ = [
     "documented_errors",
     "error_response",
     "install_handlers",
+    "outcome_unknown",
     "read_only",
     "schema_not_migrated",
 ]
@@ -71,13 +75,16 @@ def error_response(
     field: str | None = None,
     problems: Sequence[tuple[str, str]] = (),
     headers: dict[str, str] | None = None,
+    job_ids: Sequence[int] | None = None,
 ) -> JSONResponse:
-    body = {
+    body: dict[str, Any] = {
         "error": code,
         "message": message,
         "field": field,
         "problems": [{"field": f, "problem": p} for f, p in problems],
     }
+    if job_ids is not None:
+        body["job_ids"] = list(job_ids)
     return JSONResponse(body, status_code=status, headers=headers)
 
 
@@ -163,6 +170,8 @@ async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
     log.warning("database unavailable: %s", exc, extra={"action": "api_database_unavailable"})
     if isinstance(exc, DatabaseReadOnly):
         return read_only(exc)
+    if isinstance(exc, EnqueueOutcomeUnknown):
+        return outcome_unknown(exc)
     return error_response(
         503,
         "database_unavailable",
@@ -175,6 +184,22 @@ def read_only(exc: DatabaseReadOnly) -> JSONResponse:
     """503: the database answers but takes no writes (a failover is under
     way, or the URL names a standby). Nothing was written."""
     return error_response(503, "database_read_only", str(exc), headers={"Retry-After": "1"})
+
+
+def outcome_unknown(exc: EnqueueOutcomeUnknown) -> JSONResponse:
+    """503: an enqueue's commit went out and its answer never came back, so
+    its jobs may exist, under the ids it reserved (``job_ids``): never
+    "nothing was written". GET /jobs/{id} tells; a retry without an
+    idempotency key may make a second job."""
+    return error_response(
+        503,
+        "enqueue_outcome_unknown",
+        str(exc),
+        field="id",
+        problems=[("id", f"job {job_id} may exist: GET /jobs/{job_id}") for job_id in exc.job_ids],
+        headers={"Retry-After": "1"},
+        job_ids=exc.job_ids,
+    )
 
 
 def schema_not_migrated(exc: SchemaNotMigrated) -> JSONResponse:
@@ -266,8 +291,9 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     422: _doc("A field is missing, unknown, of the wrong type or out of range."),
     500: _doc("A bug; the server log has the details."),
     503: _doc(
-        "The database did not answer in time (retry), or its schema is not migrated "
-        "(run `pgqueue migrate`)."
+        "The database did not answer in time (retry; nothing was written), or its schema is "
+        "not migrated (run `pgqueue migrate`); enqueue_outcome_unknown: an enqueue's commit "
+        "went out and no answer came back, so its jobs may exist (GET each of job_ids)."
     ),
 }
 

@@ -293,3 +293,8 @@ class ErrorBody(BaseModel):
     message: str
     field: str | None = Field(default=None, description="The first offending field, if any.")
     problems: list[Problem] = Field(default_factory=list)
+    job_ids: list[int] | None = Field(
+        default=None,
+        description="Only with enqueue_outcome_unknown: the ids the enqueue reserved; its jobs "
+        "may exist under them (GET /jobs/{id}).",
+    )

@@ -32,6 +32,7 @@ from typer.core import TyperGroup
 from ..console import missing_extra
 from ..errors import (
     DatabaseUnavailable,
+    EnqueueOutcomeUnknown,
     InvalidJob,
     InvalidQueueControl,
     InvalidSettings,
@@ -127,6 +128,9 @@ def describe(exc: BaseException) -> tuple[str, int]:
         return f"invalid job: {exc.field}: {exc.problem}", 1
     if isinstance(exc, InvalidQueueControl):
         return f"invalid queue control: {exc.field}: {exc.problem}", 1
+    if isinstance(exc, EnqueueOutcomeUnknown):  # not "unavailable": the job may exist
+        show = " or ".join(f"`pgqueue jobs show {job_id}`" for job_id in exc.job_ids[:3])
+        return f"{first_line(exc)} ({show})", 1
     if isinstance(exc, DatabaseUnavailable):
         return f"database unavailable: {first_line(exc)}", 1
     if isinstance(exc, PgQueueError):  # JobNotFound, JobStateConflict, SchemaNotMigrated...

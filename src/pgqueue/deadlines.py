@@ -1,0 +1,212 @@
+"""Bounding one attempt on one connection, whatever the server does.
+
+A statement can wait far past its caller's deadline: a COMMIT waits for a
+synchronous standby that is gone (PostgreSQL waits, it does not refuse:
+Patroni's strict synchronous mode leaves a primary so), a statement waits
+for a lock another session holds, a server accepts TCP and never answers.
+``statement_timeout`` bounds only the second: a COMMIT's wait for its
+standby is not a statement's, and a silent server runs no timer. So a
+``Cutoff`` watches one attempt: at its deadline it sends the server a cancel
+request (a lock wait then ends in an error, and a wait for the standby in a
+WARNING, the transaction having committed locally); if the attempt has not
+ended ``CUT_GRACE_SECONDS`` later, it shuts the connection's socket, so that
+libpq reports the connection lost at once instead of waiting for a server
+that does not answer. A connection it acted on is closed after the attempt
+and never used again: a cancel request that arrives late would cancel
+whatever the connection ran next.
+
+What that means for the attempt's outcome is its caller's to say
+(retrying.py): an error from the server means the statement did not commit;
+a lost connection during a COMMIT, or a WARNING after the cancel, means it
+may have (or did, locally).
+
+Sync attempts are watched by one daemon thread for the whole process (a
+heap of deadlines: no thread per call); async ones by their event loop's
+timers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import psycopg
+from psycopg.errors import Diagnostic
+
+__all__ = ["CANCEL_SECONDS", "CUT_GRACE_SECONDS", "Cutoff", "watched", "watched_async"]
+
+# How long after the cancel request the attempt may take to end before its
+# socket is shut: a server that is alive answers a cancel in milliseconds.
+CUT_GRACE_SECONDS = 0.5
+# How long the cancel request itself may take (its own connection, which a
+# server that accepts TCP and never answers holds open).
+CANCEL_SECONDS = 2.0
+
+log = logging.getLogger("pgqueue.queue")
+
+
+class Cutoff:
+    """The watch over one attempt on ``conn`` (see the module's docstring).
+    ``cancelled``: the deadline passed and a cancel request went out;
+    ``cut``: its socket was shut too; ``warned``: the server sent a WARNING
+    after the cancel (a wait for a synchronous standby cancelled: the
+    transaction committed locally, its replication not confirmed)."""
+
+    def __init__(self, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+        self.conn = conn
+        self.cancelled = False
+        self.cut = False
+        self.warned = False
+        self.ended = False
+        self._lock = threading.Lock()
+
+    def _notice(self, diag: Diagnostic) -> None:
+        if self.cancelled and diag.severity_nonlocalized == "WARNING":
+            self.warned = True
+
+    def _begin(self) -> bool:
+        """Whether the attempt is still running; if so it counts as cancelled."""
+        with self._lock:
+            if self.ended:
+                return False
+            self.cancelled = True
+            return True
+
+    def cut_socket(self) -> None:
+        """Shut the connection's socket (not close its descriptor, which
+        libpq owns): the read libpq waits in ends at once."""
+        with self._lock:
+            if self.ended:
+                return
+            self.cut = True
+            with contextlib.suppress(Exception):  # already closed: nothing to cut
+                dup = socket.socket(fileno=os.dup(self.conn.pgconn.socket))
+                try:
+                    dup.shutdown(socket.SHUT_RDWR)
+                finally:
+                    dup.close()
+        log.warning(
+            "a statement did not end after its cancel request: connection shut",
+            extra={"action": "deadline_cut"},
+        )
+
+    def end(self) -> None:
+        with self._lock:
+            self.ended = True
+
+
+# -- sync: one watchdog thread ------------------------------------------------------
+
+
+class _Watchdog:
+    """Calls each callback at its monotonic time, on one daemon thread."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._order = itertools.count()
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def at(self, when: float, callback: Callable[[], None]) -> None:
+        with self._wake:
+            earliest = self._heap[0][0] if self._heap else None
+            heapq.heappush(self._heap, (when, next(self._order), callback))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="pgqueue-deadlines", daemon=True
+                )
+                self._thread.start()
+            elif earliest is None or when < earliest:
+                self._wake.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._heap or self._heap[0][0] > time.monotonic():
+                    self._wake.wait(self._heap[0][0] - time.monotonic() if self._heap else None)
+                _, _, callback = heapq.heappop(self._heap)
+            try:
+                callback()
+            except Exception:  # a callback's bug must not stop every deadline
+                log.exception("deadline callback failed", extra={"action": "deadline_failed"})
+
+
+_WATCHDOG = _Watchdog()
+
+
+def _cancel(conn: psycopg.Connection[Any]) -> None:
+    with contextlib.suppress(Exception):  # nothing to cancel, or no answer: the cut follows
+        conn.cancel_safe(timeout=CANCEL_SECONDS)
+
+
+def _fire(cutoff: Cutoff) -> None:
+    if not cutoff._begin():
+        return
+    conn = cutoff.conn
+    assert isinstance(conn, psycopg.Connection)
+    # In a thread of its own: the request may wait CANCEL_SECONDS on a
+    # silent server, and the watchdog serves every other deadline.
+    threading.Thread(target=_cancel, args=(conn,), daemon=True).start()
+    _WATCHDOG.at(time.monotonic() + CUT_GRACE_SECONDS, cutoff.cut_socket)
+
+
+@contextlib.contextmanager
+def watched(conn: psycopg.Connection[Any], seconds: float) -> Iterator[Cutoff]:
+    """Watch the block's statements on ``conn`` for ``seconds``; a
+    connection the watch acted on is closed at the block's end."""
+    cutoff = Cutoff(conn)
+    conn.add_notice_handler(cutoff._notice)
+    _WATCHDOG.at(time.monotonic() + seconds, lambda: _fire(cutoff))
+    try:
+        yield cutoff
+    finally:
+        cutoff.end()
+        conn.remove_notice_handler(cutoff._notice)
+        if cutoff.cancelled:
+            conn.close()
+
+
+# -- async: the event loop's timers ---------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def watched_async(
+    conn: psycopg.AsyncConnection[Any], seconds: float
+) -> AsyncIterator[Cutoff]:
+    """``watched`` for an async connection."""
+    loop = asyncio.get_running_loop()
+    cutoff = Cutoff(conn)
+    cancels: list[asyncio.Task[None]] = []
+
+    def fire() -> None:
+        if cutoff._begin():
+            cancels.append(loop.create_task(_cancel_async(conn)))
+            handles.append(loop.call_later(CUT_GRACE_SECONDS, cutoff.cut_socket))
+
+    handles = [loop.call_later(max(0.0, seconds), fire)]
+    conn.add_notice_handler(cutoff._notice)
+    try:
+        yield cutoff
+    finally:
+        cutoff.end()
+        for handle in handles:
+            handle.cancel()
+        conn.remove_notice_handler(cutoff._notice)
+        if cutoff.cancelled:
+            for task in cancels:  # (not awaited: it may wait on a silent server)
+                task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            await conn.close()
+
+
+async def _cancel_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    with contextlib.suppress(Exception):
+        await conn.cancel_safe(timeout=CANCEL_SECONDS)

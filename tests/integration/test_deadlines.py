@@ -1,0 +1,277 @@
+"""Every deadline holds, whatever the server does (issue 29, item 2): a
+COMMIT that waits for a synchronous standby that is gone (what Patroni's
+strict synchronous mode leaves: PostgreSQL waits, it does not refuse), a
+lock another session holds, a server that accepts TCP and never answers.
+And an enqueue never says "nothing was written" when it may have been
+(item 3): a COMMIT whose answer was lost is found, or is
+EnqueueOutcomeUnknown with the ids it reserved."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from typer.testing import CliRunner
+
+from harness.tcp_proxy import TcpProxy
+from pgqueue import (
+    AsyncQueue,
+    DatabaseUnavailable,
+    EnqueueOutcomeUnknown,
+    Queue,
+    Settings,
+    migrate,
+)
+from pgqueue.cli.app import app as cli
+from pgqueue.embedded import EmbeddedPostgres
+from tests.support import api_client
+
+DEADLINE = 2.0
+# The cancel request's grace (deadlines.CUT_GRACE_SECONDS, 0.5 s) and room
+# for a slow shared machine.
+MARGIN = 1.5
+TEMPLATE = "stalled_template"
+
+
+# -- a primary whose synchronous standby is gone ----------------------------------------
+
+
+def _with_db(url: str, name: str) -> str:
+    return url.rsplit("/", 1)[0] + "/" + name
+
+
+def _local(url: str) -> psycopg.Connection[Any]:
+    """A session whose commits do not wait for the standby."""
+    conn = psycopg.connect(url, autocommit=True)
+    conn.execute("SET synchronous_commit = local")
+    return conn
+
+
+@pytest.fixture(scope="module")
+def stalled_server() -> Iterator[EmbeddedPostgres]:
+    """A server of this module's own (its synchronous_standby_names is set
+    server-wide), with a migrated template."""
+    root = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
+    folder = tempfile.mkdtemp(prefix="pgqueue-stalled-", dir=root)
+    server = EmbeddedPostgres(folder)
+    server.ensure_running()
+    with psycopg.connect(server.url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {TEMPLATE}")
+    migrate(_with_db(server.url, TEMPLATE))
+    yield server
+    server.destroy()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _standby(url: str, names: str) -> None:
+    """Set synchronous_standby_names server-wide, and wait until a new
+    session sees it."""
+    with _local(url) as conn:
+        if names:
+            conn.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{names}'")
+        else:
+            conn.execute("ALTER SYSTEM RESET synchronous_standby_names")
+        conn.execute("SELECT pg_reload_conf()")
+    for _ in range(500):
+        with psycopg.connect(url) as conn:
+            row = conn.execute("SHOW synchronous_standby_names").fetchone()
+            if row and row[0] == names:
+                return
+        time.sleep(0.01)
+    raise AssertionError("the server did not take synchronous_standby_names")
+
+
+@pytest.fixture
+def stalled_url(stalled_server: EmbeddedPostgres) -> Iterator[str]:
+    """A migrated database on a primary whose every writing commit waits
+    for a synchronous standby that does not exist."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with _local(stalled_server.url) as conn:
+        conn.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
+    url = _with_db(stalled_server.url, name)
+    with _local(url) as conn:
+        # A sequence writes WAL every 32 values (and a transaction that
+        # wrote WAL waits for the standby too): taken now, the ids a test
+        # reserves come without waiting, and its enqueues wait at their write.
+        conn.execute("SELECT nextval('pgqueue_jobs_id_seq')")
+    _standby(url, "absent_standby")
+    try:
+        yield url
+    finally:
+        _standby(url, "")
+        with _local(stalled_server.url) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def job_ids(url: str) -> list[int]:
+    with _local(url) as conn:
+        return [row[0] for row in conn.execute("SELECT id FROM pgqueue_jobs ORDER BY id")]
+
+
+# -- producing from either face ------------------------------------------------------------
+
+
+async def produce(face: str, many: bool, settings: Settings, queue: Any = None) -> Any:
+    """One enqueue (or enqueue_many of three jobs) on a new Queue or
+    AsyncQueue over ``settings`` (or on ``queue``), the sync one in a
+    thread so that the loop (and a proxy on it) runs meanwhile."""
+    url = settings.database_url
+
+    def call(q: Any) -> Any:
+        if many:
+            return q.enqueue_many([{"task": "t", "payload": {"n": n}} for n in range(3)])
+        return q.enqueue("t", {"n": 0})
+
+    if face == "sync":
+        if queue is not None:
+            return await asyncio.to_thread(call, queue)
+
+        def fresh() -> Any:
+            with Queue(url, settings=settings) as q:
+                return call(q)
+
+        return await asyncio.to_thread(fresh)
+    if queue is not None:
+        return await call(queue)
+    async with AsyncQueue(url, settings=settings) as q:
+        return await call(q)
+
+
+@contextlib.asynccontextmanager
+async def a_queue(face: str, settings: Settings) -> AsyncIterator[Any]:
+    """A queue of the face, opened (its pool connected) for the block."""
+    if face == "sync":
+        q = await asyncio.to_thread(Queue, settings.database_url, settings=settings)
+        try:
+            yield q
+        finally:
+            await asyncio.to_thread(q.close)
+    else:
+        async with AsyncQueue(settings.database_url, settings=settings) as aq:
+            yield aq
+
+
+FACES = pytest.mark.parametrize("face", ["sync", "async"])
+CALLS = pytest.mark.parametrize("many", [False, True], ids=["enqueue", "enqueue_many"])
+
+
+# -- a commit that waits for a missing synchronous standby ----------------------------------
+
+
+@FACES
+@CALLS
+async def test_an_enqueue_whose_commit_waits_for_a_missing_standby_ends_by_its_deadline(
+    stalled_url: str, face: str, many: bool
+) -> None:
+    """The commit is cancelled at the deadline: PostgreSQL then commits it
+    locally (its WARNING says so), so the call does not say "nothing was
+    written": EnqueueOutcomeUnknown, naming the ids the jobs have."""
+    settings = Settings(database_url=stalled_url, enqueue_retry_seconds=DEADLINE)
+    started = time.monotonic()
+    with pytest.raises(EnqueueOutcomeUnknown) as raised:
+        await produce(face, many, settings)
+    took = time.monotonic() - started
+    assert took < DEADLINE + MARGIN, took
+    assert isinstance(raised.value, DatabaseUnavailable)  # a 503, Retry-After, to the API
+    assert "synchronous standby" in str(raised.value)
+    assert raised.value.job_ids == job_ids(stalled_url) == sorted(raised.value.job_ids)
+    assert len(raised.value.job_ids) == (3 if many else 1)
+
+
+async def test_post_jobs_whose_commit_waits_for_a_missing_standby_is_a_503_by_the_deadline(
+    stalled_url: str,
+) -> None:
+    settings = Settings(database_url=stalled_url, enqueue_retry_seconds=DEADLINE)
+    async with api_client(settings) as http:
+        started = time.monotonic()
+        single = await http.post("/jobs", json={"task": "t", "payload": {"n": 1}})
+        took = time.monotonic() - started
+        assert took < DEADLINE + MARGIN, took
+        batch = await http.post("/jobs/batch", json={"jobs": [{"task": "t"}, {"task": "t"}]})
+    for response in (single, batch):
+        assert response.status_code == 503, response.text
+        assert response.headers["retry-after"] == "1"
+        body = response.json()
+        assert body["error"] == "enqueue_outcome_unknown"
+        assert "outcome is unknown" in body["message"]
+        assert "nothing was written" not in body["message"]
+    [one] = single.json()["job_ids"]
+    assert sorted([one, *batch.json()["job_ids"]]) == job_ids(stalled_url)
+    assert f"GET /jobs/{one}" in single.json()["problems"][0]["problem"]
+
+
+def test_the_cli_enqueue_against_a_missing_standby_ends_by_its_deadline(
+    stalled_url: str,
+) -> None:
+    started = time.monotonic()
+    result = CliRunner().invoke(
+        cli,
+        ["--database-url", stalled_url, "enqueue", "t"],
+        env={"PGQUEUE_ENQUEUE_RETRY_SECONDS": str(DEADLINE)},
+    )
+    took = time.monotonic() - started
+    assert took < DEADLINE + MARGIN, took
+    assert result.exit_code == 1, result.output
+    [job_id] = job_ids(stalled_url)
+    assert "outcome is unknown" in result.output
+    assert f"pgqueue jobs show {job_id}" in result.output
+    assert "Traceback" not in result.output
+
+
+# -- a lock another session holds -------------------------------------------------------------
+
+
+@FACES
+@CALLS
+async def test_an_enqueue_behind_another_sessions_lock_ends_by_its_deadline_writing_nothing(
+    db_url: str, sql: psycopg.Connection[Any], face: str, many: bool
+) -> None:
+    """The insert waits for a table lock: cancelled at the deadline, it
+    committed nothing, and the call says so (DatabaseUnavailable itself)."""
+    settings = Settings(database_url=db_url, enqueue_retry_seconds=DEADLINE)
+    with psycopg.connect(db_url) as holder:  # its transaction stays open
+        holder.execute("LOCK TABLE pgqueue_jobs IN SHARE MODE")
+        started = time.monotonic()
+        with pytest.raises(DatabaseUnavailable) as raised:
+            await produce(face, many, settings)
+        took = time.monotonic() - started
+        holder.rollback()
+    assert took < DEADLINE + MARGIN, took
+    assert type(raised.value) is DatabaseUnavailable, raised.value
+    assert sql.execute("SELECT count(*) FROM pgqueue_jobs").fetchone() == (0,)
+
+
+# -- a server that accepts TCP and never answers ------------------------------------------------
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1].split("/")[0])
+
+
+@FACES
+@CALLS
+async def test_an_enqueue_on_a_server_that_stops_answering_ends_by_its_deadline(
+    db_url: str, sql: psycopg.Connection[Any], face: str, many: bool
+) -> None:
+    async with TcpProxy("127.0.0.1", _port(db_url)) as proxy:
+        settings = Settings(database_url=proxy.url(db_url), enqueue_retry_seconds=DEADLINE)
+        async with a_queue(face, settings) as queue:
+            await produce(face, many, settings, queue)  # the pool's connection is made
+            proxy.freeze()
+            started = time.monotonic()
+            with pytest.raises(DatabaseUnavailable):
+                await produce(face, many, settings, queue)
+            took = time.monotonic() - started
+            proxy.thaw()
+            # The queue goes on once the server answers again.
+            await produce(face, many, settings, queue)
+    assert took < DEADLINE + MARGIN, took
