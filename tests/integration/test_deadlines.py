@@ -275,3 +275,69 @@ async def test_an_enqueue_on_a_server_that_stops_answering_ends_by_its_deadline(
             # The queue goes on once the server answers again.
             await produce(face, many, settings, queue)
     assert took < DEADLINE + MARGIN, took
+
+
+# -- a commit whose answer is lost (item 3) -----------------------------------------------------
+
+# What the proxy waits for before cutting: the COMMIT of enqueue_many's
+# transaction; a single enqueue's insert commits by itself (autocommit).
+COMMITTING = {False: b"INSERT INTO pgqueue_jobs", True: b"COMMIT"}
+
+
+@FACES
+@CALLS
+async def test_a_commit_whose_answer_was_lost_returns_its_jobs_once(
+    db_url: str, sql: psycopg.Connection[Any], face: str, many: bool
+) -> None:
+    """The connection is cut right after the commit reached the server: the
+    commit lands, its answer is lost. The retry finds the jobs by the ids
+    the call reserved: the call returns them, created once."""
+    async with TcpProxy("127.0.0.1", _port(db_url)) as proxy:
+        settings = Settings(database_url=proxy.url(db_url), enqueue_retry_seconds=DEADLINE)
+        proxy.cut_after(COMMITTING[many])
+        result = await produce(face, many, settings)
+    assert proxy.cuts == 1
+    ids = [r.id for r in result] if many else [result.id]
+    assert all(r.created for r in result) if many else not result.duplicate
+    assert [row[0] for row in sql.execute("SELECT id FROM pgqueue_jobs ORDER BY id")] == ids
+
+
+@FACES
+@CALLS
+async def test_a_commit_whose_answer_was_lost_with_the_server_gone_is_an_unknown_outcome(
+    db_url: str, sql: psycopg.Connection[Any], face: str, many: bool
+) -> None:
+    """The same cut, and no connection goes through afterwards until the
+    deadline: the call cannot learn whether its commit landed (it did), so
+    it raises EnqueueOutcomeUnknown with the ids the jobs have, never
+    DatabaseUnavailable's "nothing was written"."""
+    async with TcpProxy("127.0.0.1", _port(db_url)) as proxy:
+        settings = Settings(database_url=proxy.url(db_url), enqueue_retry_seconds=DEADLINE)
+        proxy.cut_after(COMMITTING[many], refuse=True)
+        started = time.monotonic()
+        with pytest.raises(EnqueueOutcomeUnknown) as raised:
+            await produce(face, many, settings)
+        took = time.monotonic() - started
+    assert took < DEADLINE + MARGIN, took
+    assert proxy.cuts == 1 and proxy.connections > 2  # the retries were refused
+    landed = [row[0] for row in sql.execute("SELECT id FROM pgqueue_jobs ORDER BY id")]
+    assert raised.value.job_ids == landed and len(landed) == (3 if many else 1)
+
+
+async def test_post_jobs_whose_commit_answer_was_lost_with_the_server_gone_names_its_job(
+    db_url: str, sql: psycopg.Connection[Any]
+) -> None:
+    async with TcpProxy("127.0.0.1", _port(db_url)) as proxy:
+        settings = Settings(database_url=proxy.url(db_url), enqueue_retry_seconds=DEADLINE)
+        async with api_client(settings) as http:
+            assert (await http.post("/jobs", json={"task": "before"})).status_code == 201
+            proxy.cut_after(COMMITTING[False], refuse=True)  # a group of one: a single enqueue
+            answer = await http.post("/jobs", json={"task": "t"})
+            proxy.accept()
+            assert answer.status_code == 503, answer.text
+            body = answer.json()
+            assert body["error"] == "enqueue_outcome_unknown"
+            [job_id] = body["job_ids"]
+            found = await http.get(f"/jobs/{job_id}")  # the client can find out
+    assert found.status_code == 200 and found.json()["task"] == "t"
+    assert sql.execute("SELECT count(*) FROM pgqueue_jobs").fetchone() == (2,)
