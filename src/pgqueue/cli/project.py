@@ -56,7 +56,10 @@ class Project:
 
 
 def _is_project(folder: Path) -> bool:
-    return (folder / DATA_FOLDER).is_dir() or _configures_pgqueue(folder / PYPROJECT)
+    # A server's data (its pgdata), not any folder of that name: an attempt
+    # that failed before creating the server leaves nothing to find.
+    server = folder / DATA_FOLDER / "pgdata"
+    return server.is_dir() or _configures_pgqueue(folder / PYPROJECT)
 
 
 def _configures_pgqueue(path: Path) -> bool:
