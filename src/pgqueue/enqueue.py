@@ -8,9 +8,10 @@ committed instead of adding it again."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
@@ -30,6 +31,7 @@ __all__ = [
     "enqueue",
     "enqueue_group",
     "enqueue_many",
+    "made_by",
     "per_attempt",
 ]
 
@@ -168,14 +170,42 @@ def enqueue(spec: JobSpec, call: CallKey | None = None) -> Flow[Job]:
             return jobs[0]
         if retry:
             jobs = yield Statement("job_get", {"id": job_id}, jobs=True)
-            if jobs:
+            if jobs and made_by(jobs[0], spec):
                 return jobs[0]
+            if jobs:  # another job's id (handed out again after a failover): ours is not here
+                assert call is not None
+                call.ids, retry = None, False
+                params["id"] = job_id = (yield from _reserve(call, 1))[0]
+                continue
         jobs = yield Statement(
             "job_get_by_idempotency_key", {"idempotency_key": spec.idempotency_key}, jobs=True
         )
         if jobs:
             return dataclasses.replace(jobs[0], duplicate=True)
     raise RuntimeError(f"key {spec.idempotency_key!r} kept changing hands")
+
+
+def made_by(job: Job | Mapping[str, Any], spec: JobSpec) -> bool:
+    """Whether ``job``, found under an id the call reserved, is what ``spec``
+    asked for. A sequence never hands an id out twice, but a primary promoted
+    after an asynchronous failover can: its sequence is where the standby had
+    it, behind ids the old primary handed out (and a commit it acknowledged
+    may be lost). A job of another call under our id is not taken as ours;
+    one equal in every field the call gave cannot be told apart (the table
+    keeps no key of the call)."""
+    found = job if isinstance(job, Mapping) else dataclasses.asdict(job)
+    given = {
+        "task": spec.task,
+        "queue": spec.queue,
+        "priority": spec.priority,
+        "max_attempts": spec.max_attempts,
+        "timeout_seconds": spec.timeout_seconds,
+        "idempotency_key": spec.idempotency_key,
+        "concurrency_key": spec.concurrency_key,
+        "payload": json.loads(spec.payload_json),
+        "metadata": json.loads(spec.metadata_json) if spec.metadata_json else None,
+    }
+    return all(found.get(name) == value for name, value in given.items())
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +239,9 @@ def enqueue_many(
     results: list[Enqueued] = []
     for start in range(0, len(specs), ENQUEUE_CHUNK):
         end = start + ENQUEUE_CHUNK
-        results += yield from _insert_chunk(specs[start:end], ids[start:end])
+        chunk_ids = ids[start:end]
+        results += yield from _insert_chunk(specs[start:end], chunk_ids)
+        ids[start:end] = chunk_ids  # (with the ids it had to take again)
     return results
 
 
@@ -231,11 +263,13 @@ def _answer(job: Job | None, created: bool) -> Job | None:
     return job if job is None or created else dataclasses.replace(job, duplicate=True)
 
 
-def _insert_chunk(chunk: Sequence[JobSpec], ids: Sequence[int]) -> Flow[list[Enqueued]]:
+def _insert_chunk(chunk: Sequence[JobSpec], ids: list[int]) -> Flow[list[Enqueued]]:
     """One INSERT of a chunk with its ids. A job skipped is either there
     already (an earlier attempt of the call committed it) or skipped for a
     key another job holds: it gets the holder's id. A holder that let its
-    key go meanwhile means another round."""
+    key go meanwhile means another round, and so does a row under one of
+    the ids that is another call's job (``made_by``): that job of ours gets
+    a new id (in ``ids``), which the next round inserts."""
     results: dict[int, Enqueued] = {}
     todo = list(range(len(chunk)))
     for _ in range(KEY_ROUNDS):
@@ -253,7 +287,15 @@ def _insert_chunk(chunk: Sequence[JobSpec], ids: Sequence[int]) -> Flow[list[Enq
         found = yield Statement(
             "job_enqueue_found", {"ids": [ids[i] for i in todo], "idempotency_keys": keys}
         )
-        ours = {row["id"] for row in found if row["ours"]}
+        under_ids = {row["id"]: row for row in found if row["ours"]}
+        taken = [
+            i for i in todo if ids[i] in under_ids and not made_by(under_ids[ids[i]], chunk[i])
+        ]
+        if taken:  # ids handed out again after a failover: ours are not here
+            rows = yield Statement("job_reserve_ids", {"count": len(taken)})
+            for i, new_id in zip(taken, rows[0]["ids"], strict=True):
+                ids[i] = new_id
+        ours = {ids[i] for i in todo if ids[i] in under_ids}
         holders = {row["holds_key"]: row["id"] for row in found if row["holds_key"]}
         for i in todo:
             if ids[i] in ours:

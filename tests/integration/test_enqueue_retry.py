@@ -204,6 +204,41 @@ def test_a_retry_after_a_committed_attempt_returns_its_jobs(
     assert copies(sql)[7] == copies(sql)[8] == 1
 
 
+@pytest.mark.parametrize("many", [False, True], ids=["enqueue", "enqueue_many"])
+def test_another_calls_job_under_a_reserved_id_is_not_taken_as_the_calls_own(
+    queue: Queue, sql: psycopg.Connection[Any], many: bool
+) -> None:
+    """After an asynchronous failover the promoted primary can hand out
+    again an id the old one gave this call (its sequence is where the
+    standby had it). Replayed: the call reserved its ids, its first attempt
+    was lost with the old primary, and another producer's job took the
+    first id on the new one. The retry meets that job in the primary key:
+    it is not this call's (its fields are not), so the call's job gets a new
+    id and is written; the other job is left as it was."""
+    ids = [
+        row[0]
+        for row in sql.execute("SELECT nextval('pgqueue_jobs_id_seq') FROM generate_series(1, 3)")
+    ]
+    sql.execute(
+        "INSERT INTO pgqueue_jobs (id, task, payload) VALUES (%s, 'other', '{\"n\": 0}')", (ids[0],)
+    )
+    call = CallKey(ids=list(ids if many else ids[:1]), attempts=1)
+    specs = [JobSpec.build("t", {"n": n}) for n in range(3 if many else 1)]
+    if many:
+        results = queue.run(t.enqueue_many(specs, call=call), transaction=True)
+        got = [r.id for r in results]
+        assert all(r.created for r in results)
+    else:
+        job = queue.run(t.enqueue(specs[0], call))
+        got = [job.id]
+        assert (job.task, job.payload, job.duplicate) == ("t", {"n": 0}, False)
+    assert got[0] not in ids and got[1:] == ids[1 : len(specs)]
+    assert call.ids == got  # a later attempt looks under the new id
+    rows = sql.execute("SELECT id, task, payload->>'n' FROM pgqueue_jobs ORDER BY id").fetchall()
+    mine = [(job_id, "t", str(n)) for n, job_id in enumerate(got)]
+    assert rows == sorted([(ids[0], "other", "0"), *mine])
+
+
 @pytest.mark.parametrize("outcome", ["commit", "rollback"])
 @pytest.mark.parametrize("many", [False, True], ids=["enqueue", "enqueue_many"])
 def test_a_retry_waits_for_an_attempt_still_in_flight(

@@ -130,6 +130,8 @@ class MemoryDatabase:
             return None
         names = ("queue", "priority", "max_attempts", "idempotency_key", "concurrency_key")
         fields = {name: params[name] for name in names}
+        fields["timeout_seconds"] = params["timeout_seconds"]
+        fields["metadata"] = json.loads(params["metadata"]) if params["metadata"] else None
         job_id = self.add(
             params["task"], id=params["id"], payload=json.loads(params["payload"]), **fields
         )
@@ -153,8 +155,7 @@ class MemoryDatabase:
         holders = [row for key in idempotency_keys if (row := self._holder(key)) is not None]
         found = [self.jobs[i] for i in ids if i in self.jobs] + holders
         return [
-            {"id": row["id"], "ours": row["id"] in ids, "holds_key": row["idempotency_key"]}
-            for row in found
+            {**row, "ours": row["id"] in ids, "holds_key": row["idempotency_key"]} for row in found
         ]
 
     def job_get_many(self, ids: list[int]) -> list[Row]:

@@ -4,6 +4,7 @@ does with the keys is proven in tests/integration/test_enqueue_retry.py)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +33,21 @@ class Scripted:
     def execute(self, statement: Statement) -> list[Any]:
         self.sent.append(statement)
         return self.answers[statement.name](statement.params)
+
+
+def row_of(spec: JobSpec) -> dict[str, Any]:
+    """The columns of the row a spec makes, as far as ``made_by`` reads them."""
+    return {
+        "task": spec.task,
+        "queue": spec.queue,
+        "priority": spec.priority,
+        "max_attempts": spec.max_attempts,
+        "timeout_seconds": spec.timeout_seconds,
+        "idempotency_key": spec.idempotency_key,
+        "concurrency_key": spec.concurrency_key,
+        "payload": json.loads(spec.payload_json),
+        "metadata": None,
+    }
 
 
 def taken(params: dict[str, Any]) -> list[Any]:
@@ -108,7 +124,9 @@ def test_a_bulk_retry_inserts_with_the_ids_the_first_attempt_reserved() -> None:
     ]
     retry = Scripted(
         job_enqueue_many=lambda p: [{"id": 9}],  # 7 and 8 committed by the first attempt
-        job_enqueue_found=lambda p: [{"id": i, "ours": True, "holds_key": None} for i in p["ids"]],
+        job_enqueue_found=lambda p: [
+            {"id": i, "ours": True, "holds_key": None, **row_of(specs[i - 7])} for i in p["ids"]
+        ],
     )
     results = driver.run(t.enqueue_many(specs, call=call), retry)
     assert results == [Enqueued(7, True), Enqueued(8, True), Enqueued(9, True)]

@@ -87,11 +87,14 @@ SELECT * FROM pgqueue_jobs WHERE id = ANY(%(ids)s::bigint[]);
 
 -- name: job_enqueue_found
 -- For the rows job_enqueue_many skipped: which of their ids exist (an
--- earlier attempt of the same call committed them: `ours`), and the jobs
--- holding their keys now (`holds_key`: the key a row holds, else NULL).
+-- earlier attempt of the same call committed them: `ours`, if the fields
+-- are the call's: enqueue.made_by), and the jobs holding their keys now
+-- (`holds_key`: the key a row holds, else NULL).
 SELECT id, id = ANY(%(ids)s::bigint[]) AS ours,
        CASE WHEN pgqueue_key_held(unique_scope, state, started_at)
-            THEN idempotency_key END AS holds_key
+            THEN idempotency_key END AS holds_key,
+       task, queue, priority, max_attempts, timeout_seconds, idempotency_key,
+       concurrency_key, payload, metadata
 FROM pgqueue_jobs
 WHERE id = ANY(%(ids)s::bigint[])
    OR (idempotency_key = ANY(%(idempotency_keys)s::text[])
