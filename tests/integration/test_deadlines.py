@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import shutil
 import tempfile
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -27,13 +29,15 @@ from pgqueue import (
     AsyncQueue,
     DatabaseUnavailable,
     EnqueueOutcomeUnknown,
+    Job,
     Queue,
     Settings,
     migrate,
 )
 from pgqueue.cli.app import app as cli
 from pgqueue.embedded import EmbeddedPostgres
-from tests.support import api_client
+from pgqueue.worker import AsyncWorker
+from tests.support import api_client, running
 
 DEADLINE = 2.0
 # The cancel request's grace (deadlines.CUT_GRACE_SECONDS, 0.5 s) and room
@@ -341,3 +345,61 @@ async def test_post_jobs_whose_commit_answer_was_lost_with_the_server_gone_names
             found = await http.get(f"/jobs/{job_id}")  # the client can find out
     assert found.status_code == 200 and found.json()["task"] == "t"
     assert sql.execute("SELECT count(*) FROM pgqueue_jobs").fetchone() == (2,)
+
+
+# -- the worker while commits wait for a missing standby ------------------------------------------
+
+
+def _states(url: str) -> dict[str, tuple[str, int]]:
+    with _local(url) as conn:
+        rows = conn.execute("SELECT task, state, attempts FROM pgqueue_jobs").fetchall()
+    return {task: (state, attempts) for task, state, attempts in rows}
+
+
+async def _until_succeeded(url: str, tasks: set[str], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while {t for t, (state, _) in _states(url).items() if state == "succeeded"} != tasks:
+        assert time.monotonic() < deadline, _states(url)
+        await asyncio.sleep(0.1)
+
+
+async def test_a_worker_keeps_its_leases_and_goes_on_while_commits_wait_for_a_missing_standby(
+    stalled_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every commit of the worker waits for the standby: each statement is
+    cut off after half a lease, which ends the wait (PostgreSQL commits it
+    locally), so claims, heartbeats and acks go on, one per cut-off. A job
+    running for more than two leases keeps its lease (one attempt), and the
+    worker goes on at full speed once the standby requirement is lifted."""
+    caplog.set_level(logging.WARNING, "pgqueue.worker")
+    runs: Counter[str] = Counter()
+
+    async def slow(job: Job) -> None:
+        runs[job.task] += 1
+        await asyncio.sleep(5.0)
+
+    async def quick(job: Job) -> None:
+        runs[job.task] += 1
+
+    with _local(stalled_url) as conn:
+        conn.execute("INSERT INTO pgqueue_jobs (task) VALUES ('slow'), ('quick')")
+    settings = Settings(
+        database_url=stalled_url,
+        lease_seconds=2.0,
+        heartbeat_seconds=0.5,
+        reap_interval_seconds=0.5,
+        poll_interval_seconds=0.2,
+    )
+    worker = AsyncWorker({"slow": slow, "quick": quick, "after": quick}, settings=settings)
+    async with running(worker):
+        await _until_succeeded(stalled_url, {"slow", "quick"}, 60)
+        assert _states(stalled_url)["slow"] == ("succeeded", 1)  # its lease held
+        assert any("did not answer within 1 s" in r.getMessage() for r in caplog.records)
+        _standby(stalled_url, "")
+        with _local(stalled_url) as conn:
+            conn.execute("INSERT INTO pgqueue_jobs (task) VALUES ('after')")
+        started = time.monotonic()
+        await _until_succeeded(stalled_url, {"slow", "quick", "after"}, 30)
+        recovered = time.monotonic() - started
+    assert runs == {"slow": 1, "quick": 1, "after": 1}
+    assert recovered < 5, recovered

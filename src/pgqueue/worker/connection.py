@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from typing import Any, Protocol, TypeVar
 
 import psycopg
 
-from .. import driver
+from .. import deadlines, driver
 from ..driver import RETRYABLE_ERRORS
 from ..sql import QUERIES
 from ..transitions import Flow
@@ -24,6 +25,8 @@ from ..transitions import Flow
 __all__ = ["CONNECT_KWARGS", "Connection", "FlowRunner", "listen_for_hints"]
 
 T = TypeVar("T")
+
+log = logging.getLogger("pgqueue.worker")
 
 # A silently dead peer is noticed in ~10 s, not hours (driver.LIVENESS).
 CONNECT_KWARGS: dict[str, Any] = {
@@ -48,11 +51,18 @@ class Connection:
     """One long-lived psycopg connection; flows run one at a time. Its
     statements are prepared, unless ``prepare`` is False (behind a
     transaction-mode pooler, a statement prepared on one server session is
-    unknown to the next)."""
+    unknown to the next). A flow that has not ended after ``bound_seconds``
+    is cut off (deadlines.py: a cancel request, then the socket shut): a
+    COMMIT waiting for a synchronous standby that is gone, a lock wait, a
+    server that stopped answering. It fails as a lost connection would
+    (the parts wait it out and try again), or, when the cancel ended a wait
+    for the standby, it succeeds: PostgreSQL committed it locally. Either
+    way the connection is made again."""
 
-    def __init__(self, url: str, *, prepare: bool = True) -> None:
+    def __init__(self, url: str, *, prepare: bool = True, bound_seconds: float = 15.0) -> None:
         self.url = url
         self.prepare = prepare
+        self.bound_seconds = bound_seconds
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._session: driver.AsyncCursorSession | None = None
         self._lock = asyncio.Lock()
@@ -67,18 +77,38 @@ class Connection:
         async with self._lock:
             if self._session is None:
                 await self._connect()
-            assert self._session is not None
+            assert self._conn is not None and self._session is not None
             try:
-                return await driver.run_async(flow, self._session)
+                async with deadlines.watched_async(self._conn, self.bound_seconds) as cutoff:
+                    try:
+                        return await driver.run_async(flow, self._session)
+                    except psycopg.errors.QueryCanceled as exc:
+                        if not cutoff.cancelled:
+                            raise
+                        raise psycopg.OperationalError(self._cut_off()) from exc
             except RETRYABLE_ERRORS:
                 await self._drop()
                 raise
+            finally:
+                if cutoff.cancelled:  # closed by the watch: made again next time
+                    if cutoff.warned:
+                        log.warning(self._cut_off() + "; it committed locally")
+                    await self._drop()
+
+    def _cut_off(self) -> str:
+        return (
+            f"a statement did not answer within {self.bound_seconds:g} s "
+            "(a commit waiting for a synchronous standby, a lock, a silent server): cancelled"
+        )
 
     async def _connect(self) -> None:
         options = CONNECT_KWARGS if self.prepare else CONNECT_KWARGS | {"prepare_threshold": None}
         conn = await psycopg.AsyncConnection.connect(self.url, **options)
         try:
-            await conn.execute(QUERIES["session_utc"])
+            async with deadlines.watched_async(conn, self.bound_seconds) as cutoff:
+                await conn.execute(QUERIES["session_utc"])
+            if cutoff.cancelled:
+                raise psycopg.OperationalError(self._cut_off())
         except BaseException:
             await conn.close()
             raise

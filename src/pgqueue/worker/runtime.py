@@ -123,8 +123,12 @@ class AsyncWorker:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
         self.name = name or default_worker_name()
         self.listen = listen
+        # A statement is cut off after half a lease: a heartbeat that waited
+        # longer (for a missing synchronous standby) would let leases run out.
         self._connect = connect or functools.partial(
-            Connection, prepare=not self.settings.transaction_pooler
+            Connection,
+            prepare=not self.settings.transaction_pooler,
+            bound_seconds=self.settings.lease_seconds / 2,
         )
         self._hints = hints
         self.events = EventLog(self.name)
