@@ -26,6 +26,7 @@ import contextlib
 import logging
 import math
 import random
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
@@ -227,7 +228,8 @@ class Retrying:
     ) -> Iterator[psycopg.Connection[Any]]:
         """The attempt's connection: pooled, or new (``new_connection``)."""
         if self.new_connection(retries):
-            with psycopg.connect(url, **self._connect_kwargs(retries)) as conn:
+            kwargs = self._connect_kwargs(retries)
+            with _connect_sync_by(url, kwargs, retries.remaining()) as conn:
                 yield conn
         else:
             with unchecked(), pool.connection(timeout=self._pool_wait(retries)) as conn:
@@ -240,7 +242,7 @@ class Retrying:
         """``_connection`` for asyncio."""
         if self.new_connection(retries):
             kwargs = self._connect_kwargs(retries)
-            async with await psycopg.AsyncConnection.connect(url, **kwargs) as conn:
+            async with await _connect_by(url, kwargs, retries.remaining()) as conn:
                 yield conn
         else:
             with unchecked():
@@ -277,6 +279,66 @@ class Retrying:
         # though this call's retries connect anew.
         if not isinstance(exc, PoolTimeout):
             self._lost_at = time.monotonic()
+
+
+class _Connecting:
+    """A connection being made on a thread of its own, which its caller may
+    stop waiting for: then the thread closes it once made."""
+
+    def __init__(self, url: str, kwargs: dict[str, Any]) -> None:
+        self.done = threading.Event()
+        self.conn: psycopg.Connection[Any] | None = None
+        self.error: BaseException | None = None
+        self._abandoned = False
+        self._lock = threading.Lock()
+        threading.Thread(
+            target=self._connect, args=(url, kwargs), name="pgqueue-connect", daemon=True
+        ).start()
+
+    def _connect(self, url: str, kwargs: dict[str, Any]) -> None:
+        try:
+            conn = psycopg.connect(url, **kwargs)
+        except BaseException as exc:
+            self.error = exc
+        else:
+            with self._lock:
+                abandoned = self._abandoned
+                self.conn = None if abandoned else conn
+            if abandoned:
+                conn.close()
+        self.done.set()
+
+    def abandon(self) -> None:
+        with self._lock:
+            self._abandoned = True
+
+
+def _connect_sync_by(url: str, kwargs: dict[str, Any], seconds: float) -> psycopg.Connection[Any]:
+    """``_connect_by`` for the sync path: libpq's wait, on a thread that the
+    call stops waiting for at ``seconds`` and the cut-off's grace."""
+    connecting = _Connecting(url, kwargs)
+    if not connecting.done.wait(seconds + deadlines.CUT_GRACE_SECONDS):
+        connecting.abandon()
+        if not connecting.done.is_set() or connecting.conn is None:
+            raise psycopg.OperationalError(f"no connection within {seconds:.2f} s")
+    if connecting.error is not None:
+        raise connecting.error
+    assert connecting.conn is not None
+    return connecting.conn
+
+
+async def _connect_by(
+    url: str, kwargs: dict[str, Any], seconds: float
+) -> psycopg.AsyncConnection[Any]:
+    """A new connection within ``seconds`` (and the cut-off's grace), not
+    libpq's connect timeout, which is 2 s at least, in whole seconds: a
+    server that accepts TCP and never answers would hold the call past its
+    deadline. Timing out is a lost connection, as the sync path's is."""
+    try:
+        async with asyncio.timeout(seconds + deadlines.CUT_GRACE_SECONDS):
+            return await psycopg.AsyncConnection.connect(url, **kwargs)
+    except TimeoutError as exc:
+        raise psycopg.OperationalError(f"no connection within {seconds:.2f} s") from exc
 
 
 class _Attempt:

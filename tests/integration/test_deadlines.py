@@ -281,6 +281,26 @@ async def test_an_enqueue_on_a_server_that_stops_answering_ends_by_its_deadline(
     assert took < DEADLINE + MARGIN, took
 
 
+@FACES
+async def test_an_enqueue_whose_new_connection_is_never_answered_ends_by_its_deadline(
+    db_url: str, face: str
+) -> None:
+    """No pooled connection (the server stopped answering before any was
+    made): the retry's new connection is bounded by what is left of the
+    deadline, not by libpq's connect timeout (2 s at least)."""
+    deadline = 0.5
+    async with TcpProxy("127.0.0.1", _port(db_url)) as proxy:
+        proxy.freeze()
+        settings = Settings(database_url=proxy.url(db_url), enqueue_retry_seconds=deadline)
+        async with a_queue(face, settings) as queue:
+            started = time.monotonic()
+            with pytest.raises(DatabaseUnavailable):
+                await produce(face, False, settings, queue)
+            took = time.monotonic() - started
+            proxy.thaw()
+    assert took < deadline + MARGIN, took
+
+
 # -- a commit whose answer is lost (item 3) -----------------------------------------------------
 
 # What the proxy waits for before cutting: the COMMIT of enqueue_many's

@@ -1337,6 +1337,18 @@ ALTER ROLE postgres PASSWORD %(verifier)s;
 -- instants; only their zone differs.
 SET TIME ZONE 'UTC';
 
+-- name: session_commit_local
+-- The worker's upkeep session (heartbeats, the workers registry,
+-- maintenance, schedules) commits without waiting for a synchronous
+-- standby: while none answers (Patroni's strict synchronous mode with the
+-- standby gone) every waiting commit is cut off after half a lease, and a
+-- heartbeat that waited would let leases run out. What a failover can lose
+-- of it is harmless: a lease extension (the job runs again sooner), a reap
+-- (reaped again), a schedule's tick with its job (fired again). Claims and
+-- acks keep the server's setting. A server set to `off` stays so.
+SELECT set_config('synchronous_commit', 'local', false)
+WHERE current_setting('synchronous_commit') NOT IN ('off', 'local');
+
 -- name: listen_jobs
 -- Subscribe to "jobs are ready" hints (payload: the queue name).
 LISTEN pgqueue_jobs;

@@ -57,12 +57,22 @@ class Connection:
     server that stopped answering. It fails as a lost connection would
     (the parts wait it out and try again), or, when the cancel ended a wait
     for the standby, it succeeds: PostgreSQL committed it locally. Either
-    way the connection is made again."""
+    way the connection is made again. ``commit_locally``: its commits do not
+    wait for a synchronous standby (the upkeep connection: see
+    ``session_commit_local``)."""
 
-    def __init__(self, url: str, *, prepare: bool = True, bound_seconds: float = 15.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        prepare: bool = True,
+        bound_seconds: float = 15.0,
+        commit_locally: bool = False,
+    ) -> None:
         self.url = url
         self.prepare = prepare
         self.bound_seconds = bound_seconds
+        self.setup = ["session_utc", *(["session_commit_local"] if commit_locally else [])]
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._session: driver.AsyncCursorSession | None = None
         self._lock = asyncio.Lock()
@@ -106,7 +116,8 @@ class Connection:
         conn = await psycopg.AsyncConnection.connect(self.url, **options)
         try:
             async with deadlines.watched_async(conn, self.bound_seconds) as cutoff:
-                await conn.execute(QUERIES["session_utc"])
+                for name in self.setup:
+                    await conn.execute(QUERIES[name])
             if cutoff.cancelled:
                 raise psycopg.OperationalError(self._cut_off())
         except BaseException:

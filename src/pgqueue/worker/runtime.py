@@ -123,12 +123,16 @@ class AsyncWorker:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
         self.name = name or default_worker_name()
         self.listen = listen
-        # A statement is cut off after half a lease: a heartbeat that waited
-        # longer (for a missing synchronous standby) would let leases run out.
+        # A statement is cut off after half a lease (a COMMIT waiting for a
+        # missing synchronous standby, a lock, a silent server); the upkeep
+        # connection's commits do not wait for a standby at all, so that
+        # heartbeats keep leases alive while claims and acks wait.
+        prepare, bound = not self.settings.transaction_pooler, self.settings.lease_seconds / 2
         self._connect = connect or functools.partial(
-            Connection,
-            prepare=not self.settings.transaction_pooler,
-            bound_seconds=self.settings.lease_seconds / 2,
+            Connection, prepare=prepare, bound_seconds=bound
+        )
+        self._connect_upkeep = connect or functools.partial(
+            Connection, prepare=prepare, bound_seconds=bound, commit_locally=True
         )
         self._hints = hints
         self.events = EventLog(self.name)
@@ -178,7 +182,8 @@ class AsyncWorker:
             self.url = await asyncio.to_thread(resolve_url, self.settings)
         # Claims and outcomes (two each, so that one statement goes out while
         # the other commits), and upkeep (heartbeats, maintenance, schedules, the lookout).
-        connections = [self._connect(self.url) for _ in range(CONNECTIONS)]
+        connections = [self._connect(self.url) for _ in range(CONNECTIONS - 1)]
+        connections.append(self._connect_upkeep(self.url))
         self._build(*connections)
         self.processes.start()
         self.events(
