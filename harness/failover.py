@@ -29,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -59,6 +60,9 @@ CONCURRENCY = 8
 # The completion rate before a fault is measured over this many seconds.
 BASELINE_SECONDS = 5.0
 JOB: dict[str, Any] = {"task": "work", "payload": {"ms": 20}, "max_attempts": 50}
+# The library's errors that say nothing was written (EnqueueOutcomeUnknown
+# says the job may exist).
+NOTHING_WRITTEN = {"DatabaseUnavailable", "DatabaseReadOnly"}
 
 
 @dataclass
@@ -67,6 +71,9 @@ class Ledger:
 
     acked: dict[int, float] = field(default_factory=dict)  # job id -> acknowledged at
     refused: Counter[str] = field(default_factory=Counter)  # library errors, by class
+    # Each refused library call's mark (its job's metadata "call") -> its
+    # error's class: a call refused with "nothing was written" must have no job.
+    refused_calls: dict[str, str] = field(default_factory=dict)
     http: Counter[str] = field(default_factory=Counter)  # "201", "503 database_read_only"...
     http_without_retry_after: int = 0  # 503 answers that lacked the header
     completed: dict[int, int] = field(default_factory=dict)  # job id -> token seen succeeded
@@ -83,9 +90,10 @@ class Ledger:
         with self.lock:
             self.acked[job_id] = time.time()
 
-    def refuse(self, exc: BaseException) -> None:
+    def refuse(self, exc: BaseException, call: str) -> None:
         with self.lock:
             self.refused[type(exc).__name__] += 1
+            self.refused_calls[call] = type(exc).__name__
 
     def answer(self, response: httpx.Response) -> None:
         body = response.json() if response.status_code != 201 else {}
@@ -107,6 +115,9 @@ class Verdict:
     recovery_s: float | None  # from the fault until completions/s are back to 90 % of before
     http: dict[str, int]
     refused: dict[str, int]
+    # Jobs of library calls refused with DatabaseUnavailable itself or
+    # DatabaseReadOnly, which say that nothing was written.
+    written_though_refused: list[int] = field(default_factory=list)
 
 
 def _free_port() -> int:
@@ -204,19 +215,22 @@ class FailoverLoad:
     def _sync_producer(self) -> None:
         with Queue(settings=Settings(database_url=self.url)) as queue:
             for _ in self._paced():
+                call = uuid.uuid4().hex
                 try:
-                    self.ledger.ack(queue.enqueue(**JOB).id)
+                    self.ledger.ack(queue.enqueue(**JOB, metadata={"call": call}).id)
                 except PgQueueError as exc:
-                    self.ledger.refuse(exc)
+                    self.ledger.refuse(exc, call)
 
     def _async_producer(self) -> None:
         async def produce() -> None:
             async with AsyncQueue(settings=Settings(database_url=self.url)) as queue:
                 for _ in self._paced():
+                    call = uuid.uuid4().hex
                     try:
-                        self.ledger.ack((await queue.enqueue(**JOB)).id)
+                        job = await queue.enqueue(**JOB, metadata={"call": call})
+                        self.ledger.ack(job.id)
                     except PgQueueError as exc:
-                        self.ledger.refuse(exc)
+                        self.ledger.refuse(exc, call)
                     await asyncio.sleep(0)
 
         asyncio.run(produce())
@@ -298,8 +312,8 @@ class FailoverLoad:
         next fault's time)."""
         with psycopg.connect(self.url, autocommit=True) as conn:
             rows = conn.execute(
-                "SELECT id, state, lease_token, extract(epoch FROM finished_at)::float8"
-                " FROM pgqueue_jobs"
+                "SELECT id, state, lease_token, extract(epoch FROM finished_at)::float8,"
+                " metadata->>'call' FROM pgqueue_jobs"
             ).fetchall()
         held = {r[0]: (r[1], r[2]) for r in rows}
         finished = sorted(r[3] for r in rows if r[1] == "succeeded" and r[3] is not None)
@@ -317,6 +331,9 @@ class FailoverLoad:
             recovery_s=_recovery(finished, fault_at),
             http=dict(self.ledger.http),
             refused=dict(self.ledger.refused),
+            written_though_refused=sorted(
+                r[0] for r in rows if self.ledger.refused_calls.get(r[4]) in NOTHING_WRITTEN
+            ),
         )
 
 

@@ -120,6 +120,7 @@ def run_cluster(
         "http": overall.http,
         "http_503_without_retry_after": load.ledger.http_without_retry_after,
         "refused": overall.refused,
+        "written_though_refused": len(overall.written_though_refused),
         "standby_lag": _lag(load.ledger.lag_bytes, load.ledger.lag_ms),
         "invariants": report.as_dict(),
         "exit_codes": load.worker_codes(),  # the API's, then the workers'

@@ -231,6 +231,25 @@ def test_the_cli_enqueue_against_a_missing_standby_ends_by_its_deadline(
     assert "Traceback" not in result.output
 
 
+def test_enqueue_file_against_a_missing_standby_says_its_lines_may_have_been_written(
+    stalled_url: str, server_dir: Any
+) -> None:
+    jobs = server_dir / "jobs.jsonl"
+    jobs.write_text('{"task": "t"}\n{"task": "t"}\n')
+    started = time.monotonic()
+    result = CliRunner().invoke(
+        cli,
+        ["--database-url", stalled_url, "enqueue-file", str(jobs)],
+        env={"PGQUEUE_ENQUEUE_RETRY_SECONDS": str(DEADLINE)},
+    )
+    took = time.monotonic() - started
+    assert took < DEADLINE + MARGIN, took
+    assert result.exit_code == 1, result.output
+    assert len(job_ids(stalled_url)) == 2  # committed locally
+    assert "lines 1-2 may have been written (the outcome is unknown)" in result.output
+    assert "were not written" not in result.output
+
+
 # -- a lock another session holds -------------------------------------------------------------
 
 

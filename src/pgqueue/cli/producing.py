@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ..errors import InvalidJob, PgQueueError
+from ..errors import EnqueueOutcomeUnknown, InvalidJob, PgQueueError
 from ..jobs import JobSpec
 from ..queue import Queue
 from ..settings import Settings
@@ -165,6 +165,7 @@ class _FileSummary:
     written_lines: int = 0
     rejected: list[tuple[int, str]] = field(default_factory=list)
     not_written: tuple[int, int] | None = None  # first and last line held back
+    outcome_unknown: bool = False  # not_written's lines may have been written after all
     stopped_at: int | None = None  # the line after which nothing was read
     failure: str | None = None
     interrupted: bool = False
@@ -181,6 +182,7 @@ class _FileSummary:
                 if self.not_written is None
                 else {"first_line": self.not_written[0], "last_line": self.not_written[1]}
             ),
+            "not_written_may_have_been": self.outcome_unknown,
             "unread_after_line": self.stopped_at,
             "error": self.failure,
             "interrupted": self.interrupted,
@@ -234,6 +236,7 @@ class _Loader:
                 results = q.enqueue_many([spec for _, spec in self.pending])
             except (PgQueueError, psycopg.Error) as exc:
                 self._hold_back(describe(exc)[0])
+                self.summary.outcome_unknown = isinstance(exc, EnqueueOutcomeUnknown)
                 return False
             self.summary.created += sum(r.created for r in results)
             self.summary.existing += sum(not r.created for r in results)
@@ -369,7 +372,7 @@ def _print_file_summary(out: Console, s: _FileSummary, atomic: bool, held_back: 
         if len(s.rejected) > 50:
             out.print(f"... and {len(s.rejected) - 50} more rejected line(s) (--json lists all)")
     if s.interrupted:
-        held = f"{_unwritten(s.not_written)}; " if s.not_written else ""
+        held = f"{_unwritten(s.not_written, s.outcome_unknown)}; " if s.not_written else ""
         out.print(
             f"[bold red]interrupted[/] after line {s.stopped_at}: {held}lines after "
             f"{s.stopped_at} were not read; {s.written_lines} job(s) from earlier lines "
@@ -381,8 +384,9 @@ def _print_file_summary(out: Console, s: _FileSummary, atomic: bool, held_back: 
         )
     elif s.not_written is not None:
         after = f"; lines after {s.stopped_at} were not read" if s.stopped_at else ""
+        unwritten = _unwritten(s.not_written, s.outcome_unknown)
         out.print(
-            f"[bold red]{_unwritten(s.not_written)}[/] ({escape(s.failure or '')})"
+            f"[bold red]{unwritten}[/] ({escape(s.failure or '')})"
             f"{after}; {s.written_lines} job(s) from earlier lines were written"
         )
     elif s.rejected:
@@ -392,5 +396,7 @@ def _print_file_summary(out: Console, s: _FileSummary, atomic: bool, held_back: 
         )
 
 
-def _unwritten(lines: tuple[int, int]) -> str:
+def _unwritten(lines: tuple[int, int], unknown: bool = False) -> str:
+    if unknown:  # EnqueueOutcomeUnknown: their commit went out unanswered
+        return f"lines {lines[0]}-{lines[1]} may have been written (the outcome is unknown)"
     return f"lines {lines[0]}-{lines[1]} were not written"
