@@ -15,7 +15,7 @@ import pytest
 
 from pgqueue import driver
 from pgqueue.enqueue import CallKey
-from pgqueue.errors import DatabaseUnavailable
+from pgqueue.errors import DatabaseUnavailable, EnqueueOutcomeUnknown
 from pgqueue.flows import Flow
 from pgqueue.grouping import GroupCommitter
 from pgqueue.jobs import Job, JobSpec
@@ -80,6 +80,27 @@ async def test_jobs_arriving_together_go_out_as_one_group_each_caller_its_own_jo
     assert [job.payload for job in jobs] == [{"n": n} for n in range(10)]
     assert len({job.id for job in jobs}) == 10 and not any(job.duplicate for job in jobs)
     assert sorted(db.jobs) == sorted(job.id for job in jobs)
+
+
+async def test_a_group_whose_commit_answer_was_lost_tells_each_caller_its_own_job_id() -> None:
+    """The group's commit went out and no answer came back (the queue's
+    retries gave up: EnqueueOutcomeUnknown with the group's ids): each
+    caller hears the outcome of its own job, under the id reserved for it."""
+    db = MemoryDatabase()
+    group = committer(db)
+
+    async def commit_then_lose_the_answer(
+        flow: Callable[[], Flow[T]], what: str, *, transaction: bool = False, call: Any = None
+    ) -> T:
+        await driver.run_async(flow(), MemorySession(db))
+        raise EnqueueOutcomeUnknown(what, call.ids, "no answer came back")
+
+    group._write = commit_then_lose_the_answer
+    answers = await enqueue_all(group, [spec(n) for n in range(4)])
+    assert all(isinstance(a, EnqueueOutcomeUnknown) for a in answers), answers
+    ids = [a.job_ids for a in answers]
+    assert sorted(i for [i] in ids) == sorted(db.jobs)  # one each, all of them
+    assert [db.jobs[i]["payload"] for [i] in ids] == [{"n": n} for n in range(4)]
 
 
 async def test_a_full_group_goes_without_waiting_for_the_window() -> None:
