@@ -114,21 +114,32 @@ class Cutoff:
 TICK_SECONDS = 0.02
 
 
+class _Timer:
+    """One entry of the watchdog: its callback, None once withdrawn."""
+
+    __slots__ = ("callback",)
+
+    def __init__(self, callback: Callable[[], None]) -> None:
+        self.callback: Callable[[], None] | None = callback
+
+
 class _Watchdog:
     """Calls each callback at its monotonic time (rounded up to a tick), on
-    one daemon thread."""
+    one daemon thread, unless it was withdrawn first."""
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._heap: list[tuple[float, int, _Timer]] = []
+        self._withdrawn = 0
         self._order = itertools.count()
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
 
-    def at(self, when: float, callback: Callable[[], None]) -> None:
+    def at(self, when: float, callback: Callable[[], None]) -> _Timer:
         when = math.ceil(when / TICK_SECONDS) * TICK_SECONDS
+        timer = _Timer(callback)
         with self._wake:
             earliest = self._heap[0][0] if self._heap else None
-            heapq.heappush(self._heap, (when, next(self._order), callback))
+            heapq.heappush(self._heap, (when, next(self._order), timer))
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="pgqueue-deadlines", daemon=True
@@ -136,6 +147,22 @@ class _Watchdog:
                 self._thread.start()
             elif earliest is None or when < earliest:
                 self._wake.notify()
+        return timer
+
+    def withdraw(self, timer: _Timer) -> None:
+        """Forget ``timer`` (its attempt ended in time). The heap drops the
+        withdrawn entries once they are half of it, so that a producer's
+        calls, which nearly all end in time, hold no memory until their
+        deadlines (5 s of calls by default)."""
+        with self._wake:
+            if timer.callback is None:
+                return
+            timer.callback = None
+            self._withdrawn += 1
+            if self._withdrawn * 2 > len(self._heap):
+                self._heap = [entry for entry in self._heap if entry[2].callback is not None]
+                heapq.heapify(self._heap)
+                self._withdrawn = 0
 
     def _run(self) -> None:
         while True:
@@ -145,7 +172,12 @@ class _Watchdog:
                 now = time.monotonic()
                 due = []
                 while self._heap and self._heap[0][0] <= now:
-                    due.append(heapq.heappop(self._heap)[2])
+                    timer = heapq.heappop(self._heap)[2]
+                    if timer.callback is None:
+                        self._withdrawn -= 1
+                    else:
+                        due.append(timer.callback)
+                        timer.callback = None
             for callback in due:
                 try:
                     callback()
@@ -178,11 +210,12 @@ def watched(conn: psycopg.Connection[Any], seconds: float) -> Iterator[Cutoff]:
     connection the watch acted on is closed at the block's end."""
     cutoff = Cutoff(conn)
     conn.add_notice_handler(cutoff._notice)
-    _WATCHDOG.at(time.monotonic() + seconds, lambda: _fire(cutoff))
+    timer = _WATCHDOG.at(time.monotonic() + seconds, lambda: _fire(cutoff))
     try:
         yield cutoff
     finally:
         cutoff.end()
+        _WATCHDOG.withdraw(timer)
         conn.remove_notice_handler(cutoff._notice)
         if cutoff.cancelled:
             conn.close()
