@@ -40,7 +40,7 @@ from typing import Any
 
 import psycopg
 
-from bench.common import bench_database, clear, has_live_jobs, summary
+from bench.common import LIVE_JOBS, bench_database, clear, summary
 from bench.compare.compare import database_url, ensure_venv, run_helper
 from bench.perf.worker_throughput import spawn_workers, stop_workers
 from bench.record import ResultRecord, command_line, server_info, write_result
@@ -75,10 +75,7 @@ def pgqueue_drain(
         started = time.monotonic()
         procs = spawn_workers(url, processes, "noop", concurrency, src=src)
         try:
-            while has_live_jobs(conn):
-                if time.monotonic() - started > DRAIN_TIMEOUT:
-                    raise RuntimeError("the queue was not drained in time")
-                time.sleep(POLL_SECONDS)
+            _wait_until_empty(conn, f"SELECT NOT ({LIVE_JOBS})")
             seconds = time.monotonic() - started
         finally:
             codes = stop_workers(procs)
