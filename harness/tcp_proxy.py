@@ -10,6 +10,9 @@
                                    # connection is closed: its reply is lost
     proxy.cut_after(b"COMMIT", refuse=True)  # ... and every later connection
                                    # is closed as it comes: the server is gone
+    proxy.freeze_after(b"UPDATE")  # the next chunk holding these bytes reaches
+                                   # the server, then the proxy freezes: the
+                                   # server runs it, its answer is held
 
 Frozen, the proxy reads nothing more from either side and writes nothing,
 but closes nothing: to both ends the peer looks alive and silent, like a
@@ -45,6 +48,7 @@ class TcpProxy:
         self._tasks: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
         self._cut_marker: bytes | None = None
+        self._freeze_marker: bytes | None = None
         self._refuse_after_cut = False
         self.refusing = False
         self.cuts = 0
@@ -77,6 +81,11 @@ class TcpProxy:
         it is accepted. Once: the marker is then disarmed."""
         self._cut_marker = marker
         self._refuse_after_cut = refuse
+
+    def freeze_after(self, marker: bytes) -> None:
+        """Freeze (``freeze``) right after the next chunk a client sends that
+        holds ``marker`` reaches the server. Once."""
+        self._freeze_marker = marker
 
     def accept(self) -> None:
         """Forward new connections again (after ``cut_after(refuse=True)``)."""
@@ -152,5 +161,10 @@ class TcpProxy:
                     writer.write(data)
                     await writer.drain()
                     return  # _accept closes the server's side
+                held = self._freeze_marker
+                if client is not None and held is not None and held in data:
+                    # Frozen first, so that not a byte of the answer comes back.
+                    self._freeze_marker = None
+                    self.freeze()
                 writer.write(data)
                 await writer.drain()

@@ -5,6 +5,7 @@ errors as pgqueue's own."""
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
+from . import deadlines
 from .driver import LIVENESS, SCHEMA_ERRORS, is_asyncpg_connection
 from .embedded import EmbeddedPostgres
 from .errors import DatabaseReadOnly, DatabaseUnavailable, SchemaNotMigrated
@@ -42,7 +44,10 @@ def resolve_url(settings: Settings) -> str:
 def pool_options(settings: Settings, *, asynchronous: bool = False) -> dict[str, Any]:
     """How a Queue's (or, ``asynchronous``, AsyncQueue's) connection pool is made."""
     return {
-        "check": check_connection_async if asynchronous else check_connection,
+        "check": functools.partial(
+            check_connection_async if asynchronous else check_connection,
+            seconds=settings.pool_timeout_seconds,
+        ),
         "min_size": settings.pool_min_size,
         "max_size": settings.pool_max_size,
         "timeout": settings.pool_timeout_seconds,
@@ -69,17 +74,20 @@ def unchecked() -> Iterator[None]:
         _UNCHECKED.reset(token)
 
 
-def check_connection(conn: psycopg.Connection[Any]) -> None:
+def check_connection(conn: psycopg.Connection[Any], *, seconds: float) -> None:
     """The pools' check on checkout (a connection that fails it is replaced
-    without failing the call), except within ``unchecked``."""
+    without failing the call), except within ``unchecked``; a server that
+    does not answer it within ``seconds`` fails it."""
     if not _UNCHECKED.get():
-        ConnectionPool.check_connection(conn)
+        with deadlines.watched(conn, seconds):
+            ConnectionPool.check_connection(conn)
 
 
-async def check_connection_async(conn: psycopg.AsyncConnection[Any]) -> None:
+async def check_connection_async(conn: psycopg.AsyncConnection[Any], *, seconds: float) -> None:
     """``check_connection`` for the async pool."""
     if not _UNCHECKED.get():
-        await AsyncConnectionPool.check_connection(conn)
+        async with deadlines.watched_async(conn, seconds):
+            await AsyncConnectionPool.check_connection(conn)
 
 
 def listen_url(settings: Settings, url: str) -> str | None:

@@ -69,6 +69,13 @@ class Cutoff:
         self.warned = False
         self.ended = False
         self._lock = threading.Lock()
+        self._restart: Callable[[], None] = lambda: None
+
+    def restart(self) -> None:
+        """Give the watch its whole time again, from now: a call bounded per
+        statement (``Settings.call_timeout_seconds``) before each one."""
+        if not self.cancelled:
+            self._restart()
 
     def _notice(self, diag: Diagnostic) -> None:
         if self.cancelled and diag.severity_nonlocalized == "WARNING":
@@ -77,7 +84,7 @@ class Cutoff:
     def _begin(self) -> bool:
         """Whether the attempt is still running; if so it counts as cancelled."""
         with self._lock:
-            if self.ended:
+            if self.ended or self.cancelled:
                 return False
             self.cancelled = True
             return True
@@ -210,12 +217,18 @@ def watched(conn: psycopg.Connection[Any], seconds: float) -> Iterator[Cutoff]:
     connection the watch acted on is closed at the block's end."""
     cutoff = Cutoff(conn)
     conn.add_notice_handler(cutoff._notice)
-    timer = _WATCHDOG.at(time.monotonic() + seconds, lambda: _fire(cutoff))
+    timers = [_WATCHDOG.at(time.monotonic() + seconds, lambda: _fire(cutoff))]
+
+    def restart() -> None:
+        _WATCHDOG.withdraw(timers[0])
+        timers[0] = _WATCHDOG.at(time.monotonic() + seconds, lambda: _fire(cutoff))
+
+    cutoff._restart = restart
     try:
         yield cutoff
     finally:
         cutoff.end()
-        _WATCHDOG.withdraw(timer)
+        _WATCHDOG.withdraw(timers[0])
         conn.remove_notice_handler(cutoff._notice)
         if cutoff.cancelled:
             conn.close()
@@ -239,6 +252,12 @@ async def watched_async(
             handles.append(loop.call_later(CUT_GRACE_SECONDS, cutoff.cut_socket))
 
     handles = [loop.call_later(max(0.0, seconds), fire)]
+
+    def restart() -> None:
+        handles[0].cancel()
+        handles[0] = loop.call_later(max(0.0, seconds), fire)
+
+    cutoff._restart = restart
     conn.add_notice_handler(cutoff._notice)
     try:
         yield cutoff

@@ -17,8 +17,8 @@ PgQueueError
 ├── WaitTimeout           wait() gave up before the job finished
 ├── DatabaseUnavailable   the database did not answer in time; nothing was written
 │   ├── DatabaseReadOnly        it answers but refuses writes; nothing was written
-│   └── EnqueueOutcomeUnknown   an enqueue's commit went out and its answer never
-│                               came back: the job may exist (``job_ids``)
+│   └── OutcomeUnknown          a write went out and its answer never came back
+│       └── EnqueueOutcomeUnknown   an enqueue's: the job may exist (``job_ids``)
 ├── SchemaNotMigrated     the database lacks pgqueue's tables, or has an older schema
 └── WorkerFailed          a part of a worker failed unexpectedly; the worker stopped
 """
@@ -39,6 +39,7 @@ __all__ = [
     "JobNotRetryable",
     "JobStateConflict",
     "KeyTaken",
+    "OutcomeUnknown",
     "PgQueueError",
     "ScheduleNotFound",
     "SchemaNotMigrated",
@@ -160,8 +161,8 @@ class WaitTimeout(PgQueueError, TimeoutError):
 
 class DatabaseUnavailable(PgQueueError, ConnectionError):
     """The database could not be reached, or did not answer, within the
-    configured wait. Raised as this class itself, nothing was written: an
-    enqueue whose outcome is not known raises ``EnqueueOutcomeUnknown``."""
+    configured wait. Raised as this class itself, nothing was written: a
+    call whose writes may have landed raises ``OutcomeUnknown``."""
 
 
 class DatabaseReadOnly(DatabaseUnavailable):
@@ -197,23 +198,29 @@ class WorkerFailed(PgQueueError):
         super().__init__(f"worker {worker}: {part} failed: {type(cause).__name__}: {cause}")
 
 
-class EnqueueOutcomeUnknown(DatabaseUnavailable):
-    """An enqueue could not learn, within its deadline, whether its jobs
-    were written: a COMMIT went out and its answer never came back (the
-    connection was lost, or the server stopped answering), or the COMMIT
-    waited for a synchronous standby past the deadline and its wait was
-    cancelled (then it did commit on that server, its replication not
-    confirmed). ``job_ids``: the ids the call reserved, which its jobs have
-    if they exist (``job_id``: the first, a single enqueue's); read them
-    (``Queue.get``, ``GET /jobs/{id}``) to find out. Enqueueing again
-    without an idempotency key may make a second job."""
+class OutcomeUnknown(DatabaseUnavailable):
+    """A call could not learn, within its deadline, whether its writes
+    landed (``what``: the call): a statement that writes, or a COMMIT, went
+    out and its answer never came back (the connection was lost, or the
+    server stopped answering and the call was cut at its deadline), or a
+    COMMIT waited for a synchronous standby past the deadline and its wait
+    was cancelled (then it did commit on that server, its replication not
+    confirmed). Read the state to find out before doing it again."""
+
+    def __init__(self, what: str, reason: str, *, read: str = "read the state to find out") -> None:
+        self.what = what
+        self.reason = reason
+        super().__init__(f"{what}: the outcome is unknown: {reason}; {read}")
+
+
+class EnqueueOutcomeUnknown(OutcomeUnknown):
+    """An enqueue's ``OutcomeUnknown``. ``job_ids``: the ids the call
+    reserved, which its jobs have if they exist (``job_id``: the first, a
+    single enqueue's); read them (``Queue.get``, ``GET /jobs/{id}``) to find
+    out. Enqueueing again without an idempotency key may make a second job."""
 
     def __init__(self, what: str, job_ids: list[int], reason: str) -> None:
         self.job_ids = list(job_ids)
         self.job_id = self.job_ids[0] if self.job_ids else None
-        self.reason = reason
         named = ", ".join(map(str, self.job_ids[:5])) + (", ..." if len(self.job_ids) > 5 else "")
-        super().__init__(
-            f"{what}: the outcome is unknown: {reason}; job id(s) {named} may exist: "
-            "read them to find out"
-        )
+        super().__init__(what, reason, read=f"job id(s) {named} may exist: read them to find out")

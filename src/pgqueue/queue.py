@@ -48,6 +48,11 @@ __all__ = ["AsyncQueue", "Queue", "resolve_url"]
 T = TypeVar("T")
 
 
+def _call_name(flow: Flow[Any]) -> str:
+    """The call a flow makes, for its errors: its generator's name."""
+    return str(getattr(flow, "__name__", "call"))
+
+
 class _Common:
     """Settings, URL and the validation shared by both faces."""
 
@@ -105,13 +110,14 @@ class Queue(_Common):
     # -- driving transitions --------------------------------------------------
 
     def run(self, flow: Flow[T], connection: Any = None, *, transaction: bool = False) -> T:
-        """Run a transition on the caller's connection, or on a pooled one."""
+        """Run a transition on the caller's connection (bounded by the
+        caller's own timeouts), or on a pooled one (each statement by
+        ``call_timeout_seconds``: retrying.Retrying.once)."""
         with errors_translated():
             if connection is not None:
                 with driver.tuple_cursor(caller_connection(connection)) as cur:
                     return driver.run(flow, driver.CursorSession(cur))
-            with self._pool.connection() as conn:
-                return driver.run_on(conn, flow, transaction=transaction)
+            return self._retrying.once(self._pool, flow, _call_name(flow), transaction)
 
     def _retried(
         self,
@@ -341,7 +347,9 @@ class AsyncQueue(_Common):
         await self.close()
 
     async def run(self, flow: Flow[T], connection: Any = None, *, transaction: bool = False) -> T:
-        """Run a transition on the caller's connection, or on a pooled one."""
+        """Run a transition on the caller's connection (bounded by the
+        caller's own timeouts), or on a pooled one (each statement by
+        ``call_timeout_seconds``: retrying.Retrying.once)."""
         with errors_translated():
             if connection is not None:
                 connection = await async_caller_connection(connection)
@@ -352,8 +360,7 @@ class AsyncQueue(_Common):
                     return await driver.run_async(flow, driver.AsyncCursorSession(cur))
             await self.open()
             assert self._pool is not None
-            async with self._pool.connection() as conn:
-                return await driver.run_on_async(conn, flow, transaction=transaction)
+            return await self._retrying.once_async(self._pool, flow, _call_name(flow), transaction)
 
     async def _retried(
         self,

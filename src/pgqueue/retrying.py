@@ -34,11 +34,11 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
-from . import deadlines, driver
+from . import deadlines, driver, sql
 from .connections import unchecked
 from .driver import RETRYABLE_ERRORS
 from .enqueue import LOSABLE, CallKey
-from .errors import DatabaseReadOnly, DatabaseUnavailable, EnqueueOutcomeUnknown
+from .errors import DatabaseReadOnly, DatabaseUnavailable, EnqueueOutcomeUnknown, OutcomeUnknown
 from .flows import Flow
 from .settings import Settings
 
@@ -53,6 +53,10 @@ BACKOFF_CAP_SECONDS = 5.0
 # the attempt's cut-off at the deadline, or a statement_timeout) committed
 # nothing: retried too, within the deadline.
 RETRIED = (*RETRYABLE_ERRORS, psycopg.errors.QueryCanceled)
+
+# The statements whose answer, lost, leaves nothing written: reads, and the
+# reservation of ids (a lost id is a gap in the sequence, not a job).
+WRITE_FREE = sql.READS | LOSABLE
 
 T = TypeVar("T")
 
@@ -135,6 +139,7 @@ class Retrying:
 
     def __init__(self, settings: Settings) -> None:
         self.seconds = settings.enqueue_retry_seconds
+        self.call_seconds = settings.call_timeout_seconds
         self.pool_timeout = settings.pool_timeout_seconds
         self.prepare = not settings.transaction_pooler
         self._lost_at = -math.inf  # monotonic
@@ -221,6 +226,50 @@ class Retrying:
             return one.ended(result)
 
         return await self.call_async(attempt, what, call)
+
+    def once(self, pool: ConnectionPool, flow: Flow[T], what: str, transaction: bool) -> T:
+        """One attempt of a call that is not retried (every call but the
+        enqueues), on a pooled connection, each statement cut off after
+        ``call_timeout_seconds``: a statement cut short, or a lost
+        connection, is DatabaseUnavailable when nothing can have been
+        written, OutcomeUnknown when something may have been."""
+        with (
+            pool.connection() as conn,
+            deadlines.watched(conn, self.call_seconds) as cutoff,
+        ):
+            one = _Attempt(what, CallKey(), transaction, cutoff, per_statement=True)
+            try:
+                result = driver.run_on(
+                    conn, one.bounded(flow), transaction=transaction, committing=one.committing
+                )
+            except Exception as exc:
+                one.failed(exc, conn)
+                verdict = one.verdict(exc, self.call_seconds)
+                if verdict is exc:
+                    raise
+                raise verdict from exc
+        return one.ended(result)
+
+    async def once_async(
+        self, pool: AsyncConnectionPool, flow: Flow[T], what: str, transaction: bool
+    ) -> T:
+        """``once`` for asyncio."""
+        async with (
+            pool.connection() as conn,
+            deadlines.watched_async(conn, self.call_seconds) as cutoff,
+        ):
+            one = _Attempt(what, CallKey(), transaction, cutoff, per_statement=True)
+            try:
+                result = await driver.run_on_async(
+                    conn, one.bounded(flow), transaction=transaction, committing=one.committing
+                )
+            except Exception as exc:
+                one.failed(exc, conn)
+                verdict = one.verdict(exc, self.call_seconds)
+                if verdict is exc:
+                    raise
+                raise verdict from exc
+        return one.ended(result)
 
     @contextlib.contextmanager
     def _connection(
@@ -341,30 +390,47 @@ async def _connect_by(
         raise psycopg.OperationalError(f"no connection within {seconds:.2f} s") from exc
 
 
+STANDBY_WAIT_CANCELLED = (
+    "its commit waited for a synchronous standby past the deadline and was "
+    "cancelled: it committed on the server, but its replication is not confirmed"
+)
+
+
 class _Attempt:
     """One attempt's statements, and what its end says about the call's
     writes. A statement that the server answered with an error committed
     nothing. A lost connection (or one cut at the deadline) leaves the
     outcome unknown if a write may have committed: in a transaction, from
     its COMMIT on; without one (each statement commits alone), while a
-    statement that writes was out (``enqueue.LOSABLE`` lists those that do
-    not). A write answered after the cancel with a WARNING committed locally
+    statement that writes was out (``WRITE_FREE`` lists those that do not).
+    A write answered after the cancel with a WARNING committed locally
     while it waited for a synchronous standby: its replication is not
-    confirmed. Once the cancel went out no further statement is sent."""
+    confirmed. Once the cancel went out no further statement is sent. With
+    ``per_statement``, each statement (the COMMIT included) has the whole
+    deadline of its own."""
 
     def __init__(
-        self, what: str, call: CallKey | None, transaction: bool, cutoff: deadlines.Cutoff
+        self,
+        what: str,
+        call: CallKey | None,
+        transaction: bool,
+        cutoff: deadlines.Cutoff,
+        *,
+        per_statement: bool = False,
     ) -> None:
         self.what = what
         self.call = call
         self.transaction = transaction
         self.cutoff = cutoff
+        self.per_statement = per_statement
         self.commit_sent = False
         self.in_flight: str | None = None  # the statement sent and not answered
         self.warned_write: str | None = None
 
     def committing(self) -> None:
         self.commit_sent = True
+        if self.per_statement:
+            self.cutoff.restart()
 
     def bounded(self, flow: Flow[T]) -> Flow[T]:
         """The flow, its statements watched (see the class's docstring)."""
@@ -373,6 +439,8 @@ class _Attempt:
             while True:
                 if self.cutoff.cancelled:
                     raise psycopg.errors.QueryCanceled("cancelled at the call's deadline")
+                if self.per_statement:
+                    self.cutoff.restart()
                 self.in_flight = statement.name
                 try:
                     rows = yield statement
@@ -381,7 +449,7 @@ class _Attempt:
                     statement = flow.throw(exc)
                     continue
                 self.in_flight = None
-                if self.cutoff.warned and statement.name not in LOSABLE:
+                if self.cutoff.warned and statement.name not in WRITE_FREE:
                     self.warned_write = self.warned_write or statement.name
                 statement = flow.send(rows)
         except StopIteration as done:
@@ -398,9 +466,29 @@ class _Attempt:
         if self.transaction:
             unsure = lost and self.commit_sent
         else:
-            writing = self.in_flight is not None and self.in_flight not in LOSABLE
+            writing = self.in_flight is not None and self.in_flight not in WRITE_FREE
             unsure = (lost and writing) or self.warned_write is not None
         self.call.unsure = self.call.unsure or unsure
+
+    def verdict(self, exc: Exception, seconds: float) -> Exception:
+        """What a call that is not retried raises for ``exc`` (after
+        ``failed``): OutcomeUnknown if a write may have landed,
+        DatabaseUnavailable if a statement was cut at the deadline, else
+        ``exc`` itself."""
+        if self.call is not None and self.call.unsure:
+            if self.warned_write is not None:
+                reason = STANDBY_WAIT_CANCELLED
+            elif self.cutoff.cancelled:
+                reason = f"a write got no answer within {seconds:g} s (call_timeout_seconds)"
+            else:
+                reason = f"the connection was lost while a write was out: {_first_line(exc)}"
+            return self._unknown(reason)
+        if self.cutoff.cancelled:
+            return DatabaseUnavailable(
+                f"{self.what}: a statement got no answer within {seconds:g} s "
+                "(call_timeout_seconds) and was cancelled; nothing was written"
+            )
+        return exc
 
     def ended(self, result: T) -> T:
         """``result``, unless the commit was cut short waiting for a standby."""
@@ -408,14 +496,16 @@ class _Attempt:
             return result
         if self.warned_write is not None or (self.transaction and self.cutoff.warned):
             self.call.unsure = True
-            raise EnqueueOutcomeUnknown(
-                self.what,
-                self.call.ids or [],
-                "its commit waited for a synchronous standby past the deadline and was "
-                "cancelled: it committed on the server, but its replication is not confirmed",
-            )
+            raise self._unknown(STANDBY_WAIT_CANCELLED)
         self.call.unsure = False
         return result
+
+    def _unknown(self, reason: str) -> OutcomeUnknown:
+        """An enqueue's (the call reserved ids) names its jobs."""
+        assert self.call is not None
+        if self.call.ids is None:
+            return OutcomeUnknown(self.what, reason)
+        return EnqueueOutcomeUnknown(self.what, self.call.ids, reason)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -84,6 +84,13 @@ class Settings:
     # retries across lost connections for this long in all, the waits for a
     # pooled connection included; then DatabaseUnavailable.
     enqueue_retry_seconds: float = 5.0
+    # Every other call of a queue (reads, cancel, retry, pause, bulk actions,
+    # workflows; so every other API route and CLI command) gets no answer
+    # from a statement for at most this long: then the statement is
+    # cancelled and the call raises DatabaseUnavailable, or OutcomeUnknown
+    # when a write may have landed. Per statement: a bulk action over many
+    # batches takes as long as it needs.
+    call_timeout_seconds: float = 30.0
     # Group commit (grouping.py): single enqueues arriving within this long
     # of the first, up to this many, go out as one statement and one commit,
     # this many groups at once (fewer: larger groups, but a group that waits
@@ -161,6 +168,7 @@ class Settings:
             "history_retention_seconds",
             "pool_timeout_seconds",
             "enqueue_retry_seconds",
+            "call_timeout_seconds",
             "poll_interval_seconds",
         ):
             if not getattr(self, name) > 0:

@@ -30,6 +30,7 @@ from pgqueue import (
     DatabaseUnavailable,
     EnqueueOutcomeUnknown,
     Job,
+    OutcomeUnknown,
     Queue,
     Settings,
     migrate,
@@ -442,3 +443,159 @@ async def test_a_worker_keeps_its_leases_and_goes_on_while_commits_wait_for_a_mi
         recovered = time.monotonic() - started
     assert runs == {"slow": 1, "quick": 1, "after": 1}
     assert recovered < 5, recovered
+
+
+# -- every other call: reads and changes (call_timeout_seconds) -------------------------------
+
+
+def _queued(url: str) -> int:
+    with _local(url) as conn:
+        row = conn.execute("INSERT INTO pgqueue_jobs (task) VALUES ('t') RETURNING id").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _state(url: str, job_id: int) -> str:
+    with _local(url) as conn:
+        row = conn.execute("SELECT state FROM pgqueue_jobs WHERE id = %s", [job_id]).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def _paused(url: str) -> bool:
+    with _local(url) as conn:
+        row = conn.execute("SELECT paused FROM pgqueue_queues WHERE name = 'default'").fetchone()
+    return bool(row and row[0])
+
+
+async def a_call(face: str, queue: Any, name: str, *args: Any) -> Any:
+    method = getattr(queue, name)
+    if face == "sync":
+        return await asyncio.to_thread(method, *args)
+    return await method(*args)
+
+
+# A change of each kind, by its arguments (a job's id), and what shows it was done.
+CHANGES = {
+    "cancel": (lambda job_id: ("cancel", job_id), lambda url, job_id: _state(url, job_id)),
+    "bulk_cancel": (lambda job_id: ("bulk_cancel",), lambda url, job_id: _state(url, job_id)),
+    "pause": (
+        lambda job_id: ("pause", "default"),
+        lambda url, job_id: "cancelled" if _paused(url) else "queued",
+    ),
+}
+
+
+@FACES
+@pytest.mark.parametrize("change", sorted(CHANGES))
+async def test_a_change_whose_commit_waits_for_a_missing_standby_is_an_unknown_outcome_by_then(
+    stalled_url: str, face: str, change: str
+) -> None:
+    """Not only enqueues: a cancel, a bulk action, a pause commit and wait
+    for the standby; cancelled at call_timeout_seconds, they committed
+    locally, so OutcomeUnknown (never "nothing was written")."""
+    job_id = _queued(stalled_url)
+    arguments, done = CHANGES[change]
+    settings = Settings(database_url=stalled_url, call_timeout_seconds=DEADLINE)
+    async with a_queue(face, settings) as queue:
+        started = time.monotonic()
+        with pytest.raises(OutcomeUnknown) as raised:
+            await a_call(face, queue, *arguments(job_id))
+        took = time.monotonic() - started
+    assert took < DEADLINE + MARGIN, took
+    assert not isinstance(raised.value, EnqueueOutcomeUnknown)
+    assert "synchronous standby" in str(raised.value)
+    assert done(stalled_url, job_id) == "cancelled"  # it was done, on this server
+
+
+async def test_an_api_change_whose_commit_waits_for_a_missing_standby_is_a_503_by_then(
+    stalled_url: str,
+) -> None:
+    job_id = _queued(stalled_url)
+    settings = Settings(database_url=stalled_url, call_timeout_seconds=DEADLINE)
+    async with api_client(settings) as http:
+        started = time.monotonic()
+        response = await http.post(f"/jobs/{job_id}/cancel", json={})
+        took = time.monotonic() - started
+        read = await http.get(f"/jobs/{job_id}")  # reads do not wait for the standby
+    assert took < DEADLINE + MARGIN, took
+    assert response.status_code == 503, response.text
+    assert response.headers["retry-after"] == "1"
+    assert response.json()["error"] == "outcome_unknown"
+    assert read.status_code == 200 and read.json()["state"] == "cancelled"
+
+
+def test_a_cli_change_against_a_missing_standby_says_it_may_have_been_made_by_then(
+    stalled_url: str,
+) -> None:
+    job_id = _queued(stalled_url)
+    started = time.monotonic()
+    result = CliRunner().invoke(
+        cli,
+        ["--database-url", stalled_url, "jobs", "cancel", str(job_id)],
+        env={"PGQUEUE_CALL_TIMEOUT_SECONDS": str(DEADLINE)},
+    )
+    took = time.monotonic() - started
+    assert took < DEADLINE + MARGIN, took
+    assert result.exit_code == 1, result.output
+    assert "cancel: the outcome is unknown" in result.output
+    assert "database unavailable" not in result.output
+    assert "Traceback" not in result.output
+    assert _state(stalled_url, job_id) == "cancelled"
+
+
+@FACES
+@pytest.mark.parametrize("call", ["get", "cancel"])
+async def test_a_call_behind_another_sessions_lock_ends_by_its_deadline_writing_nothing(
+    db_url: str, face: str, call: str
+) -> None:
+    """A read waits for a table lock, a cancel for its job's row: each is
+    cancelled at call_timeout_seconds, and the call says nothing was
+    written (DatabaseUnavailable itself), which is true."""
+    job_id = _queued(db_url)
+    settings = Settings(database_url=db_url, call_timeout_seconds=DEADLINE)
+    async with a_queue(face, settings) as queue:
+        with psycopg.connect(db_url) as holder:  # its transaction stays open
+            if call == "get":
+                holder.execute("LOCK TABLE pgqueue_jobs IN ACCESS EXCLUSIVE MODE")
+            else:
+                holder.execute("SELECT 1 FROM pgqueue_jobs WHERE id = %s FOR UPDATE", [job_id])
+            started = time.monotonic()
+            with pytest.raises(DatabaseUnavailable) as raised:
+                await a_call(face, queue, call, job_id)
+            took = time.monotonic() - started
+            holder.rollback()
+        assert (await a_call(face, queue, "get", job_id)).state == "queued"
+    assert took < DEADLINE + MARGIN, took
+    assert type(raised.value) is DatabaseUnavailable, raised.value
+    assert "nothing was written" in str(raised.value)
+
+
+@FACES
+@pytest.mark.parametrize("call", ["get", "cancel"])
+async def test_a_call_whose_answer_never_comes_ends_by_its_deadline_saying_what_it_knows(
+    db_url: str, face: str, call: str
+) -> None:
+    """The statement reaches the server, which runs it; its answer never
+    comes back (a frozen proxy). At call_timeout_seconds a read is
+    DatabaseUnavailable, a cancel OutcomeUnknown: it may have been done (and
+    it was). The queue goes on once the server answers again."""
+    job_id = _queued(db_url)
+    async with TcpProxy("127.0.0.1", _port(db_url)) as proxy:
+        settings = Settings(database_url=proxy.url(db_url), call_timeout_seconds=DEADLINE)
+        async with a_queue(face, settings) as queue:
+            await a_call(face, queue, "get", job_id)  # the pool's connection is made
+            proxy.freeze_after(b"pgqueue_jobs")
+            started = time.monotonic()
+            with pytest.raises(DatabaseUnavailable) as raised:
+                await a_call(face, queue, call, job_id)
+            took = time.monotonic() - started
+            proxy.thaw()
+            found = await a_call(face, queue, "get", job_id)
+    assert took < DEADLINE + MARGIN, took
+    if call == "get":
+        assert type(raised.value) is DatabaseUnavailable, raised.value
+        assert found.state == "queued"
+    else:
+        assert type(raised.value) is OutcomeUnknown, raised.value
+        assert found.state == "cancelled"

@@ -12,6 +12,8 @@ DatabaseUnavailable                  503 database_unavailable  (Retry-After: 1)
 DatabaseReadOnly                     503 database_read_only    (Retry-After: 1; failover)
 EnqueueOutcomeUnknown                503 enqueue_outcome_unknown (Retry-After: 1; job_ids:
                                      the jobs may exist: GET them)
+OutcomeUnknown (any other write)     503 outcome_unknown (Retry-After: 1; it may have
+                                     been done: read the state)
 SchemaNotMigrated                    503 schema_not_migrated   (run `pgqueue migrate`)
 HTTPException (404 route, 405, ...)  its status
 anything else                        500 internal_error, logged, no traceback sent
@@ -38,6 +40,7 @@ from ..errors import (
     InvalidQueueControl,
     JobNotFound,
     JobStateConflict,
+    OutcomeUnknown,
     SchemaNotMigrated,
     WorkflowNotFound,
 )
@@ -172,6 +175,8 @@ async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
         return read_only(exc)
     if isinstance(exc, EnqueueOutcomeUnknown):
         return outcome_unknown(exc)
+    if isinstance(exc, OutcomeUnknown):
+        return error_response(503, "outcome_unknown", str(exc), headers={"Retry-After": "1"})
     return error_response(
         503,
         "database_unavailable",
@@ -293,7 +298,9 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     503: _doc(
         "The database did not answer in time (retry; nothing was written), or its schema is "
         "not migrated (run `pgqueue migrate`); enqueue_outcome_unknown: an enqueue's commit "
-        "went out and no answer came back, so its jobs may exist (GET each of job_ids)."
+        "went out and no answer came back, so its jobs may exist (GET each of job_ids); "
+        "outcome_unknown: another change's write went out unanswered, so it may have been "
+        "done (read the state before doing it again)."
     ),
 }
 

@@ -36,6 +36,7 @@ from ..errors import (
     InvalidJob,
     InvalidQueueControl,
     InvalidSettings,
+    OutcomeUnknown,
     PgQueueError,
 )
 from ..logs import ENV_LOG_FORMAT, stderr_handler
@@ -131,6 +132,8 @@ def describe(exc: BaseException) -> tuple[str, int]:
     if isinstance(exc, EnqueueOutcomeUnknown):  # not "unavailable": the job may exist
         show = " or ".join(f"`pgqueue jobs show {job_id}`" for job_id in exc.job_ids[:3])
         return f"{first_line(exc)} ({show})", 1
+    if isinstance(exc, OutcomeUnknown):  # the change may have been made
+        return first_line(exc), 1
     if isinstance(exc, DatabaseUnavailable):
         return f"database unavailable: {first_line(exc)}", 1
     if isinstance(exc, PgQueueError):  # JobNotFound, JobStateConflict, SchemaNotMigrated...

@@ -12,7 +12,7 @@ import re
 from importlib.resources import files
 from typing import LiteralString
 
-__all__ = ["QUERIES", "migration_files", "migration_versions"]
+__all__ = ["QUERIES", "READS", "migration_files", "migration_versions"]
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
@@ -31,6 +31,19 @@ def _load() -> dict[str, LiteralString]:
 
 
 QUERIES = _load()
+
+# What may change data: a write, a sequence, a notification, DDL, or a call
+# of one of pgqueue's functions (some of which write). pgqueue_key_held is
+# IMMUTABLE (migration 0004).
+_WRITES = re.compile(
+    r"\b(insert|update|delete|copy|nextval|setval|pg_notify|truncate|alter|create|drop)\b"
+    r"|\bpgqueue_(?!key_held\b)\w+\s*\(",
+    re.IGNORECASE,
+)
+
+# The statements that write nothing: one whose answer was lost left nothing
+# written (retrying.py judges a call's outcome by them).
+READS = frozenset(name for name, query in QUERIES.items() if not _WRITES.search(query))
 
 
 @functools.cache
