@@ -34,11 +34,12 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
-from . import deadlines, driver, sql
+from . import deadlines, driver
 from .connections import unchecked
+from .db.attempts import Attempt, first_line
 from .driver import RETRYABLE_ERRORS
-from .enqueue import LOSABLE, CallKey
-from .errors import DatabaseReadOnly, DatabaseUnavailable, EnqueueOutcomeUnknown, OutcomeUnknown
+from .enqueue import CallKey
+from .errors import DatabaseReadOnly, DatabaseUnavailable, EnqueueOutcomeUnknown
 from .flows import Flow
 from .settings import Settings
 
@@ -54,9 +55,6 @@ BACKOFF_CAP_SECONDS = 5.0
 # nothing: retried too, within the deadline.
 RETRIED = (*RETRYABLE_ERRORS, psycopg.errors.QueryCanceled)
 
-# The statements whose answer, lost, leaves nothing written: reads, and the
-# reservation of ids (a lost id is a gap in the sequence, not a job).
-WRITE_FREE = sql.READS | LOSABLE
 
 T = TypeVar("T")
 
@@ -106,19 +104,19 @@ class Retries:
                     self.what,
                     self.call.ids or [],
                     f"a commit went out and no answer came back within {self.seconds:g} s "
-                    f"(enqueue_retry_seconds; {self.failures} attempt(s)): {_first_line(exc)}",
+                    f"(enqueue_retry_seconds; {self.failures} attempt(s)): {first_line(exc)}",
                 ) from exc
             if isinstance(self._reason or exc, psycopg.errors.ReadOnlySqlTransaction):
                 raise DatabaseReadOnly() from exc  # still no primary: say so
             raise DatabaseUnavailable(
                 f"{self.what}: the database did not answer within {self.seconds:g} s "
-                f"(enqueue_retry_seconds; {self.failures} attempt(s)): {_first_line(exc)}"
+                f"(enqueue_retry_seconds; {self.failures} attempt(s)): {first_line(exc)}"
             ) from exc
         log.warning(
             "%s: attempt %d failed (%s); retrying in %.2f s",
             self.what,
             self.failures,
-            _first_line(exc),
+            first_line(exc),
             delay,
             extra={"action": "enqueue_retry", "attempt": self.failures},
         )
@@ -181,7 +179,7 @@ class Retrying:
                 self._connection(pool, url, retries) as conn,
                 deadlines.watched(conn, retries.remaining()) as cutoff,
             ):
-                one = _Attempt(what, call, transaction, cutoff)
+                one = Attempt(what, call, transaction, cutoff)
                 try:
                     result = driver.run_on(
                         conn,
@@ -212,7 +210,7 @@ class Retrying:
                 self._connection_async(pool, url, retries) as conn,
                 deadlines.watched_async(conn, retries.remaining()) as cutoff,
             ):
-                one = _Attempt(what, call, transaction, cutoff)
+                one = Attempt(what, call, transaction, cutoff)
                 try:
                     result = await driver.run_on_async(
                         conn,
@@ -237,7 +235,7 @@ class Retrying:
             pool.connection() as conn,
             deadlines.watched(conn, self.call_seconds) as cutoff,
         ):
-            one = _Attempt(what, CallKey(), transaction, cutoff, per_statement=True)
+            one = Attempt(what, CallKey(), transaction, cutoff, per_statement=True)
             try:
                 result = driver.run_on(
                     conn, one.bounded(flow), transaction=transaction, committing=one.committing
@@ -258,7 +256,7 @@ class Retrying:
             pool.connection() as conn,
             deadlines.watched_async(conn, self.call_seconds) as cutoff,
         ):
-            one = _Attempt(what, CallKey(), transaction, cutoff, per_statement=True)
+            one = Attempt(what, CallKey(), transaction, cutoff, per_statement=True)
             try:
                 result = await driver.run_on_async(
                     conn, one.bounded(flow), transaction=transaction, committing=one.committing
@@ -388,125 +386,3 @@ async def _connect_by(
             return await psycopg.AsyncConnection.connect(url, **kwargs)
     except TimeoutError as exc:
         raise psycopg.OperationalError(f"no connection within {seconds:.2f} s") from exc
-
-
-STANDBY_WAIT_CANCELLED = (
-    "its commit waited for a synchronous standby past the deadline and was "
-    "cancelled: it committed on the server, but its replication is not confirmed"
-)
-
-
-class _Attempt:
-    """One attempt's statements, and what its end says about the call's
-    writes. A statement that the server answered with an error committed
-    nothing. A lost connection (or one cut at the deadline) leaves the
-    outcome unknown if a write may have committed: in a transaction, from
-    its COMMIT on; without one (each statement commits alone), while a
-    statement that writes was out (``WRITE_FREE`` lists those that do not).
-    A write answered after the cancel with a WARNING committed locally
-    while it waited for a synchronous standby: its replication is not
-    confirmed. Once the cancel went out no further statement is sent. With
-    ``per_statement``, each statement (the COMMIT included) has the whole
-    deadline of its own."""
-
-    def __init__(
-        self,
-        what: str,
-        call: CallKey | None,
-        transaction: bool,
-        cutoff: deadlines.Cutoff,
-        *,
-        per_statement: bool = False,
-    ) -> None:
-        self.what = what
-        self.call = call
-        self.transaction = transaction
-        self.cutoff = cutoff
-        self.per_statement = per_statement
-        self.commit_sent = False
-        self.in_flight: str | None = None  # the statement sent and not answered
-        self.warned_write: str | None = None
-
-    def committing(self) -> None:
-        self.commit_sent = True
-        if self.per_statement:
-            self.cutoff.restart()
-
-    def bounded(self, flow: Flow[T]) -> Flow[T]:
-        """The flow, its statements watched (see the class's docstring)."""
-        try:
-            statement = next(flow)
-            while True:
-                if self.cutoff.cancelled:
-                    raise psycopg.errors.QueryCanceled("cancelled at the call's deadline")
-                if self.per_statement:
-                    self.cutoff.restart()
-                self.in_flight = statement.name
-                try:
-                    rows = yield statement
-                except Exception as exc:  # the driver's KeyTaken: the statement failed
-                    self.in_flight = None
-                    statement = flow.throw(exc)
-                    continue
-                self.in_flight = None
-                if self.cutoff.warned and statement.name not in WRITE_FREE:
-                    self.warned_write = self.warned_write or statement.name
-                statement = flow.send(rows)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-
-    def failed(
-        self, exc: Exception, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
-    ) -> None:
-        """Record in the call's key whether ``exc`` leaves its writes unknown."""
-        if self.call is None or isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
-            return
-        answered = isinstance(exc, psycopg.Error) and exc.sqlstate is not None
-        lost = conn.broken or self.cutoff.cut or not answered
-        if self.transaction:
-            unsure = lost and self.commit_sent
-        else:
-            writing = self.in_flight is not None and self.in_flight not in WRITE_FREE
-            unsure = (lost and writing) or self.warned_write is not None
-        self.call.unsure = self.call.unsure or unsure
-
-    def verdict(self, exc: Exception, seconds: float) -> Exception:
-        """What a call that is not retried raises for ``exc`` (after
-        ``failed``): OutcomeUnknown if a write may have landed,
-        DatabaseUnavailable if a statement was cut at the deadline, else
-        ``exc`` itself."""
-        if self.call is not None and self.call.unsure:
-            if self.warned_write is not None:
-                reason = STANDBY_WAIT_CANCELLED
-            elif self.cutoff.cancelled:
-                reason = f"a write got no answer within {seconds:g} s (call_timeout_seconds)"
-            else:
-                reason = f"the connection was lost while a write was out: {_first_line(exc)}"
-            return self._unknown(reason)
-        if self.cutoff.cancelled:
-            return DatabaseUnavailable(
-                f"{self.what}: a statement got no answer within {seconds:g} s "
-                "(call_timeout_seconds) and was cancelled; nothing was written"
-            )
-        return exc
-
-    def ended(self, result: T) -> T:
-        """``result``, unless the commit was cut short waiting for a standby."""
-        if self.call is None:
-            return result
-        if self.warned_write is not None or (self.transaction and self.cutoff.warned):
-            self.call.unsure = True
-            raise self._unknown(STANDBY_WAIT_CANCELLED)
-        self.call.unsure = False
-        return result
-
-    def _unknown(self, reason: str) -> OutcomeUnknown:
-        """An enqueue's (the call reserved ids) names its jobs."""
-        assert self.call is not None
-        if self.call.ids is None:
-            return OutcomeUnknown(self.what, reason)
-        return EnqueueOutcomeUnknown(self.what, self.call.ids, reason)
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
