@@ -1,11 +1,15 @@
 """The HTTP API: producers enqueue, operators inspect, Prometheus scrapes.
 
-    app.py          create_app(): the routes, over one AsyncQueue
+    app.py          create_app(): the middleware and the routers, over one
+                    AsyncQueue (app.state.queue)
+    jobs.py         enqueue (one, a batch), read, list, cancel, retry
+    queues.py       per-queue numbers; pause, resume, limits
+    monitoring.py   /metrics, /healthz
     models.py       request and response bodies (strict; limits in the schema)
     middleware.py   before parsing: bearer-token auth (or, without tokens, the
                     Host and same-origin checks), the body size limit, HEAD
     http_errors.py  one JSON error shape; exceptions -> statuses
-    metrics.py      /metrics from one read-only snapshot
+    metrics.py      what /metrics says: one read-only snapshot, as Prometheus text
     pages.py        /openapi.json, /docs (Swagger UI, offline), /dashboard
     server.py       serve(): uvicorn, loopback only unless tokens are set,
                     slow clients cut off

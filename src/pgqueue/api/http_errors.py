@@ -30,7 +30,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match, Route
+from starlette.routing import Match
 
 from ..errors import (
     DatabaseReadOnly,
@@ -241,17 +241,22 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(exc.status_code, code, message, headers=headers)
 
 
+# The methods routes are declared with (HEAD is GET's: middleware.HeadAsGet).
+_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
 def _allowed_methods(request: Request) -> list[str]:
     """Every method of the path, and HEAD where GET is (middleware.HeadAsGet).
     Starlette's own Allow header names only the first route that matched the
-    path (POST /jobs, not GET /jobs as well)."""
-    methods: set[str] = set()
-    for route in request.app.routes:
-        if isinstance(route, Route) and route.methods:
-            # Asked with one of its own methods, a route matches fully iff the path does.
-            probe = {**request.scope, "method": next(iter(route.methods))}
-            if route.matches(probe)[0] == Match.FULL:
-                methods |= route.methods
+    path (POST /jobs, not GET /jobs as well). Each method is asked of every
+    route: an included router answers for its own routes, which it may not
+    list in app.routes."""
+    methods = {
+        method
+        for method in _METHODS
+        for route in request.app.routes
+        if route.matches({**request.scope, "method": method})[0] == Match.FULL
+    }
     if "GET" in methods:
         methods.add("HEAD")
     return sorted(methods)

@@ -1,14 +1,17 @@
-"""Queue controls over HTTP: pause, resume, limits (admin: every write is).
+"""The queues over HTTP: their numbers, and their controls (pause, resume,
+limits; admin: every write is).
 
+    GET   /queues                 per queue: live jobs by state, outcome
+                                  totals, lag, and its controls
     POST  /queues/{name}/pause    no job of the queue starts from now on
     POST  /queues/{name}/resume   jobs start again; the workers are woken
     PATCH /queues/{name}/limits   a JSON merge patch of the limits: a limit
                                   given changes (null removes it), one not
                                   given stays
 
-Each answers with the queue's controls. ``GET /queues`` shows them too. The
-values are judged by ``controls.change``, as in the library and the command
-line; a bad one is a 422 naming it, and nothing is written.
+Each write answers with the queue's controls. The values are judged by
+``controls.change``, as in the library and the command line; a bad one is
+a 422 naming it, and nothing is written.
 """
 
 # No "from __future__ import annotations": FastAPI reads the signatures at
@@ -20,10 +23,19 @@ from typing import TYPE_CHECKING, Annotated, Any
 from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from .. import stats
 from ..controls import LIMITS
 from ..queue import AsyncQueue
-from .http_errors import ERROR_RESPONSES
-from .models import QUEUE_PATTERN, QueueControlsOut
+from .http_errors import ERROR_RESPONSES, documented_errors
+from .models import (
+    QUEUE_PATTERN,
+    QueueControlsOut,
+    QueueJobs,
+    QueueLimits,
+    QueueList,
+    QueueOut,
+    QueueTotals,
+)
 
 __all__ = ["router"]
 
@@ -65,6 +77,40 @@ else:
 def _queue(request: Request) -> AsyncQueue:
     queue: AsyncQueue = request.app.state.queue
     return queue
+
+
+@router.get(
+    "/queues",
+    response_model=QueueList,
+    responses=documented_errors(),
+    summary="Per queue: live jobs by state, outcome totals, lag",
+)
+async def list_queues(request: Request) -> QueueList:
+    rows = await _queue(request).run(stats.per_queue(), transaction=True)
+    return QueueList(
+        queues=[
+            QueueOut(
+                queue=name,
+                jobs=QueueJobs(
+                    queued=row.queued,
+                    scheduled=row.scheduled,
+                    running=row.running,
+                    waiting=row.waiting,
+                ),
+                totals=QueueTotals(
+                    succeeded=row.succeeded,
+                    failed_attempts=row.failed,
+                    dead=row.dead,
+                    cancelled=row.cancelled,
+                    snoozed=row.snoozed,
+                ),
+                oldest_runnable_seconds=row.oldest_runnable_seconds,
+                paused=row.paused,
+                limits=QueueLimits(**row.limits()),
+            )
+            for name, row in rows.items()
+        ]
+    )
 
 
 def _pausing(paused: bool) -> Callable[[str, Request], Awaitable[QueueControlsOut]]:

@@ -1,0 +1,221 @@
+"""The jobs: producers enqueue (one, or a batch in one transaction);
+operators read one, list them, cancel and retry.
+
+    POST /jobs                 enqueue a job (200 when its idempotency key
+                               already belonged to it)
+    POST /jobs/batch           enqueue many in one transaction
+    GET  /jobs/{id}            one job
+    GET  /jobs                 jobs newest first, filtered, a page at a time
+    POST /jobs/{id}/cancel     cancel a queued or running job
+    POST /jobs/{id}/retry      retry a dead or cancelled job
+
+The batch's size limit is a setting, so its route is made per app
+(``batch_router``); the others are ``router``'s.
+"""
+
+# No "from __future__ import annotations": FastAPI reads the route signatures
+# at run time, and the batch body's model is made per app.
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Body, Path, Query, Request, Response
+from starlette.convertors import StringConvertor, register_url_convertor
+
+from .. import transitions as t
+from ..jobs import JobState
+from ..queue import AsyncQueue
+from .http_errors import documented_errors
+from .models import (
+    MAX_JOB_ID,
+    QUEUE_PATTERN,
+    TASK_PATTERN,
+    BatchEnqueued,
+    BatchItem,
+    EnqueueRequest,
+    JobList,
+    JobOut,
+    JobSummary,
+    batch_request_model,
+)
+
+__all__ = ["batch_router", "router"]
+
+
+class _JobIdSegment(StringConvertor):
+    """Any path segment but "batch" and "bulk": /jobs/batch and /jobs/bulk/…
+    are resources of their own, so that GET /jobs/batch is a 405, not a job
+    id that is not a number. Other segments reach the route, where a
+    non-integer is a 422 naming job_id."""
+
+    regex = r"(?!(?:batch|bulk)(?:/|$))[^/]+"
+
+
+register_url_convertor("pgqueue_job_id", _JobIdSegment())
+
+JobId = Annotated[int, Path(ge=1, le=MAX_JOB_ID, description="A job id.")]
+
+router = APIRouter(tags=["jobs"])
+
+
+def _queue(request: Request) -> AsyncQueue:
+    queue: AsyncQueue = request.app.state.queue
+    return queue
+
+
+# -- producers ---------------------------------------------------------------
+
+
+@router.post(
+    "/jobs",
+    status_code=201,
+    response_model=JobOut,
+    responses={
+        200: {
+            "model": JobOut,
+            "description": "The idempotency key already belonged to this job; nothing was written.",
+        },
+        **documented_errors(403),
+    },
+    summary="Enqueue a job",
+)
+async def enqueue(body: EnqueueRequest, request: Request, response: Response) -> JobOut:
+    job = await _queue(request).enqueue(**body.fields())
+    if job.duplicate:
+        response.status_code = 200
+    return JobOut.of(job)
+
+
+def batch_router(max_batch: int) -> APIRouter:
+    """POST /jobs/batch, whose body takes at most ``max_batch`` jobs: the
+    model (and the schema that documents it) is made per app."""
+    batch = APIRouter(tags=["jobs"])
+    batch_model = batch_request_model(max_batch)
+
+    @batch.post(
+        "/jobs/batch",
+        status_code=201,
+        response_model=BatchEnqueued,
+        responses={
+            200: {"model": BatchEnqueued, "description": "Every job already existed."},
+            **documented_errors(403),
+        },
+        summary="Enqueue many jobs in one transaction",
+        description=f"Up to {max_batch} jobs (setting api_max_batch). All are "
+        "validated first: one bad job writes nothing. 201 when at least one job was created.",
+    )
+    async def enqueue_batch(
+        body: Annotated[batch_model, Body()],  # type: ignore[valid-type]
+        request: Request,
+        response: Response,
+    ) -> BatchEnqueued:
+        jobs: list[EnqueueRequest] = body.jobs  # type: ignore[attr-defined]
+        results = await _queue(request).enqueue_many([job.fields() for job in jobs])
+        if not any(r.created for r in results):
+            response.status_code = 200
+        return BatchEnqueued(
+            jobs=[
+                BatchItem(id=r.id, outcome="created" if r.created else "existing") for r in results
+            ]
+        )
+
+    return batch
+
+
+# -- operators -----------------------------------------------------------------
+
+
+@router.get(
+    "/jobs/{job_id:pgqueue_job_id}",
+    response_model=JobOut,
+    responses=documented_errors(404),
+    summary="One job",
+)
+async def get_job(job_id: JobId, request: Request) -> JobOut:
+    return JobOut.of(await _queue(request).get(job_id))
+
+
+@router.get(
+    "/jobs",
+    response_model=JobList,
+    responses=documented_errors(),
+    summary="List jobs, newest first",
+)
+async def list_jobs(
+    request: Request,
+    state: Annotated[
+        str | None,
+        Query(
+            description="A job state, or scheduled (queued, run_at in the future) or "
+            "retrying (queued after a failed attempt).",
+            json_schema_extra={"enum": [*JobState, *t.LIST_VIEWS]},
+        ),
+    ] = None,
+    queue_name: Annotated[str | None, Query(alias="queue", pattern=QUEUE_PATTERN)] = None,
+    task: Annotated[str | None, Query(pattern=TASK_PATTERN)] = None,
+    error_contains: Annotated[
+        str | None,
+        Query(
+            min_length=1,
+            max_length=t.MAX_ERROR_SEARCH,
+            description="Only jobs whose last error contains this text (case-sensitive).",
+        ),
+    ] = None,
+    cursor: Annotated[
+        int | None,
+        Query(
+            ge=1,
+            le=MAX_JOB_ID,
+            description="next_cursor of the previous page (keyset: jobs with a smaller id).",
+        ),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    fields: Annotated[
+        Literal["full", "summary"],
+        Query(
+            description="summary: every field but payload, result, last_error, errors "
+            "and metadata, "
+            "which can be large (for listings that refresh often; GET /jobs/{id} "
+            "has them all)."
+        ),
+    ] = "full",
+) -> JobList:
+    queue = _queue(request)
+    filters: dict[str, Any] = {
+        "state": state,
+        "queue": queue_name,
+        "task": task,
+        "error_contains": error_contains,
+        "before_id": cursor,
+        "limit": limit,
+    }
+    jobs: list[JobOut | JobSummary]
+    if fields == "summary":
+        rows = await queue.run(t.list_summaries(**filters))
+        jobs = [JobSummary.model_validate(row) for row in rows]
+    else:
+        jobs = [JobOut.of(job) for job in await queue.list_jobs(**filters)]
+    next_cursor = jobs[-1].id if len(jobs) == limit else None
+    return JobList(jobs=jobs, next_cursor=next_cursor)
+
+
+@router.post(
+    "/jobs/{job_id:pgqueue_job_id}/cancel",
+    response_model=JobOut,
+    responses=documented_errors(403, 404, 409),
+    summary="Cancel a queued or running job",
+    description="A running job's lease is revoked: its worker's result is refused. "
+    "409 if the job already finished.",
+)
+async def cancel_job(job_id: JobId, request: Request) -> JobOut:
+    return JobOut.of(await _queue(request).cancel(job_id))
+
+
+@router.post(
+    "/jobs/{job_id:pgqueue_job_id}/retry",
+    response_model=JobOut,
+    responses=documented_errors(403, 404, 409),
+    summary="Retry a dead or cancelled job",
+    description="Back to queued with a fresh attempt budget; 409 for any other state.",
+)
+async def retry_job(job_id: JobId, request: Request) -> JobOut:
+    return JobOut.of(await _queue(request).retry(job_id))
