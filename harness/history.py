@@ -4,7 +4,7 @@ finished jobs, and a live load of queued, scheduled and running ones.
 Benchmarks fill their tables with these (bench.perf.history,
 bench.perf.fillfactor, bench.perf.metrics_history), and the query-plan tests
 check that the statistics and claims stay on their indexes under the same
-contents (tests/integration/test_schema.py).
+contents (tests/integration/schema/test_schema.py).
 """
 
 from __future__ import annotations

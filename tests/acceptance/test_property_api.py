@@ -2,7 +2,7 @@
 /jobs/batch, mixing valid and invalid values in every field. Whatever the
 API rejects writes nothing (the job count is unchanged) and is never a 5xx;
 whatever it accepts reads back exactly through GET /jobs/{id}. (The same
-properties for the library API are in tests/integration/test_wait_and_input.py.)"""
+properties for the library API are in tests/integration/queue/test_wait_and_input.py.)"""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 database: how they are declared, what the executor makes of them (a snooze
 after a backoff, within the snooze bound; past it, a failed attempt), and
 that the snooze statement carries their error. What PostgreSQL does with
-them through real restarts: tests/integration/test_retry_without_attempt.py."""
+them through real restarts: tests/integration/worker/test_retry_without_attempt.py."""
 
 from __future__ import annotations
 

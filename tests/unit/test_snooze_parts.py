@@ -1,7 +1,7 @@
 """Snooze and CancelJob over the in-memory database: what the executor makes
 of them, how finish() groups outcomes into statements, and how the completer
 writes a mixed batch (and retries only what a fault left unwritten). What
-PostgreSQL does with them is proven in tests/integration/test_snooze.py."""
+PostgreSQL does with them is proven in tests/integration/worker/test_snooze.py."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from pgqueue import InvalidJob, JobState, Settings, migrate
 from pgqueue.clusters import AsyncClusters, ClusterNotMapped, Clusters
 from pgqueue.embedded import EmbeddedPostgres
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture

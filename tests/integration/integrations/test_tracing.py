@@ -317,7 +317,7 @@ async def test_with_tracing_off_nothing_is_recorded_or_written(
 
 
 def test_the_example_runs_and_its_handler_span_is_a_child_of_checkout(db_url: str) -> None:
-    example = Path(__file__).resolve().parents[2] / "examples" / "tracing.py"
+    example = Path(__file__).resolve().parents[3] / "examples" / "tracing.py"
     done = subprocess.run(
         [sys.executable, str(example)],
         env={"DATABASE_URL": db_url, "PATH": "/usr/bin:/bin"},

@@ -1,6 +1,6 @@
 """One settings loader for every entry point: flags > PGQUEUE_* environment >
 [tool.pgqueue] of ./pyproject.toml > defaults, the same for the library, the
-API and the worker as for the command line (tests/integration/test_cli_config.py)."""
+API and the worker as for the command line (tests/integration/cli/test_cli_config.py)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ import pytest
 from pgqueue import JobState, Queue, Settings
 from pgqueue.logs import JsonFormatter
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _record(**extra: Any) -> logging.LogRecord:

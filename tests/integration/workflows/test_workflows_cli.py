@@ -4,7 +4,7 @@ the one-line error for an unknown workflow."""
 from __future__ import annotations
 
 from pgqueue import Queue, chain, group
-from tests.integration.test_cli import assert_one_line_error, run, run_json
+from tests.integration.cli.test_cli import assert_one_line_error, run, run_json
 
 
 def test_show_cancel_and_retry_a_workflow(db_url: str, queue: Queue) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # The pages whose blocks are whole programs (the reference pages hold fragments).
 PAGES = [
     ROOT / "README.md",

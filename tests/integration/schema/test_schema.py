@@ -133,7 +133,7 @@ def test_backoff_is_half_fixed_half_random_and_capped(
 
 
 def test_every_named_query_is_used_and_no_sql_lives_elsewhere() -> None:
-    source = Path(__file__).resolve().parents[2] / "src" / "pgqueue"
+    source = Path(__file__).resolve().parents[3] / "src" / "pgqueue"
     code = "\n".join(p.read_text() for p in source.rglob("*.py") if p.parent.name != "sql")
     for keyword in ("SELECT ", "UPDATE pgqueue", "INSERT INTO", "DELETE FROM"):
         assert keyword not in code, f"SQL literal {keyword!r} outside sql/queries.sql"

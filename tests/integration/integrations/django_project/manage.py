@@ -1,4 +1,4 @@
-"""A small Django project for tests/integration/test_django.py."""
+"""A small Django project for tests/integration/integrations/test_django.py."""
 
 import os
 import sys

@@ -389,7 +389,7 @@ def test_outside_harness_smoke_analyzes_the_loaded_table_before_each_drain(
         return int(row[0])
 
     out = out_dir / "outside_harness.json"
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     before = analyzes()
     args = ["--outside-harness", "--jobs", "200", "--repeats", "1", "--no-pgqueuer"]
     worker_throughput.main([*args, "--before", str(repo), "--out", str(out)])
@@ -406,7 +406,7 @@ def test_before_after_smoke(bench_url: str, out_dir: Path) -> None:
     from bench.compare import before_after
 
     out = out_dir / "before_after.json"
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     args = ["--before", str(repo), "--rounds", "1", "--only", "async1", "--jobs", "200"]
     before_after.main([*args, "--out", str(out)])
     record = _read(out, "before_after", "bench.compare.before_after")
@@ -425,7 +425,7 @@ def test_cost_per_job_smoke(out_dir: Path) -> None:
     from bench.compare import cost_per_job
 
     out = out_dir / "cost_per_job.json"
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     cost_per_job.main(["--before", str(repo), "--rounds", "1", "--jobs", "300", "--out", str(out)])
     record = _read(out, "cost_per_job", "bench.compare.cost_per_job")
     summary = record.results["summary"]

@@ -1,4 +1,4 @@
-"""pgqueue in a Django project (tests/integration/django_project): enqueue
+"""pgqueue in a Django project (tests/integration/integrations/django_project): enqueue
 inside Django's transaction.atomic, the management commands that migrate
 and run the worker, settings from Django's settings."""
 
@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 
 PROJECT = Path(__file__).resolve().parent / "django_project"
-ROOT = PROJECT.parents[2]
+ROOT = PROJECT.parents[3]
 
 SCENARIO = """
 from django.db import connection, transaction

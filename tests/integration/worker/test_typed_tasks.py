@@ -21,7 +21,7 @@ from pgqueue import AsyncQueue, InvalidJob, Job, JobState, Queue, Settings
 from pgqueue.worker import AsyncWorker, TaskRegistry, TypedTask, typed
 from tests.support import running
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 class Order(BaseModel):
