@@ -9,12 +9,8 @@ second, by its session, so they no longer stretch the run.)
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the bench package
 from bench.faults import crash
 
 pytestmark = pytest.mark.acceptance

@@ -14,7 +14,6 @@ Times come from the database's clock.
 from __future__ import annotations
 
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,6 @@ from typing import Any
 import psycopg
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the bench and harness packages
 from bench.faults import recovery
 from harness import invariants
 from harness.fault_tasks import create_deliveries, spawn_worker, stop_worker, wait_for

@@ -12,13 +12,11 @@ replication.
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the harness package
 from bench.faults.failover import run_cluster
 from pgqueue import Queue, Settings, migrate
 from pgqueue.errors import DatabaseUnavailable

@@ -20,7 +20,6 @@ from typing import Any
 import psycopg
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the harness package
 from harness.fault_tasks import create_deliveries, stop_worker, worker_env
 from harness.invariants import check
 from pgqueue import Queue, Settings, migrate

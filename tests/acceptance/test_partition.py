@@ -8,20 +8,16 @@ second attempt's."""
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import psycopg
 import pytest
 
-from pgqueue import AsyncQueue, JobState, Settings
-from pgqueue.worker import AsyncWorker
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the harness package
 from harness import fault_tasks, invariants
 from harness.tcp_proxy import TcpProxy
+from pgqueue import AsyncQueue, JobState, Settings
+from pgqueue.worker import AsyncWorker
 
 pytestmark = pytest.mark.acceptance
 

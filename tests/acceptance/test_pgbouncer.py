@@ -13,16 +13,13 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the harness package
 from harness.fault_tasks import create_deliveries, spawn_worker, stop_worker
 from harness.invariants import check
 from pgqueue import AsyncQueue, Job, JobState, Queue, Settings, migrate

@@ -6,15 +6,12 @@ of the same run all succeed."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-from pgqueue import JobState, Queue, Settings
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the harness package
 from harness import fault_tasks, invariants
+from pgqueue import JobState, Queue, Settings
 
 pytestmark = pytest.mark.acceptance
 

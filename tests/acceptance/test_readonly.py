@@ -6,17 +6,14 @@ twice; once writes are allowed again every job finishes."""
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from pgqueue import Queue, Settings
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the harness package
 from harness import fault_tasks, invariants
+from pgqueue import Queue, Settings
 
 pytestmark = pytest.mark.acceptance
 

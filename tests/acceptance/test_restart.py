@@ -8,18 +8,14 @@ other tests."""
 from __future__ import annotations
 
 import os
-import sys
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
+from bench.faults import restart
 from pgqueue import migrate
 from pgqueue.embedded import EmbeddedPostgres, StopMode
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the bench package
-from bench.faults import restart
 
 pytestmark = pytest.mark.acceptance
 

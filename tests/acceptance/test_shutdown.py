@@ -6,16 +6,13 @@ worker process, once through the supervisor (which forwards the signal)."""
 from __future__ import annotations
 
 import signal
-import sys
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from pgqueue import Queue, Settings
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the harness package
 from harness import fault_tasks, invariants
+from pgqueue import Queue, Settings
 
 pytestmark = pytest.mark.acceptance
 

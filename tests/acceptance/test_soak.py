@@ -5,12 +5,8 @@ has a row per interval (a minute in the full run) with every series."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the bench package
 from bench.faults import soak
 
 pytestmark = pytest.mark.acceptance
