@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from . import deadlines
@@ -21,14 +23,20 @@ from .settings import Settings
 from .sql import QUERIES
 
 __all__ = [
+    "CONNECT_TIMEOUT_SECONDS",
     "async_caller_connection",
     "caller_connection",
+    "connect_timeout_default",
     "errors_translated",
     "listen_url",
     "pool_options",
     "resolve_url",
     "unchecked",
 ]
+
+# How long a new connection may take when neither the URL nor
+# PGCONNECT_TIMEOUT says (libpq waits forever; its minimum is 2 s).
+CONNECT_TIMEOUT_SECONDS = 5
 
 # Set while a producer's retried call takes a pooled connection (retrying.py).
 _UNCHECKED: ContextVar[bool] = ContextVar("pgqueue_unchecked", default=False)
@@ -41,8 +49,22 @@ def resolve_url(settings: Settings) -> str:
     return EmbeddedPostgres(settings.data_dir).ensure_running()
 
 
-def pool_options(settings: Settings, *, asynchronous: bool = False) -> dict[str, Any]:
-    """How a Queue's (or, ``asynchronous``, AsyncQueue's) connection pool is made."""
+def connect_timeout_default(url: str) -> dict[str, int]:
+    """``connect_timeout`` as a keyword for connections to ``url``, unless
+    the URL or PGCONNECT_TIMEOUT sets one: a keyword would override it."""
+    if "PGCONNECT_TIMEOUT" in os.environ:
+        return {}
+    try:
+        if "connect_timeout" in conninfo_to_dict(url):
+            return {}
+    except psycopg.ProgrammingError:
+        pass  # not a conninfo: connecting says so, as a DatabaseUnavailable
+    return {"connect_timeout": CONNECT_TIMEOUT_SECONDS}
+
+
+def pool_options(settings: Settings, url: str, *, asynchronous: bool = False) -> dict[str, Any]:
+    """How a Queue's (or, ``asynchronous``, AsyncQueue's) connection pool to
+    ``url`` is made."""
     return {
         "check": functools.partial(
             check_connection_async if asynchronous else check_connection,
@@ -55,7 +77,7 @@ def pool_options(settings: Settings, *, asynchronous: bool = False) -> dict[str,
         # vanished (LIVENESS), must not hold a pool slot for minutes. Behind
         # a transaction-mode pooler a statement prepared on one server
         # session is unknown to the next.
-        "kwargs": {"autocommit": True, "connect_timeout": 5, **LIVENESS}
+        "kwargs": {"autocommit": True, **connect_timeout_default(url), **LIVENESS}
         | ({"prepare_threshold": None} if settings.transaction_pooler else {}),
         "name": "pgqueue",
     }

@@ -94,7 +94,7 @@ class Queue(_Common):
     def __init__(self, url: str | None = None, *, settings: Settings | None = None) -> None:
         super().__init__(url, settings)
         self.url = url or resolve_url(self.settings)
-        self._pool = ConnectionPool(self.url, open=True, **pool_options(self.settings))
+        self._pool = ConnectionPool(self.url, open=True, **pool_options(self.settings, self.url))
         self._waiters = Waiters(listen_url(self.settings, self.url))
 
     def close(self) -> None:
@@ -323,7 +323,7 @@ class AsyncQueue(_Common):
             if self._pool is None:
                 if not self.url:
                     self.url = await asyncio.to_thread(resolve_url, self.settings)
-                options = pool_options(self.settings, asynchronous=True)
+                options = pool_options(self.settings, self.url, asynchronous=True)
                 pool = AsyncConnectionPool(self.url, open=False, **options)
                 await pool.open()
                 self._pool = pool

@@ -24,6 +24,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import psycopg
 
+from .connections import CONNECT_TIMEOUT_SECONDS, connect_timeout_default
 from .sql import QUERIES
 
 __all__ = ["AsyncWaiters", "Waiters", "ended_ids"]
@@ -35,11 +36,11 @@ WAIT_POLL_SECONDS = 1.0
 # Reconnect delays of the listening connection: doubled per failure, capped.
 RECONNECT_MIN_SECONDS = 0.1
 RECONNECT_MAX_SECONDS = 5.0
-CONNECT_KWARGS: dict[str, Any] = {
-    "autocommit": True,
-    "connect_timeout": 5,
-    "application_name": "pgqueue-wait",
-}
+CONNECT_KWARGS: dict[str, Any] = {"autocommit": True, "application_name": "pgqueue-wait"}
+
+
+def _connect_kwargs(url: str) -> dict[str, Any]:
+    return CONNECT_KWARGS | connect_timeout_default(url)
 
 
 def ended_ids(payload: str) -> list[int]:
@@ -108,7 +109,7 @@ class Waiters:
         self._registry.add(job_id, event)
         if self.url is not None:
             self._start()
-            self._ready.wait(CONNECT_KWARGS["connect_timeout"])
+            self._ready.wait(CONNECT_TIMEOUT_SECONDS)
         try:
             yield event
         finally:
@@ -127,7 +128,7 @@ class Waiters:
         delay = RECONNECT_MIN_SECONDS
         while not self._closed:
             try:
-                with psycopg.connect(self.url, **CONNECT_KWARGS) as conn:
+                with psycopg.connect(self.url, **_connect_kwargs(self.url)) as conn:
                     self._conn = conn
                     conn.execute(QUERIES["listen_finished"])
                     self._ready.set()
@@ -177,7 +178,7 @@ class AsyncWaiters:
             if self._task is None or self._task.done():
                 self._task = asyncio.create_task(self._listen(self.url), name="pgqueue-wait")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._ready.wait(), CONNECT_KWARGS["connect_timeout"])
+                await asyncio.wait_for(self._ready.wait(), CONNECT_TIMEOUT_SECONDS)
         try:
             yield event
         finally:
@@ -187,7 +188,8 @@ class AsyncWaiters:
         delay = RECONNECT_MIN_SECONDS
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(url, **CONNECT_KWARGS) as conn:
+                connect = psycopg.AsyncConnection.connect(url, **_connect_kwargs(url))
+                async with await connect as conn:
                     await conn.execute(QUERIES["listen_finished"])
                     self._ready.set()
                     delay = RECONNECT_MIN_SECONDS

@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ..queue import AsyncQueue
 from ..settings import Settings
@@ -39,9 +38,6 @@ __all__ = ["create_app"]
 
 log = logging.getLogger("pgqueue.api")
 
-# For new pool connections, when the URL does not say (libpq's minimum is 2).
-CONNECT_TIMEOUT_SECONDS = 5
-
 
 def create_app(settings: Settings | None = None, *, url: str | None = None) -> FastAPI:
     """The API over the database at ``url`` (default: settings.database_url,
@@ -56,7 +52,7 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
             extra={"action": "api_no_auth"},
         )
     queue = AsyncQueue(
-        _bounded_connect(url or settings.database_url),
+        url or settings.database_url,
         settings=settings,
         group_commit=settings.api_group_commit,  # POST /jobs: grouping.py
     )
@@ -107,12 +103,3 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
     app.include_router(history.router)
     install_pages(app)
     return app
-
-
-def _bounded_connect(url: str | None) -> str | None:
-    """The URL with a connect timeout, unless it sets one: without it, a
-    database that accepts TCP and then says nothing holds each new pool
-    connection for minutes, and recovery after an outage waits for it."""
-    if not url or "connect_timeout" in conninfo_to_dict(url):
-        return url or None
-    return make_conninfo(url, connect_timeout=CONNECT_TIMEOUT_SECONDS)
