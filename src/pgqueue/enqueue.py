@@ -3,18 +3,19 @@
 
 A call that the queue retries across a lost connection (retrying.py) keeps a
 ``CallKey`` across its attempts, so that an attempt finds what an earlier one
-committed instead of adding it again."""
+committed instead of adding it again: the ids it reserved, and its key,
+written into each of its jobs (the call_key column)."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
+from uuid import UUID, uuid4
 
 from .dependencies import Graph, enqueue_graph
 from .errors import KeyTaken
@@ -101,16 +102,18 @@ def _in_period(spec: JobSpec, now: float) -> JobSpec:
 class CallKey:
     """What one enqueue call keeps across its attempts: the ids of its jobs,
     reserved from the sequence by the first attempt that got them (None
-    until then). An id is never handed out twice, so the primary key finds
-    a job that an earlier attempt committed, at no cost to the table.
-    ``attempts``: the attempts that began. ``unsure``: an attempt lost its
-    connection while its write may have committed, and no later attempt
-    has ended since (retrying.py: giving up then is EnqueueOutcomeUnknown,
-    not DatabaseUnavailable)."""
+    until then), so that the primary key finds a job that an earlier
+    attempt committed, at no cost to the table; and ``key``, written into
+    every job the call inserts, which tells the call's own job from another
+    call's under the same id (``made_by``). ``attempts``: the attempts that
+    began. ``unsure``: an attempt lost its connection while its write may
+    have committed, and no later attempt has ended since (retrying.py:
+    giving up then is EnqueueOutcomeUnknown, not DatabaseUnavailable)."""
 
     ids: list[int] | None = None
     attempts: int = 0
     unsure: bool = False
+    key: UUID = dataclasses.field(default_factory=uuid4)
 
     def begin(self) -> bool:
         """Count an attempt; whether an earlier one began (and may have committed)."""
@@ -156,7 +159,7 @@ def enqueue(spec: JobSpec, call: CallKey | None = None) -> Flow[Job]:
     retry = call is not None and call.begin()
     job_id = (yield from _reserve(call, 1))[0] if call is not None else None
     [spec] = yield from _in_periods([spec])
-    params = _spec_params(spec) | {"id": job_id}
+    params = _spec_params(spec) | {"id": job_id, "call_key": call.key if call else None}
     # A conflicting insert may be in flight in another transaction: ON
     # CONFLICT waits for it, and if it rolled back our insert goes ahead. The
     # holder may also let the key go (start, end) between the two
@@ -169,11 +172,11 @@ def enqueue(spec: JobSpec, call: CallKey | None = None) -> Flow[Job]:
         if jobs:
             return jobs[0]
         if retry:
-            jobs = yield Statement("job_get", {"id": job_id}, jobs=True)
-            if jobs and made_by(jobs[0], spec):
-                return jobs[0]
-            if jobs:  # another job's id (handed out again after a failover): ours is not here
-                assert call is not None
+            assert call is not None
+            rows = yield Statement("job_get", {"id": job_id})
+            if rows and made_by(rows[0], call):
+                return Job.from_row(rows[0])
+            if rows:  # another job's id (handed out again after a failover): ours is not here
                 call.ids, retry = None, False
                 params["id"] = job_id = (yield from _reserve(call, 1))[0]
                 continue
@@ -185,27 +188,15 @@ def enqueue(spec: JobSpec, call: CallKey | None = None) -> Flow[Job]:
     raise RuntimeError(f"key {spec.idempotency_key!r} kept changing hands")
 
 
-def made_by(job: Job | Mapping[str, Any], spec: JobSpec) -> bool:
-    """Whether ``job``, found under an id the call reserved, is what ``spec``
-    asked for. A sequence never hands an id out twice, but a primary promoted
-    after an asynchronous failover can: its sequence is where the standby had
-    it, behind ids the old primary handed out (and a commit it acknowledged
-    may be lost). A job of another call under our id is not taken as ours;
-    one equal in every field the call gave cannot be told apart (the table
-    keeps no key of the call)."""
-    found = job if isinstance(job, Mapping) else dataclasses.asdict(job)
-    given = {
-        "task": spec.task,
-        "queue": spec.queue,
-        "priority": spec.priority,
-        "max_attempts": spec.max_attempts,
-        "timeout_seconds": spec.timeout_seconds,
-        "idempotency_key": spec.idempotency_key,
-        "concurrency_key": spec.concurrency_key,
-        "payload": json.loads(spec.payload_json),
-        "metadata": json.loads(spec.metadata_json) if spec.metadata_json else None,
-    }
-    return all(found.get(name) == value for name, value in given.items())
+def made_by(row: Mapping[str, Any], call: CallKey) -> bool:
+    """Whether ``row``, found under an id the call reserved, was written by
+    the call: it carries the call's key. A sequence never hands an id out
+    twice, but a primary promoted after an asynchronous failover can: its
+    sequence is where the standby had it, behind ids the old primary handed
+    out (and a commit it acknowledged may be lost). Another call's job under
+    our id is not ours, even one equal in every field; nor is a row without
+    a key (written by SQL, a caller's transaction or an older version)."""
+    return bool(row["call_key"] == call.key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,13 +225,13 @@ def enqueue_many(
     fresh = call.ids is None
     ids = yield from _reserve(call, len(specs))
     if copy and fresh and all(_plain(spec) for spec in specs):
-        return (yield from _copy_many(specs, ids))
+        return (yield from _copy_many(specs, ids, call.key))
     specs = yield from _in_periods(specs)
     results: list[Enqueued] = []
     for start in range(0, len(specs), ENQUEUE_CHUNK):
         end = start + ENQUEUE_CHUNK
         chunk_ids = ids[start:end]
-        results += yield from _insert_chunk(specs[start:end], chunk_ids)
+        results += yield from _insert_chunk(specs[start:end], chunk_ids, call)
         ids[start:end] = chunk_ids  # (with the ids it had to take again)
     return results
 
@@ -263,21 +254,22 @@ def _answer(job: Job | None, created: bool) -> Job | None:
     return job if job is None or created else dataclasses.replace(job, duplicate=True)
 
 
-def _insert_chunk(chunk: Sequence[JobSpec], ids: list[int]) -> Flow[list[Enqueued]]:
-    """One INSERT of a chunk with its ids. A job skipped is either there
-    already (an earlier attempt of the call committed it) or skipped for a
-    key another job holds: it gets the holder's id. A holder that let its
-    key go meanwhile means another round, and so does a row under one of
-    the ids that is another call's job (``made_by``): that job of ours gets
-    a new id (in ``ids``), which the next round inserts."""
+def _insert_chunk(chunk: Sequence[JobSpec], ids: list[int], call: CallKey) -> Flow[list[Enqueued]]:
+    """One INSERT of a chunk with its ids and the call's key. A job
+    skipped is either there already (an earlier attempt of the call
+    committed it) or skipped for a key another job holds: it gets the
+    holder's id. A holder that let its key go meanwhile means another round,
+    and so does a row under one of the ids that is another call's job
+    (``made_by``): that job of ours gets a new id (in ``ids``), which the
+    next round inserts."""
     results: dict[int, Enqueued] = {}
     todo = list(range(len(chunk)))
     for _ in range(KEY_ROUNDS):
-        columns: dict[str, list[Any]] = {"id": [ids[i] for i in todo]}
+        columns: dict[str, Any] = {"id": [ids[i] for i in todo]}
         for i in todo:
             for name, value in _spec_params(chunk[i]).items():
                 columns.setdefault(name, []).append(value)
-        rows = yield Statement("job_enqueue_many", columns)
+        rows = yield Statement("job_enqueue_many", columns | {"call_key": call.key})
         inserted = {row["id"] for row in rows}
         results |= {i: Enqueued(ids[i], True) for i in todo if ids[i] in inserted}
         todo = [i for i in todo if i not in results]
@@ -287,13 +279,11 @@ def _insert_chunk(chunk: Sequence[JobSpec], ids: list[int]) -> Flow[list[Enqueue
         found = yield Statement(
             "job_enqueue_found", {"ids": [ids[i] for i in todo], "idempotency_keys": keys}
         )
-        under_ids = {row["id"]: row for row in found if row["ours"]}
-        taken = [
-            i for i in todo if ids[i] in under_ids and not made_by(under_ids[ids[i]], chunk[i])
-        ]
+        under_ids = {row["id"]: row for row in found if row["reserved"]}
+        taken = [i for i in todo if ids[i] in under_ids and not made_by(under_ids[ids[i]], call)]
         if taken:  # ids handed out again after a failover: ours are not here
-            rows = yield Statement("job_reserve_ids", {"count": len(taken)})
-            for i, new_id in zip(taken, rows[0]["ids"], strict=True):
+            new_ids = yield from _new_ids(len(taken), {*(call.ids or ()), *ids})
+            for i, new_id in zip(taken, new_ids, strict=True):
                 ids[i] = new_id
         ours = {ids[i] for i in todo if ids[i] in under_ids}
         holders = {row["holds_key"]: row["id"] for row in found if row["holds_key"]}
@@ -310,11 +300,27 @@ def _insert_chunk(chunk: Sequence[JobSpec], ids: list[int]) -> Flow[list[Enqueue
     return [results[i] for i in range(len(chunk))]
 
 
+def _new_ids(count: int, held: set[int]) -> Flow[list[int]]:
+    """``count`` ids from the sequence, none of them one the call holds: a
+    primary promoted after an asynchronous failover hands out again the ids
+    after where the standby had its sequence, the call's own among them,
+    and two jobs of one call under one id would be taken for one (they
+    carry the same key). The sequence only goes forward: this ends."""
+    got: list[int] = []
+    while len(got) < count:
+        rows = yield Statement("job_reserve_ids", {"count": count - len(got)})
+        got += [job_id for job_id in rows[0]["ids"] if job_id not in held]
+    return got
+
+
 def _plain(spec: JobSpec) -> bool:
     return spec.idempotency_key is None and spec.run_at is None and not spec.delay_seconds
 
 
-def _copy_many(specs: Sequence[JobSpec], ids: Sequence[int]) -> Flow[list[Enqueued]]:
+def _copy_many(
+    specs: Sequence[JobSpec], ids: Sequence[int], call_key: UUID
+) -> Flow[list[Enqueued]]:
+    key = str(call_key)  # (text once, not adapted again for every row)
     yield Statement(
         "job_copy",
         {},
@@ -329,6 +335,7 @@ def _copy_many(specs: Sequence[JobSpec], ids: Sequence[int]) -> Flow[list[Enqueu
                 s.timeout_seconds,
                 s.concurrency_key,
                 s.metadata_json,
+                key,
             )
             for job_id, s in zip(ids, specs, strict=True)
         ],

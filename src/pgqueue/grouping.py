@@ -95,11 +95,14 @@ class _Group:
 
     def alone(self, index: int) -> CallKey:
         """The call key of one job of the group written alone: the id the
-        group reserved for it, so that a job an earlier attempt of the group
-        committed is found by it."""
-        if self.call.ids is None:
+        group reserved for it and the group's key, so that a job an earlier
+        attempt of the group committed is found by it, and known as its own.
+        An attempt of the group began (it reserved the ids; enqueue_many
+        counts none), so the job's first attempt alone looks for it."""
+        call = self.call
+        if call.ids is None:
             return CallKey()
-        return CallKey([self.call.ids[index]], self.call.attempts, self.call.unsure)
+        return CallKey([call.ids[index]], max(call.attempts, 1), call.unsure, call.key)
 
     def unknown(self, exc: EnqueueOutcomeUnknown, index: int) -> EnqueueOutcomeUnknown:
         """The group's unknown outcome as the one of its ``index``-th job

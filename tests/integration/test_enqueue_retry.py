@@ -239,6 +239,81 @@ def test_another_calls_job_under_a_reserved_id_is_not_taken_as_the_calls_own(
     assert rows == sorted([(ids[0], "other", "0"), *mine])
 
 
+# Every column a producer's call gives a job (what a job's content is).
+CONTENT = (
+    "queue, task, payload, priority, max_attempts, timeout_seconds, idempotency_key, "
+    "unique_scope, concurrency_key, metadata, state"
+)
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["enqueue", "enqueue_many"])
+def test_another_calls_identical_job_under_a_reserved_id_is_not_taken_as_the_calls_own(
+    queue: Queue, sql: psycopg.Connection[Any], many: bool
+) -> None:
+    """As above, but the other producer's job under the call's first id is
+    the same job in every field (two producers enqueueing the same task and
+    payload): only the key of the call written into each row tells them
+    apart. The retry writes its own job under a new id, and the other
+    call's job stays that call's."""
+    ids = [
+        row[0]
+        for row in sql.execute("SELECT nextval('pgqueue_jobs_id_seq') FROM generate_series(1, 3)")
+    ]
+    specs = [JobSpec.build("t", {"n": n}, priority=3) for n in range(3 if many else 1)]
+    other = CallKey(ids=[ids[0]])
+    assert queue.run(t.enqueue(specs[0], other)).id == ids[0]
+    call = CallKey(ids=list(ids[: len(specs)]), attempts=1)
+    if many:
+        results = queue.run(t.enqueue_many(specs, call=call), transaction=True)
+        assert all(r.created for r in results)
+        got = [r.id for r in results]
+    else:
+        job = queue.run(t.enqueue(specs[0], call))
+        assert (job.payload, job.duplicate) == ({"n": 0}, False)
+        got = [job.id]
+    assert got[0] not in ids and got[1:] == ids[1 : len(specs)] and call.ids == got
+    content = f"SELECT {CONTENT} FROM pgqueue_jobs WHERE id = %s"
+    assert sql.execute(content, (ids[0],)).fetchall() == sql.execute(content, (got[0],)).fetchall()
+    keys = dict(sql.execute("SELECT id, call_key FROM pgqueue_jobs").fetchall())
+    assert keys == {ids[0]: other.key} | {job_id: call.key for job_id in got}
+
+
+def test_a_new_id_for_a_job_of_the_call_is_none_of_the_ids_the_call_holds(
+    queue: Queue, sql: psycopg.Connection[Any]
+) -> None:
+    """The promoted primary's sequence is behind the ids the call reserved
+    on the old one: the new id for the job whose id another call took would
+    be the call's next one, which its next job has. Both jobs of the call
+    carry its key; one id for both would make them one. The new id is past
+    the call's, and each job is written once."""
+    ids = [
+        row[0]
+        for row in sql.execute("SELECT nextval('pgqueue_jobs_id_seq') FROM generate_series(1, 3)")
+    ]
+    specs = [JobSpec.build("t", {"n": n}) for n in range(3)]
+    assert queue.run(t.enqueue(specs[0], CallKey(ids=[ids[0]]))).id == ids[0]
+    sql.execute("SELECT setval('pgqueue_jobs_id_seq', %s)", (ids[0],))  # next: ids[1]
+    call = CallKey(ids=list(ids), attempts=1)
+    results = queue.run(t.enqueue_many(specs, call=call), transaction=True)
+    got = [r.id for r in results]
+    assert got[1:] == ids[1:] and got[0] > ids[2] and all(r.created for r in results)
+    assert copies(sql) == {0: 2, 1: 1, 2: 1}  # the other call's job 0, and the call's
+
+
+def test_a_retry_after_a_committed_copy_returns_its_jobs(
+    queue: Queue, sql: psycopg.Connection[Any]
+) -> None:
+    """A first attempt that loaded plain jobs by COPY committed (its reply
+    lost): the retry finds them under its ids, with its key, and adds none."""
+    specs = [JobSpec.build("t", {"n": n}) for n in range(3)]
+    call = CallKey()
+    first = queue.run(t.enqueue_many(specs, call=call), transaction=True)
+    again = queue.run(t.enqueue_many(specs, call=call), transaction=True)
+    assert again == first and all(r.created for r in again)
+    assert copies(sql) == {0: 1, 1: 1, 2: 1}
+    assert {row[0] for row in sql.execute("SELECT call_key FROM pgqueue_jobs")} == {call.key}
+
+
 @pytest.mark.parametrize("outcome", ["commit", "rollback"])
 @pytest.mark.parametrize("many", [False, True], ids=["enqueue", "enqueue_many"])
 def test_a_retry_waits_for_an_attempt_still_in_flight(

@@ -84,6 +84,7 @@ class MemoryDatabase:
             "depends_on": None,
             "errors": None,
             "metadata": None,
+            "call_key": None,
         }
         row.update(fields)
         self.jobs[job_id] = row
@@ -132,6 +133,7 @@ class MemoryDatabase:
         fields = {name: params[name] for name in names}
         fields["timeout_seconds"] = params["timeout_seconds"]
         fields["metadata"] = json.loads(params["metadata"]) if params["metadata"] else None
+        fields["call_key"] = params["call_key"]
         job_id = self.add(
             params["task"], id=params["id"], payload=json.loads(params["payload"]), **fields
         )
@@ -143,9 +145,9 @@ class MemoryDatabase:
         row = self._insert(params)
         return [row] if row is not None else []
 
-    def job_enqueue_many(self, **columns: list[Any]) -> list[Row]:
+    def job_enqueue_many(self, call_key: Any, **columns: list[Any]) -> list[Row]:
         rows = [
-            dict(zip(columns, values, strict=True))
+            dict(zip(columns, values, strict=True), call_key=call_key)
             for values in zip(*columns.values(), strict=True)
         ]
         fresh = [row for row in rows if row["id"] not in self.jobs]
@@ -155,7 +157,8 @@ class MemoryDatabase:
         holders = [row for key in idempotency_keys if (row := self._holder(key)) is not None]
         found = [self.jobs[i] for i in ids if i in self.jobs] + holders
         return [
-            {**row, "ours": row["id"] in ids, "holds_key": row["idempotency_key"]} for row in found
+            {**row, "reserved": row["id"] in ids, "holds_key": row["idempotency_key"]}
+            for row in found
         ]
 
     def job_get_many(self, ids: list[int]) -> list[Row]:

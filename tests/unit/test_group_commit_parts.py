@@ -162,6 +162,29 @@ async def test_a_job_the_database_refuses_fails_alone_with_the_ids_the_group_res
     assert sorted(db.jobs) == [job.id for job in results[1:]]
 
 
+async def test_jobs_written_alone_after_a_committed_attempt_of_the_group_find_their_own() -> None:
+    """The group's first attempt committed (its answer lost) and its retry
+    was refused: each job, written alone, finds the one the group wrote
+    under its id with the group's key, as its own, and adds none."""
+    db = MemoryDatabase()
+    group = committer(db)
+
+    async def committed_then_refused(flow: Callable[[], Flow[Any]], *args: Any, **kw: Any) -> Any:
+        if not kw.get("transaction"):  # a job alone
+            return await driver.run_async(flow(), MemorySession(db))
+        await driver.run_async(flow(), MemorySession(db))
+        db.fail("job_enqueue_many", psycopg.errors.DataError("refused"))
+        return await driver.run_async(flow(), MemorySession(db))
+
+    group._write = committed_then_refused
+    jobs = await enqueue_all(group, [spec(n) for n in range(3)])
+    assert [(job.id, job.payload, job.duplicate) for job in jobs] == [
+        (n + 1, {"n": n}, False) for n in range(3)
+    ]
+    assert sorted(db.jobs) == [1, 2, 3]
+    assert [s.params["id"] for s in db.sent("job_enqueue")] == [1, 2, 3]
+
+
 async def test_an_error_no_job_caused_is_every_callers() -> None:
     db = MemoryDatabase()
     group = committer(db)

@@ -4,10 +4,10 @@ does with the keys is proven in tests/integration/test_enqueue_retry.py)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable
 from typing import Any
+from uuid import uuid4
 
 import psycopg
 import pytest
@@ -35,21 +35,6 @@ class Scripted:
         return self.answers[statement.name](statement.params)
 
 
-def row_of(spec: JobSpec) -> dict[str, Any]:
-    """The columns of the row a spec makes, as far as ``made_by`` reads them."""
-    return {
-        "task": spec.task,
-        "queue": spec.queue,
-        "priority": spec.priority,
-        "max_attempts": spec.max_attempts,
-        "timeout_seconds": spec.timeout_seconds,
-        "idempotency_key": spec.idempotency_key,
-        "concurrency_key": spec.concurrency_key,
-        "payload": json.loads(spec.payload_json),
-        "metadata": None,
-    }
-
-
 def taken(params: dict[str, Any]) -> list[Any]:
     raise KeyTaken("duplicate key value violates unique constraint")
 
@@ -68,16 +53,35 @@ def test_a_first_attempt_reserves_the_jobs_id_and_inserts_with_it() -> None:
 
 def test_a_retry_that_meets_its_own_id_returns_the_job_an_earlier_attempt_committed() -> None:
     db = MemoryDatabase()
-    earlier = db.add()
-    session = Scripted(
-        job_enqueue=taken,
-        job_get=lambda p: db.execute(Statement("job_get", p, jobs=True)),
-    )
-    call = CallKey(ids=[earlier])
+    call = CallKey()
+    earlier = db.add(payload={"n": 1}, call_key=call.key)  # what the first attempt wrote
+    call.ids = [earlier]
     call.begin()  # the attempt whose reply was lost
-    job = driver.run(t.enqueue(JobSpec.build("t"), call), session)
-    assert (job.id, job.duplicate) == (earlier, False)
+    session = Scripted(job_enqueue=taken, job_get=lambda p: db.execute(Statement("job_get", p)))
+    job = driver.run(t.enqueue(JobSpec.build("t", {"n": 1}), call), session)
+    assert (job.id, job.payload, job.duplicate) == (earlier, {"n": 1}, False)
     assert [s.name for s in session.sent] == ["job_enqueue", "job_get"]  # no new reservation
+    assert session.sent[0].params["call_key"] == call.key
+
+
+@pytest.mark.parametrize("other_key", [uuid4(), None], ids=["another_call", "no_call"])
+def test_a_retry_does_not_take_a_job_without_its_key_under_its_id(other_key: Any) -> None:
+    """An identical job under the call's id, written by another call (its
+    key) or outside any call (no key, as SQL writes it), is not the call's:
+    its job gets a new id."""
+    db = MemoryDatabase()
+    other = db.add(call_key=other_key)
+    call = CallKey(ids=[other])
+    call.begin()
+    job = driver.run(t.enqueue(JobSpec.build("t"), call), db)
+    assert job.id != other and call.ids == [job.id]
+    assert [s.name for s in db.statements] == [
+        "job_enqueue",
+        "job_get",
+        "job_reserve_ids",
+        "job_enqueue",
+    ]
+    assert db.jobs[job.id]["call_key"] == call.key and db.jobs[other]["call_key"] == other_key
 
 
 def test_a_retry_of_a_keyed_job_prefers_its_own_job_to_a_duplicate() -> None:
@@ -87,10 +91,11 @@ def test_a_retry_of_a_keyed_job_prefers_its_own_job_to_a_duplicate() -> None:
     earlier = db.add(idempotency_key="k")
     session = Scripted(
         job_enqueue=lambda p: [],
-        job_get=lambda p: db.execute(Statement("job_get", p, jobs=True)),
+        job_get=lambda p: db.execute(Statement("job_get", p)),
     )
     call = CallKey(ids=[earlier])
     call.begin()
+    db.jobs[earlier]["call_key"] = call.key
     job = driver.run(t.enqueue(JobSpec.build("t", idempotency_key="k"), call), session)
     assert (job.id, job.duplicate) == (earlier, False)
     assert [s.name for s in session.sent] == ["job_enqueue", "job_get"]
@@ -103,7 +108,7 @@ def test_a_transactional_enqueue_reserves_no_id() -> None:
     )
     driver.run(t.enqueue(JobSpec.build("t")), session)
     assert [s.name for s in session.sent] == ["job_enqueue"]
-    assert session.sent[0].params["id"] is None
+    assert session.sent[0].params["id"] is session.sent[0].params["call_key"] is None
 
 
 def test_a_bulk_retry_inserts_with_the_ids_the_first_attempt_reserved() -> None:
@@ -125,13 +130,16 @@ def test_a_bulk_retry_inserts_with_the_ids_the_first_attempt_reserved() -> None:
     retry = Scripted(
         job_enqueue_many=lambda p: [{"id": 9}],  # 7 and 8 committed by the first attempt
         job_enqueue_found=lambda p: [
-            {"id": i, "ours": True, "holds_key": None, **row_of(specs[i - 7])} for i in p["ids"]
+            {"id": i, "reserved": True, "holds_key": None, "call_key": call.key} for i in p["ids"]
         ],
     )
     results = driver.run(t.enqueue_many(specs, call=call), retry)
     assert results == [Enqueued(7, True), Enqueued(8, True), Enqueued(9, True)]
     assert [s.name for s in retry.sent] == ["job_enqueue_many", "job_enqueue_found"]
+    assert first.sent[1].copy_rows is not None
+    assert {row[-1] for row in first.sent[1].copy_rows} == {str(call.key)}
     assert retry.sent[0].params["id"] == [7, 8, 9]
+    assert retry.sent[0].params["call_key"] == call.key
     assert retry.sent[1].params == {"ids": [7, 8], "idempotency_keys": []}
 
 
@@ -140,7 +148,9 @@ def test_a_bulk_enqueue_gives_a_held_key_its_holders_id() -> None:
     session = Scripted(
         job_reserve_ids=lambda p: [{"ids": [1, 2]}],
         job_enqueue_many=lambda p: [{"id": 2}],
-        job_enqueue_found=lambda p: [{"id": 50, "ours": False, "holds_key": "k"}],
+        job_enqueue_found=lambda p: [
+            {"id": 50, "reserved": False, "holds_key": "k", "call_key": None}
+        ],
     )
     results = driver.run(t.enqueue_many(specs), session)
     assert results == [Enqueued(50, False), Enqueued(2, True)]

@@ -10,19 +10,21 @@
 -- reserved (job_reserve_ids), or NULL for the column's default (a caller's
 -- transaction, which is not retried): a retry whose earlier attempt
 -- committed the job meets its id in the primary key, a unique violation
--- that the driver raises into the flow as KeyTaken.
+-- that the driver raises into the flow as KeyTaken. `call_key` is the
+-- call's (enqueue.CallKey), by which a retry tells its own job from
+-- another call's under the same id; NULL in a caller's transaction.
 -- A run_at in the past means now: run_at is when the job became runnable,
 -- which the lag gauge and the start-latency histogram measure from.
 -- Returns the new row (created = true) or nothing on a conflict.
 WITH inserted AS (
     INSERT INTO pgqueue_jobs (id, queue, task, payload, priority, run_at, max_attempts,
                               timeout_seconds, idempotency_key, unique_scope,
-                              concurrency_key, metadata)
+                              concurrency_key, metadata, call_key)
     VALUES (coalesce(%(id)s::bigint, nextval('pgqueue_jobs_id_seq')),
             %(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s,
             greatest(coalesce(%(run_at)s, now() + make_interval(secs => %(delay)s)), now()),
             %(max_attempts)s, %(timeout_seconds)s, %(idempotency_key)s, %(unique_scope)s,
-            %(concurrency_key)s, %(metadata)s::jsonb)
+            %(concurrency_key)s, %(metadata)s::jsonb, %(call_key)s::uuid)
     ON CONFLICT (idempotency_key)
         WHERE idempotency_key IS NOT NULL AND pgqueue_key_held(unique_scope, state, started_at)
         DO NOTHING
@@ -49,16 +51,17 @@ WHERE idempotency_key = %(idempotency_key)s
 -- or by an earlier row of the same array) are skipped, and so are rows an
 -- earlier attempt of the same call committed (their id exists): no conflict
 -- target, so that the primary key is an arbiter too. (The chunks of one
--- call go in one after another: keys are ordered within a chunk.)
+-- call go in one after another: keys are ordered within a chunk.) Every
+-- row carries the call's key (`call_key`: one for all, see job_enqueue).
 -- One notification per queue, not per job.
 WITH inserted AS (
     INSERT INTO pgqueue_jobs (id, queue, task, payload, priority, run_at, max_attempts,
                               timeout_seconds, idempotency_key, unique_scope,
-                              concurrency_key, metadata)
+                              concurrency_key, metadata, call_key)
     SELECT id, queue, task, payload, priority,
            greatest(coalesce(run_at, now() + make_interval(secs => delay)), now()),
            max_attempts, timeout_seconds, idempotency_key, unique_scope, concurrency_key,
-           metadata
+           metadata, %(call_key)s::uuid
     FROM unnest(%(id)s::bigint[], %(queue)s::text[], %(task)s::text[], %(payload)s::jsonb[],
                 %(priority)s::integer[], %(run_at)s::timestamptz[],
                 %(delay)s::double precision[], %(max_attempts)s::integer[],
@@ -86,15 +89,14 @@ SELECT id FROM inserted, (SELECT count(*) FROM woken) w;
 SELECT * FROM pgqueue_jobs WHERE id = ANY(%(ids)s::bigint[]);
 
 -- name: job_enqueue_found
--- For the rows job_enqueue_many skipped: which of their ids exist (an
--- earlier attempt of the same call committed them: `ours`, if the fields
--- are the call's: enqueue.made_by), and the jobs holding their keys now
--- (`holds_key`: the key a row holds, else NULL).
-SELECT id, id = ANY(%(ids)s::bigint[]) AS ours,
+-- For the rows job_enqueue_many skipped: which of their ids exist
+-- (`reserved`; an earlier attempt of the same call committed the row if it
+-- carries the call's key, `call_key`: enqueue.made_by), and the jobs
+-- holding their keys now (`holds_key`: the key a row holds, else NULL).
+SELECT id, id = ANY(%(ids)s::bigint[]) AS reserved,
        CASE WHEN pgqueue_key_held(unique_scope, state, started_at)
             THEN idempotency_key END AS holds_key,
-       task, queue, priority, max_attempts, timeout_seconds, idempotency_key,
-       concurrency_key, payload, metadata
+       call_key
 FROM pgqueue_jobs
 WHERE id = ANY(%(ids)s::bigint[])
    OR (idempotency_key = ANY(%(idempotency_keys)s::text[])
@@ -110,10 +112,10 @@ SELECT array_agg(nextval('pgqueue_jobs_id_seq')) AS ids FROM generate_series(1, 
 -- name: job_copy
 -- Bulk load of plain jobs (runnable now, no idempotency key): the fastest
 -- path into the table. Rows are (id, queue, task, payload, priority,
--- max_attempts, timeout_seconds, concurrency_key, metadata); the rest takes
--- the column defaults.
+-- max_attempts, timeout_seconds, concurrency_key, metadata, call_key); the
+-- rest takes the column defaults.
 COPY pgqueue_jobs (id, queue, task, payload, priority, max_attempts, timeout_seconds,
-                   concurrency_key, metadata) FROM STDIN;
+                   concurrency_key, metadata, call_key) FROM STDIN;
 
 -- name: job_lock_parents
 -- The existing jobs new jobs will depend on, and their states, locked until

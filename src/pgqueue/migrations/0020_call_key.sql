@@ -1,0 +1,15 @@
+-- The key of the producer's call that wrote a job (enqueue.CallKey: a random
+-- uuid per call, shared by its attempts). A retried call finds what an
+-- earlier attempt committed under the ids it reserved; after an
+-- asynchronous failover the promoted primary's sequence can hand those ids
+-- out again, so a row under one of them is the call's own only when it
+-- carries the call's key (enqueue.made_by). Comparing the row's fields
+-- could not tell two identical jobs of two calls apart.
+--
+-- NULL where no call key was given (jobs with dependencies, a single
+-- enqueue in the caller's transaction, SQL, older versions): such a row is
+-- never taken as a retry's own.
+-- Nullable without a default: adding it rewrites nothing and takes the
+-- table's lock only for a moment. No index: it is read only on rows found
+-- by their id.
+ALTER TABLE pgqueue_jobs ADD COLUMN call_key uuid;
