@@ -1,5 +1,5 @@
 """The flow and loop logic of retried enqueues (no database: what PostgreSQL
-does with the keys is proven in tests/integration/test_enqueue_retry.py)."""
+does with the keys is proven in tests/integration/queue/test_enqueue_retry.py)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from pgqueue import AsyncQueue, Settings
-from tests.integration.test_enqueue_retry import api_under_kills, named, retries
+from tests.integration.queue.test_enqueue_retry import api_under_kills, named, retries
 from tests.support import api_client, query_plan
 
 CONCURRENT = 32

@@ -26,7 +26,7 @@ from pgqueue import transitions as t
 from pgqueue.enqueue import CallKey
 from pgqueue.errors import DatabaseUnavailable
 from pgqueue.jobs import JobSpec
-from tests.integration.test_api_outage import Proxy, free_port
+from tests.integration.api.test_api_outage import Proxy, free_port
 from tests.support import api_client
 
 JOBS = 50_000
