@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 
 from pgqueue import migrate
-from pgqueue.embedded import EmbeddedPostgres
+from pgqueue.db.embedded import EmbeddedPostgres
 
 __all__ = [
     "STATEMENT_HEADS",

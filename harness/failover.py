@@ -41,7 +41,7 @@ import psycopg
 
 from harness.fault_tasks import create_deliveries, spawn_worker, stop_worker, worker_env
 from pgqueue import AsyncQueue, Queue, Settings, migrate
-from pgqueue.errors import PgQueueError
+from pgqueue.core.errors import PgQueueError
 
 __all__ = ["WORKER_SETTINGS", "FailoverLoad", "Ledger", "Verdict"]
 

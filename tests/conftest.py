@@ -20,7 +20,7 @@ import pytest
 from hypothesis import settings as hypothesis_settings
 
 from pgqueue import AsyncQueue, Queue, Settings, migrate
-from pgqueue.embedded import EmbeddedPostgres
+from pgqueue.db.embedded import EmbeddedPostgres
 
 TEMPLATE = "pgqueue_template"
 

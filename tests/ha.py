@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pgqueue.embedded import EmbeddedPostgres, _server_user
+from pgqueue.db.embedded import EmbeddedPostgres, _server_user
 from tests.netns import Network, network
 
 __all__ = ["Cluster", "ha_cluster"]

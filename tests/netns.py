@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pgqueue.embedded import EmbeddedPostgres, _server_user
+from pgqueue.db.embedded import EmbeddedPostgres, _server_user
 
 __all__ = ["Network", "network", "postgres_on"]
 

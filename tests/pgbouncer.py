@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from pgqueue.embedded import EmbeddedPostgres, _server_user
+from pgqueue.db.embedded import EmbeddedPostgres, _server_user
 
 __all__ = ["Bouncer", "pgbouncer"]
 

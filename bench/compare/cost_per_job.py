@@ -62,7 +62,7 @@ def one(jobs: int) -> dict[str, Any]:
     from bench.record import server_info
     from bench.workers import async_workers, wait_drained
     from pgqueue import Queue, Settings
-    from pgqueue.migrate import migrate
+    from pgqueue.db.migrate import migrate
 
     with bench_server("cost") as server:
         with psycopg.connect(server.url, autocommit=True) as conn:

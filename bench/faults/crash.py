@@ -49,7 +49,7 @@ from bench.record import ResultRecord, command_line, server_info, write_result
 from harness.fault_tasks import create_deliveries, release, scalar, spawn_worker, stop_worker
 from harness.invariants import check, dependency_violations
 from pgqueue import Queue, Settings, chain, group
-from pgqueue.workflows import Chain
+from pgqueue.core.workflows import Chain
 
 WORKER_SETTINGS: dict[str, Any] = {
     "lease_seconds": 1.0,

@@ -42,7 +42,7 @@ from bench.record import ResultRecord, command_line, server_info, write_result
 from harness.fault_tasks import create_deliveries, scalar, spawn_worker, stop_worker, wait_for
 from harness.invariants import check
 from pgqueue import Queue, Settings, migrate
-from pgqueue.embedded import EmbeddedPostgres, StopMode
+from pgqueue.db.embedded import EmbeddedPostgres, StopMode
 
 WORKER_SETTINGS: dict[str, Any] = {
     "lease_seconds": 5,

@@ -49,7 +49,7 @@ from psycopg.rows import dict_row
 from bench.common import bench_database, clear, rate, summary
 from bench.record import ResultRecord, command_line, server_info, write_result
 from pgqueue import Job, Outcome, Queue, Settings
-from pgqueue import transitions as t
+from pgqueue.core import transitions as t
 from pgqueue.sql import QUERIES
 
 # pgqueue's own job_claim with SKIP LOCKED taken out: the product claims with

@@ -61,7 +61,7 @@ from bench.perf.worker_throughput import BATCH, CLIENTS, pgbench_drain
 from bench.record import ResultRecord, command_line, server_info, write_result
 from bench.workers import DRAIN_TIMEOUT, async_workers
 from pgqueue import Queue, Settings, migrate
-from pgqueue.embedded import EmbeddedPostgres
+from pgqueue.db.embedded import EmbeddedPostgres
 from pgqueue.sql import QUERIES
 
 Admin = psycopg.Connection[tuple[Any, ...]]

@@ -55,7 +55,7 @@ from bench.record import ResultRecord, command_line, server_info, write_result
 from bench.workers import async_workers, wait_drained
 from harness.history import LIVE_LOAD, add_finished_jobs, add_live_load
 from pgqueue import Outcome, Queue, Settings, migrate
-from pgqueue.history import snapshot
+from pgqueue.core.history import snapshot
 
 QUEUE = "drain"
 RUN_KEYS = (

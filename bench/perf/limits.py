@@ -43,7 +43,7 @@ from bench.common import bench_database, clear, rate, summary
 from bench.record import ResultRecord, command_line, server_info, write_result
 from bench.workers import async_workers, wait_connected, wait_drained
 from pgqueue import Outcome, Queue, Settings
-from pgqueue import transitions as t
+from pgqueue.core import transitions as t
 
 QUEUE = "bench"
 BATCH = 100

@@ -18,7 +18,7 @@ from typing import Any
 
 import psycopg
 
-from pgqueue.embedded import EmbeddedPostgres
+from pgqueue.db.embedded import EmbeddedPostgres
 
 __all__ = ["set_synchronous", "streaming_standby"]
 

@@ -54,7 +54,7 @@ from bench.common import (
 from bench.record import ResultRecord, command_line, server_info, write_result
 from bench.workers import HANDLERS, wait_connected
 from pgqueue import Queue, Settings
-from pgqueue.embedded import EmbeddedPostgres
+from pgqueue.db.embedded import EmbeddedPostgres
 from pgqueue.sql import QUERIES
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -40,10 +40,8 @@ from __future__ import annotations
 
 import logging
 
-from .bulk import BulkAction, JobFilter
-from .control import CancelJob, Snooze
-from .controls import QueueControls
-from .errors import (
+from .core.bulk import BulkAction, JobFilter
+from .core.errors import (
     DatabaseReadOnly,
     DatabaseUnavailable,
     EnqueueOutcomeUnknown,
@@ -64,13 +62,15 @@ from .errors import (
     WorkerFailed,
     WorkflowNotFound,
 )
-from .jobs import AttemptError, Job, JobSpec, JobState
-from .migrate import migrate
+from .core.jobs import AttemptError, Job, JobSpec, JobState
+from .core.outcomes import CancelJob, Snooze
+from .core.queue_controls import QueueControls
+from .core.schedules import Schedule
+from .core.settings import Settings
+from .core.transitions import Enqueued, Outcome
+from .core.workflows import chain, group
+from .db.migrate import migrate
 from .queue import AsyncQueue, Queue
-from .schedules import Schedule
-from .settings import Settings
-from .transitions import Enqueued, Outcome
-from .workflows import chain, group
 
 __all__ = [
     "AsyncQueue",

@@ -31,12 +31,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Self, TypeVar
 
-from .checks import Name
-from .errors import InvalidJob, InvalidSettings
-from .jobs import QUEUE_NAME, Job, JobSpec, build_specs
+from .core.errors import InvalidJob, InvalidSettings
+from .core.jobs import QUEUE_NAME, Job, JobSpec, build_specs
+from .core.rules import Name
+from .core.settings import Settings
+from .core.transitions import Enqueued
 from .queue import AsyncQueue, Queue
-from .settings import Settings
-from .transitions import Enqueued
 
 __all__ = [
     "EVERY_QUEUE",

@@ -11,7 +11,7 @@ import asyncio
 import time
 from typing import Any
 
-from .jobs import Job
+from .core.jobs import Job
 
 
 async def echo(job: Job) -> dict[str, Any]:

@@ -27,9 +27,9 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from .migrate import migrate
+from .core.settings import Settings
+from .db.migrate import migrate
 from .queue import AsyncQueue, Queue
-from .settings import Settings
 
 ADMIN_URL = "PGQUEUE_TEST_ADMIN_URL"
 
@@ -41,7 +41,7 @@ def pgqueue_admin_url() -> Iterator[str]:
     if given:
         yield given
         return
-    from .embedded import EmbeddedPostgres
+    from .db.embedded import EmbeddedPostgres
 
     folder = tempfile.mkdtemp(prefix="pgqueue-pytest-")
     server = EmbeddedPostgres(os.path.join(folder, "data"))

@@ -19,11 +19,20 @@ from uuid import UUID
 
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from . import controls, driver, tracing, workflows
-from . import transitions as t
-from .bulk import BulkAction, JobFilter, bulk, retry_dead
-from .claiming import EveryQueue
-from .connections import (
+from . import tracing
+from .core import queue_controls, workflows
+from .core import transitions as t
+from .core.bulk import BulkAction, JobFilter, bulk, retry_dead
+from .core.dependencies import WorkflowJobs
+from .core.enqueue import CallKey, PerAttempt, per_attempt
+from .core.errors import WaitTimeout
+from .core.every_queue import EveryQueue
+from .core.jobs import Job, JobSpec, JobState, build_specs
+from .core.queue_controls import QueueControls
+from .core.settings import Settings
+from .core.transitions import Enqueued, Flow, Outcome
+from .db import driver
+from .db.connections import (
     async_caller_connection,
     caller_connection,
     errors_translated,
@@ -31,17 +40,10 @@ from .connections import (
     pool_options,
     resolve_url,
 )
-from .controls import QueueControls
-from .dependencies import WorkflowJobs
-from .driver import is_asyncpg_connection
-from .enqueue import CallKey, PerAttempt, per_attempt
-from .errors import WaitTimeout
-from .grouping import GroupCommitter
-from .jobs import Job, JobSpec, JobState, build_specs
-from .retrying import Retrying
-from .settings import Settings
-from .transitions import Enqueued, Flow, Outcome
-from .waiting import WAIT_POLL_SECONDS, AsyncWaiters, Waiters
+from .db.driver import is_asyncpg_connection
+from .db.group_commit import GroupCommitter
+from .db.retrying import Retrying
+from .db.waiters import WAIT_POLL_SECONDS, AsyncWaiters, Waiters
 
 __all__ = ["AsyncQueue", "Queue", "resolve_url"]
 
@@ -228,21 +230,22 @@ class Queue(_Common):
     def pause(self, queue: str) -> QueueControls:
         """Start no more jobs of ``queue``, on any worker, from now on (a claim
         already running may still take some); its running jobs finish."""
-        return self.run(controls.change(queue, {"paused": True}), transaction=True)
+        return self.run(queue_controls.change(queue, {"paused": True}), transaction=True)
 
     def resume(self, queue: str) -> QueueControls:
         """Start jobs of ``queue`` again, and wake the workers."""
-        return self.run(controls.change(queue, {"paused": False}), transaction=True)
+        return self.run(queue_controls.change(queue, {"paused": False}), transaction=True)
 
     def set_limits(self, queue: str, **limits: Any) -> QueueControls:
-        """Set some of ``queue``'s limits (the names of ``controls.LIMITS``):
+        """Set some of ``queue``'s limits (the names of ``queue_controls.LIMITS``):
         None removes one, a limit not given stays. InvalidQueueControl names
         a bad one, and nothing is written."""
-        return self.run(controls.change(queue, limits, allowed=controls.LIMITS), transaction=True)
+        flow = queue_controls.change(queue, limits, allowed=queue_controls.LIMITS)
+        return self.run(flow, transaction=True)
 
     def queue_controls(self) -> dict[str, QueueControls]:
         """The pause and limits of every queue that ever had any, by name."""
-        return self.run(controls.read_all())
+        return self.run(queue_controls.read_all())
 
     # -- operators ----------------------------------------------------------------
 
@@ -461,17 +464,17 @@ class AsyncQueue(_Common):
 
     async def pause(self, queue: str) -> QueueControls:
         """As Queue.pause."""
-        return await self.run(controls.change(queue, {"paused": True}), transaction=True)
+        return await self.run(queue_controls.change(queue, {"paused": True}), transaction=True)
 
     async def resume(self, queue: str) -> QueueControls:
-        return await self.run(controls.change(queue, {"paused": False}), transaction=True)
+        return await self.run(queue_controls.change(queue, {"paused": False}), transaction=True)
 
     async def set_limits(self, queue: str, **limits: Any) -> QueueControls:
-        flow = controls.change(queue, limits, allowed=controls.LIMITS)
+        flow = queue_controls.change(queue, limits, allowed=queue_controls.LIMITS)
         return await self.run(flow, transaction=True)
 
     async def queue_controls(self) -> dict[str, QueueControls]:
-        return await self.run(controls.read_all())
+        return await self.run(queue_controls.read_all())
 
     async def get(self, job_id: int) -> Job:
         return await self.run(t.get(job_id))

@@ -27,13 +27,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import tracing
-from .jobs import Job, JobState
+from .core.jobs import Job, JobState
 from .queue import AsyncQueue, Queue
-from .worker._threads import ThreadPool
 from .worker.executor import Executor
-from .worker.faults import EventLog
 from .worker.handlers import TaskRegistry, resolve_tasks
 from .worker.isolation import HandlerProcesses
+from .worker.supervision import EventLog
+from .worker.threads import ThreadPool
 
 __all__ = ["Ran", "drain", "drain_async", "eager", "eager_async"]
 

@@ -33,16 +33,16 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from . import workflows
-from .checks import dump_json
-from .dependencies import WorkflowJobs
-from .enqueue import enqueue, enqueue_many
-from .flows import Flow
-from .jobs import Job, JobSpec
-from .settings import Settings
+from .core import workflows
+from .core.dependencies import WorkflowJobs
+from .core.enqueue import enqueue, enqueue_many
+from .core.flows import Flow
+from .core.jobs import Job, JobSpec
+from .core.rules import dump_json
+from .core.settings import Settings
 
 if TYPE_CHECKING:
-    from .transitions import Outcome
+    from .core.transitions import Outcome
 
 try:
     from opentelemetry import context, propagate, trace

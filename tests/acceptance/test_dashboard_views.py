@@ -23,7 +23,7 @@ import pytest
 
 from pgqueue import Queue, Settings
 from pgqueue.api import create_app
-from pgqueue.presence import WorkerInfo, register
+from pgqueue.core.workers import WorkerInfo, register
 from tests.browser import DevTools
 from tests.support import LiveServer
 

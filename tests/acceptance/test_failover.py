@@ -19,7 +19,7 @@ import pytest
 
 from bench.faults.failover import run_cluster
 from pgqueue import Queue, Settings, migrate
-from pgqueue.errors import DatabaseUnavailable
+from pgqueue.core.errors import DatabaseUnavailable
 from tests.netns import network, postgres_on
 
 pytestmark = pytest.mark.acceptance

@@ -23,7 +23,7 @@ import pytest
 from harness.fault_tasks import create_deliveries, spawn_worker, stop_worker
 from harness.invariants import check
 from pgqueue import AsyncQueue, Job, JobState, Queue, Settings, migrate
-from pgqueue.embedded import EmbeddedPostgres
+from pgqueue.db.embedded import EmbeddedPostgres
 from pgqueue.worker import AsyncWorker
 from tests.pgbouncer import Bouncer, pgbouncer
 from tests.support import api_client, running

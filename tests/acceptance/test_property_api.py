@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from pgqueue import Settings
 from pgqueue.api import create_app
-from pgqueue.jobs import (
+from pgqueue.core.jobs import (
     MAX_ATTEMPTS,
     MAX_DELAY_SECONDS,
     MAX_KEY_LENGTH,

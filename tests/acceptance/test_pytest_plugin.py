@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pgqueue.embedded import EmbeddedPostgres
+from pgqueue.db.embedded import EmbeddedPostgres
 
 pytestmark = pytest.mark.acceptance
 

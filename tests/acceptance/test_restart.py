@@ -15,7 +15,7 @@ import pytest
 
 from bench.faults import restart
 from pgqueue import migrate
-from pgqueue.embedded import EmbeddedPostgres, StopMode
+from pgqueue.db.embedded import EmbeddedPostgres, StopMode
 
 pytestmark = pytest.mark.acceptance
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from pgqueue.embedded import EmbeddedPostgres
+from pgqueue.db.embedded import EmbeddedPostgres
 
 pytestmark = pytest.mark.acceptance
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,11 +20,11 @@ from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from pgqueue import driver
-from pgqueue.errors import KeyTaken
-from pgqueue.jobs import Job
+from pgqueue.core.errors import KeyTaken
+from pgqueue.core.jobs import Job
+from pgqueue.core.transitions import Flow, Statement
+from pgqueue.db import driver
 from pgqueue.sql import migration_versions
-from pgqueue.transitions import Flow, Statement
 
 T = TypeVar("T")
 Row = dict[str, Any]

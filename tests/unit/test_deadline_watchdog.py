@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from pgqueue.deadlines import _Watchdog
+from pgqueue.db.deadlines import _Watchdog
 
 
 def test_a_timer_fires_and_a_withdrawn_one_does_not() -> None:

@@ -9,13 +9,14 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from pgqueue import Settings, driver
-from pgqueue import transitions as t
-from pgqueue.presence import WorkerInfo, WorkerLoad
-from pgqueue.worker.faults import EventLog
+from pgqueue import Settings
+from pgqueue.core import transitions as t
+from pgqueue.core.workers import WorkerInfo, WorkerLoad
+from pgqueue.db import driver
+from pgqueue.worker.held import HeldJobs
 from pgqueue.worker.leases import LeaseKeeper
 from pgqueue.worker.maintenance import Maintenance
-from pgqueue.worker.registry import HeldJobs
+from pgqueue.worker.supervision import EventLog
 from tests.support import until
 from tests.unit.memory import MemoryConnection, MemoryDatabase
 

@@ -10,13 +10,14 @@ from typing import Any
 
 import pytest
 
-from pgqueue import JobAlreadyFinished, JobNotRetryable, JobSpec, JobState, Settings, driver
-from pgqueue import transitions as t
-from pgqueue.bulk import BulkAction, JobFilter, bulk
-from pgqueue.claiming import EveryQueue
-from pgqueue.errors import KeyTaken
+from pgqueue import JobAlreadyFinished, JobNotRetryable, JobSpec, JobState, Settings
+from pgqueue.core import transitions as t
+from pgqueue.core.bulk import BulkAction, JobFilter, bulk
+from pgqueue.core.errors import KeyTaken
+from pgqueue.core.every_queue import EveryQueue
+from pgqueue.core.transitions import Statement
+from pgqueue.db import driver
 from pgqueue.sql import migration_versions
-from pgqueue.transitions import Statement
 from tests.unit.memory import MemoryDatabase, MemorySession
 
 Answer = Callable[[dict[str, Any]], list[Any]]

@@ -13,13 +13,13 @@ from typing import Any, TypeVar
 import psycopg
 import pytest
 
-from pgqueue import driver
-from pgqueue.enqueue import CallKey
-from pgqueue.errors import DatabaseUnavailable, EnqueueOutcomeUnknown
-from pgqueue.flows import Flow
-from pgqueue.grouping import GroupCommitter
-from pgqueue.jobs import Job, JobSpec
-from pgqueue.settings import Settings
+from pgqueue.core.enqueue import CallKey
+from pgqueue.core.errors import DatabaseUnavailable, EnqueueOutcomeUnknown
+from pgqueue.core.flows import Flow
+from pgqueue.core.jobs import Job, JobSpec
+from pgqueue.core.settings import Settings
+from pgqueue.db import driver
+from pgqueue.db.group_commit import GroupCommitter
 from tests.unit.memory import MemoryDatabase, MemorySession
 
 T = TypeVar("T")

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pgqueue.history import Point, Totals, points, quantile
+from pgqueue.core.history import Point, Totals, points, quantile
 from pgqueue.sql import QUERIES, migration_files
 
 

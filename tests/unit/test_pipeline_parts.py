@@ -12,13 +12,14 @@ from typing import Any
 
 import pytest
 
-from pgqueue import Job, Settings, driver
-from pgqueue import transitions as t
+from pgqueue import Job, Settings
+from pgqueue.core import transitions as t
+from pgqueue.db import driver
 from pgqueue.worker import AsyncWorker
 from pgqueue.worker.completer import Completer
-from pgqueue.worker.faults import EventLog
+from pgqueue.worker.held import HeldJobs, Stage
 from pgqueue.worker.producer import Producer
-from pgqueue.worker.registry import HeldJobs, Stage
+from pgqueue.worker.supervision import EventLog
 from tests.support import running, until
 from tests.unit.memory import MemoryConnection, MemoryDatabase, no_hints
 

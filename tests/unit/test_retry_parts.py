@@ -11,14 +11,15 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgqueue import Job, Settings, driver
-from pgqueue import transitions as t
+from pgqueue import Job, Settings
+from pgqueue.core import transitions as t
+from pgqueue.db import driver
 from pgqueue.worker import TaskRegistry
-from pgqueue.worker._threads import ThreadPool
 from pgqueue.worker.executor import Executor
-from pgqueue.worker.faults import EventLog
 from pgqueue.worker.handlers import resolve_tasks
 from pgqueue.worker.isolation import HandlerProcesses
+from pgqueue.worker.supervision import EventLog
+from pgqueue.worker.threads import ThreadPool
 from tests.unit.memory import MemoryDatabase
 
 SETTINGS = Settings(database_url="memory://")

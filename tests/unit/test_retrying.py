@@ -12,14 +12,14 @@ from uuid import uuid4
 import psycopg
 import pytest
 
-from pgqueue import driver
-from pgqueue import transitions as t
-from pgqueue.enqueue import CallKey, Enqueued
-from pgqueue.errors import DatabaseUnavailable, KeyTaken
-from pgqueue.jobs import JobSpec
-from pgqueue.retrying import Retries, Retrying
-from pgqueue.settings import Settings
-from pgqueue.transitions import Statement
+from pgqueue.core import transitions as t
+from pgqueue.core.enqueue import CallKey, Enqueued
+from pgqueue.core.errors import DatabaseUnavailable, KeyTaken
+from pgqueue.core.jobs import JobSpec
+from pgqueue.core.settings import Settings
+from pgqueue.core.transitions import Statement
+from pgqueue.db import driver
+from pgqueue.db.retrying import Retries, Retrying
 from tests.unit.memory import MemoryDatabase
 
 

@@ -14,15 +14,16 @@ from zoneinfo import ZoneInfo
 import psycopg
 import pytest
 
-from pgqueue import Job, Settings, driver
-from pgqueue import schedules as s
-from pgqueue import ticks as tk
-from pgqueue.errors import InvalidSchedule
-from pgqueue.schedules import Schedule
+from pgqueue import Job, Settings
+from pgqueue.core import schedules as s
+from pgqueue.core import ticks as tk
+from pgqueue.core.errors import InvalidSchedule
+from pgqueue.core.schedules import Schedule
+from pgqueue.db import driver
 from pgqueue.worker import TaskRegistry
-from pgqueue.worker.faults import EventLog
 from pgqueue.worker.handlers import resolve_schedules
 from pgqueue.worker.scheduler import Scheduler
+from pgqueue.worker.supervision import EventLog
 from tests.unit.memory import MemoryConnection, MemoryDatabase
 
 BERLIN = ZoneInfo("Europe/Berlin")

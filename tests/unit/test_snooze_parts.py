@@ -13,16 +13,17 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgqueue import CancelJob, InvalidJob, Job, Settings, Snooze, driver
-from pgqueue import transitions as t
+from pgqueue import CancelJob, InvalidJob, Job, Settings, Snooze
+from pgqueue.core import transitions as t
+from pgqueue.db import driver
 from pgqueue.worker import TaskRegistry
-from pgqueue.worker._threads import ThreadPool
 from pgqueue.worker.completer import Completer
 from pgqueue.worker.executor import Executor
-from pgqueue.worker.faults import EventLog
 from pgqueue.worker.handlers import resolve_tasks
+from pgqueue.worker.held import HeldJobs, Stage
 from pgqueue.worker.isolation import HandlerProcesses
-from pgqueue.worker.registry import HeldJobs, Stage
+from pgqueue.worker.supervision import EventLog
+from pgqueue.worker.threads import ThreadPool
 from tests.support import until
 from tests.unit.memory import MemoryConnection, MemoryDatabase
 

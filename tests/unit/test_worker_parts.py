@@ -16,20 +16,21 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgqueue import Job, JobState, Settings, WorkerFailed, driver
-from pgqueue import transitions as t
-from pgqueue.presence import WorkerInfo, WorkerLoad
+from pgqueue import Job, JobState, Settings, WorkerFailed
+from pgqueue.core import transitions as t
+from pgqueue.core.workers import WorkerInfo, WorkerLoad
+from pgqueue.db import driver
 from pgqueue.worker import AsyncWorker
 from pgqueue.worker._context import in_context
-from pgqueue.worker._threads import ThreadPool
 from pgqueue.worker.completer import Completer
 from pgqueue.worker.executor import Executor
-from pgqueue.worker.faults import EventLog
 from pgqueue.worker.handlers import resolve_tasks
+from pgqueue.worker.held import Held, HeldJobs, Stage
 from pgqueue.worker.isolation import HandlerProcesses
 from pgqueue.worker.leases import LeaseKeeper
 from pgqueue.worker.producer import Producer
-from pgqueue.worker.registry import Held, HeldJobs, Stage
+from pgqueue.worker.supervision import EventLog
+from pgqueue.worker.threads import ThreadPool
 from tests.support import running, until
 from tests.unit.memory import MemoryConnection, MemoryDatabase, no_hints
 

@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from pgqueue import InvalidJob, Job, JobSpec, JobState, Settings, chain, driver, group
-from pgqueue.dependencies import Graph, plan
-from pgqueue.transitions import claim
-from pgqueue.workflows import by_name, graph_of, specs_maker
+from pgqueue import InvalidJob, Job, JobSpec, JobState, Settings, chain, group
+from pgqueue.core.dependencies import Graph, plan
+from pgqueue.core.transitions import claim
+from pgqueue.core.workflows import by_name, graph_of, specs_maker
+from pgqueue.db import driver
 from tests.unit.memory import MemoryDatabase
 
 make = specs_maker(5)

@@ -15,8 +15,8 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from ..core.settings import Settings
 from ..queue import AsyncQueue
-from ..settings import Settings
 from . import (
     access,
     bulk,

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from ..bulk import BULK_BATCH, FILTER_FIELDS, BulkAction, JobFilter
+from ..core.bulk import BULK_BATCH, FILTER_FIELDS, BulkAction, JobFilter
 from ..queue import AsyncQueue
 from .http_errors import documented_errors
 from .models import field_schema

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
-from .. import bulk
+from ..core import bulk
 from .http_errors import documented_errors
 
 __all__ = ["router"]

@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, Field
 
-from .. import history
+from ..core import history
 from .http_errors import documented_errors
 from .models import QUEUE_PATTERN
 

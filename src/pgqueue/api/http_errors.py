@@ -32,7 +32,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from ..errors import (
+from ..core.errors import (
     DatabaseReadOnly,
     DatabaseUnavailable,
     EnqueueOutcomeUnknown,

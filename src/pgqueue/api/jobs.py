@@ -21,8 +21,8 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Body, Path, Query, Request, Response
 from starlette.convertors import StringConvertor, register_url_convertor
 
-from .. import transitions as t
-from ..jobs import JobState
+from ..core import transitions as t
+from ..core.jobs import JobState
 from ..queue import AsyncQueue
 from .http_errors import documented_errors
 from .models import (

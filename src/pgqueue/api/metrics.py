@@ -53,9 +53,9 @@ from prometheus_client.core import (
     Metric,
 )
 
-from .. import presence
-from ..presence import WorkerRow
-from ..transitions import Flow, Statement
+from ..core import workers
+from ..core.transitions import Flow, Statement
+from ..core.workers import WorkerRow
 
 __all__ = ["LIVE_STATES", "Snapshot", "render", "snapshot"]
 
@@ -87,8 +87,8 @@ def snapshot() -> Flow[Snapshot]:
     stats = yield Statement("queue_stats", {})
     counters = yield Statement("counters_totals", {})
     latency = yield Statement("start_latency_histogram", {})
-    workers = yield from presence.list_workers()
-    return Snapshot(stats, counters, latency, workers)
+    alive = yield from workers.list_workers()
+    return Snapshot(stats, counters, latency, alive)
 
 
 class _SnapshotCollector:

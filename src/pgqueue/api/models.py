@@ -19,8 +19,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from ..controls import LIMITS, QueueControls
-from ..jobs import (
+from ..core.jobs import (
     JOB_FIELDS,
     MAX_ATTEMPT_ERRORS,
     QUEUE_NAME,
@@ -29,6 +28,7 @@ from ..jobs import (
     JobField,
     JobState,
 )
+from ..core.queue_controls import LIMITS, QueueControls
 
 __all__ = [
     "BatchEnqueued",

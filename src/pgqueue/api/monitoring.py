@@ -17,8 +17,8 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from .. import transitions as t
-from ..errors import DatabaseReadOnly, DatabaseUnavailable, SchemaNotMigrated
+from ..core import transitions as t
+from ..core.errors import DatabaseReadOnly, DatabaseUnavailable, SchemaNotMigrated
 from ..queue import AsyncQueue
 from . import metrics
 from .http_errors import (

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from .. import stats
-from ..controls import LIMITS
+from ..core import stats
+from ..core.queue_controls import LIMITS
 from ..queue import AsyncQueue
 from .http_errors import ERROR_RESPONSES, documented_errors
 from .models import (

@@ -12,13 +12,13 @@ from typing import Annotated, Any, TypeVar
 from fastapi import APIRouter, HTTPException, Path, Request, Response
 from pydantic import BaseModel, Field
 
-from .. import schedules
-from ..errors import InvalidSchedule, ScheduleNotFound
-from ..jobs import JobState
+from ..core import schedules
+from ..core.errors import InvalidSchedule, ScheduleNotFound
+from ..core.jobs import JobState
+from ..core.schedules import ScheduleRecord, Status
+from ..core.ticks import CatchUp
+from ..core.transitions import Flow
 from ..queue import AsyncQueue
-from ..schedules import ScheduleRecord, Status
-from ..ticks import CatchUp
-from ..transitions import Flow
 from .http_errors import ERROR_RESPONSES
 from .models import TASK_PATTERN, ErrorBody
 

@@ -16,8 +16,8 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from ..errors import InvalidSettings
-from ..settings import Settings
+from ..core.errors import InvalidSettings
+from ..core.settings import Settings
 from .app import create_app
 
 __all__ = [

@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .. import tracing
-from ..settings import Settings
+from ..core.settings import Settings
 
 __all__ = ["TraceContext", "add_trace_context"]
 

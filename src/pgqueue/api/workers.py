@@ -8,8 +8,8 @@ from datetime import datetime
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
-from .. import presence
-from ..presence import WorkerRow
+from ..core import workers
+from ..core.workers import WorkerRow
 from .http_errors import documented_errors
 
 __all__ = ["router"]
@@ -28,12 +28,12 @@ class WorkerOut(BaseModel):
     last_seen_at: datetime = Field(description="Its last heartbeat (database clock).")
     last_seen_seconds: float
     alive: bool = Field(
-        description=f"It heartbeated within the last {presence.EXPIRY_HEARTBEATS} heartbeat "
+        description=f"It heartbeated within the last {workers.EXPIRY_HEARTBEATS} heartbeat "
         "intervals; a killed worker's row stays, not alive, until maintenance prunes it."
     )
     stalled: bool = Field(
         description="Alive with free slots, yet it has not claimed since a job of its queues "
-        f"became runnable {presence.STALL_SECONDS:g} s ago or more."
+        f"became runnable {workers.STALL_SECONDS:g} s ago or more."
     )
     held: int = Field(description="Jobs it holds a lease on (running, or being acked).")
     running: int
@@ -57,5 +57,5 @@ class WorkerList(BaseModel):
     summary="The workers registry: every worker process, alive or recently gone",
 )
 async def list_workers(request: Request) -> WorkerList:
-    rows = await request.app.state.queue.run(presence.list_workers())
+    rows = await request.app.state.queue.run(workers.list_workers())
     return WorkerList(workers=[WorkerOut.of(row) for row in rows])

@@ -15,10 +15,10 @@ from uuid import UUID
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from ..dependencies import WorkflowJobs
-from ..jobs import JOB_FIELDS, JobState
+from ..core.dependencies import WorkflowJobs
+from ..core.jobs import JOB_FIELDS, JobState
+from ..core.workflows import MAX_WORKFLOW_JOBS
 from ..queue import AsyncQueue
-from ..workflows import MAX_WORKFLOW_JOBS
 from .http_errors import documented_errors
 from .models import JobOut, field_schema
 

@@ -30,7 +30,7 @@ from rich.console import Console
 from typer.core import TyperGroup
 
 from ..console import missing_extra
-from ..errors import (
+from ..core.errors import (
     DatabaseUnavailable,
     EnqueueOutcomeUnknown,
     InvalidJob,
@@ -39,9 +39,9 @@ from ..errors import (
     OutcomeUnknown,
     PgQueueError,
 )
+from ..core.settings import Settings
 from ..logs import ENV_LOG_FORMAT, stderr_handler
 from ..queue import Queue
-from ..settings import Settings
 from . import output
 from .options import JsonFlag, LogFormatChoice
 from .project import Project, existing_database

@@ -15,8 +15,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from ..bulk import BulkAction, JobFilter
-from ..errors import InvalidJob
+from ..core.bulk import BulkAction, JobFilter
+from ..core.errors import InvalidJob
 from . import output
 from .app import jobs_app, state_of, wants_json
 from .options import JsonFlag, parse_duration, parse_time

@@ -9,8 +9,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from .. import history
-from ..jobs import QUEUE_NAME
+from ..core import history
+from ..core.jobs import QUEUE_NAME
 from . import output
 from .app import state_of, wants_json
 from .options import JsonFlag

@@ -14,9 +14,9 @@ from rich.panel import Panel
 from rich.syntax import Syntax
 from rich.table import Table
 
-from ..jobs import Job, JobState
+from ..core.jobs import Job, JobState
+from ..core.transitions import LIST_VIEWS, MAX_ERROR_SEARCH
 from ..queue import Queue
-from ..transitions import LIST_VIEWS, MAX_ERROR_SEARCH
 from . import output
 from .app import jobs_app, state_of, wants_json
 from .options import JsonFlag

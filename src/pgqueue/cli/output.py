@@ -18,9 +18,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..controls import QueueControls
-from ..jobs import Job, JobState
-from ..stats import QueueStats
+from ..core.jobs import Job, JobState
+from ..core.queue_controls import QueueControls
+from ..core.stats import QueueStats
 
 __all__ = [
     "STATE_STYLES",

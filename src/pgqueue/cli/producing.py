@@ -19,10 +19,10 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ..errors import EnqueueOutcomeUnknown, InvalidJob, PgQueueError
-from ..jobs import JobSpec
+from ..core.errors import EnqueueOutcomeUnknown, InvalidJob, PgQueueError
+from ..core.jobs import JobSpec
+from ..core.settings import Settings
 from ..queue import Queue
-from ..settings import Settings
 from . import output
 from .app import State, app, describe, state_of, wants_json
 from .options import JsonFlag, option, parse_duration, parse_time

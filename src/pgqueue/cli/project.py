@@ -22,9 +22,9 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..embedded import EmbeddedPostgres
-from ..errors import PgQueueError
-from ..settings import PYPROJECT, Settings
+from ..core.errors import PgQueueError
+from ..core.settings import PYPROJECT, Settings
+from ..db.embedded import EmbeddedPostgres
 
 __all__ = ["NoDatabase", "Project", "existing_database"]
 

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from ..controls import QueueControls
+from ..core.queue_controls import QueueControls
 from . import output, watching
 from .app import app, state_of, wants_json
 from .options import JsonFlag, option, parse_duration

@@ -18,12 +18,12 @@ from rich.console import Console
 from rich.text import Text
 
 from .. import worker
-from ..embedded import EmbeddedPostgres
+from ..core.settings import Settings
+from ..db.embedded import EmbeddedPostgres
+from ..db.migrate import migrate
 from ..logs import ENV_LOG_FORMAT
-from ..migrate import migrate
 from ..processes import Child, ProcessSupervisor
 from ..queue import resolve_url
-from ..settings import Settings
 from . import output
 from .app import app, configure_logging, first_line, state_of, wants_json
 from .options import JsonFlag, redact, split

@@ -12,10 +12,10 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from .. import schedules
-from ..jobs import JobState
+from ..core import schedules
+from ..core.jobs import JobState
+from ..core.schedules import ScheduleRecord
 from ..queue import Queue
-from ..schedules import ScheduleRecord
 from . import output
 from .app import app, state_of, wants_json
 from .options import JsonFlag

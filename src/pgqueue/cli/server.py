@@ -7,8 +7,8 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from ..embedded import EmbeddedPostgres
-from ..errors import PgQueueError
+from ..core.errors import PgQueueError
+from ..db.embedded import EmbeddedPostgres
 from . import output
 from .app import db_app, state_of, wants_json
 from .options import JsonFlag, redact

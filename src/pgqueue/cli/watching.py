@@ -11,7 +11,8 @@ from typing import Annotated, Any
 import typer
 from rich.live import Live
 
-from .. import presence, stats
+from ..core import stats
+from ..core.workers import list_workers
 from ..queue import Queue
 from . import output
 from .app import app, state_of, wants_json
@@ -76,7 +77,7 @@ def top_cmd(
             while True:
                 rows, total = _read(q)
                 per_queue = rates.update(rows)
-                workers = q.run(presence.list_workers())
+                workers = q.run(list_workers())
                 alive = sum(w.alive for w in workers)
                 stalled = sum(w.stalled for w in workers)
                 count += 1

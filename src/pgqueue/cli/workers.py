@@ -8,8 +8,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from .. import presence
-from ..presence import WorkerRow
+from ..core import workers
+from ..core.workers import WorkerRow
 from . import output
 from .app import app, state_of, wants_json
 from .options import JsonFlag
@@ -27,7 +27,7 @@ def workers_cmd(ctx: typer.Context, json_out: JsonFlag = False) -> None:
     """
     state = state_of(ctx)
     with state.queue() as q:
-        rows = q.run(presence.list_workers())
+        rows = q.run(workers.list_workers())
     if wants_json(ctx, json_out):
         output.emit_json({"workers": [row.to_dict() for row in rows]})
     elif not rows:

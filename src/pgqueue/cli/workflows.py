@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..dependencies import WorkflowJobs
+from ..core.dependencies import WorkflowJobs
 from . import output
 from .app import app, state_of, wants_json
 from .options import JsonFlag

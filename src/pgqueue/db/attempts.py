@@ -12,10 +12,11 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from .. import deadlines, sql
-from ..enqueue import LOSABLE, CallKey
-from ..errors import DatabaseUnavailable, EnqueueOutcomeUnknown, OutcomeUnknown
-from ..flows import Flow
+from .. import sql
+from ..core.enqueue import LOSABLE, CallKey
+from ..core.errors import DatabaseUnavailable, EnqueueOutcomeUnknown, OutcomeUnknown
+from ..core.flows import Flow
+from . import deadlines
 
 __all__ = ["STANDBY_WAIT_CANCELLED", "WRITE_FREE", "Attempt", "first_line"]
 

@@ -27,8 +27,8 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from ..core.settings import Settings
 from ..queue import AsyncQueue
-from ..settings import Settings
 from ..worker import AsyncWorker, TaskRegistry
 
 __all__ = ["PgQueue"]

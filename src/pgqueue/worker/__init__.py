@@ -25,10 +25,10 @@ import threading
 import time
 
 from ..clusters import worker_groups
+from ..core.settings import Settings
 from ..logs import ENV_LOG_FORMAT, stderr_handler
 from ..processes import Child, ProcessSupervisor
 from ..queue import resolve_url
-from ..settings import Settings
 from .blocking import Worker
 from .handlers import Task, TaskRegistry, load_handlers, load_target, task, tasks
 from .runtime import AsyncWorker

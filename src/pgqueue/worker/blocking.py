@@ -15,8 +15,8 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import WorkerFailed
-from ..settings import Settings
+from ..core.errors import WorkerFailed
+from ..core.settings import Settings
 from .handlers import TaskRegistry
 from .runtime import AsyncWorker
 

@@ -28,13 +28,13 @@ from collections.abc import Callable, Sequence
 
 import psycopg
 
-from ..driver import RETRYABLE_ERRORS
-from ..jobs import Job, JobState
-from ..settings import Settings
-from ..transitions import Outcome, finish, finish_groups
-from .connection import FlowRunner
-from .faults import WAIT_OUT, Backoff, EventLog, short, together
-from .registry import Held, HeldJobs, Stage
+from ..core.jobs import Job, JobState
+from ..core.settings import Settings
+from ..core.transitions import Outcome, finish, finish_groups
+from ..db.driver import RETRYABLE_ERRORS
+from ..db.worker_connection import FlowRunner
+from .held import Held, HeldJobs, Stage
+from .supervision import WAIT_OUT, Backoff, EventLog, short, together
 
 __all__ = ["ACK_BATCH_MAX", "ACK_DELAY_SECONDS", "Completer"]
 

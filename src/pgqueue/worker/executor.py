@@ -21,13 +21,13 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from .. import tracing
-from ..control import CancelJob, Snooze
-from ..jobs import Job
-from ..transitions import Outcome
-from ._threads import ThreadPool
-from .faults import EventLog, backoff_delay, describe
+from ..core.jobs import Job
+from ..core.outcomes import CancelJob, Snooze
+from ..core.transitions import Outcome
 from .handlers import Task
 from .isolation import HandlerProcesses, HandlerTimedOut
+from .supervision import EventLog, backoff_delay, describe
+from .threads import ThreadPool
 
 __all__ = ["Executor"]
 

@@ -38,8 +38,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ParamSpec, Protocol, TypeVar, overload
 
-from ..jobs import Job
-from ..schedules import Schedule
+from ..core.jobs import Job
+from ..core.schedules import Schedule
 from .typed import TypedTask, is_job_handler
 
 __all__ = [

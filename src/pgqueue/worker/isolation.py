@@ -23,7 +23,7 @@ import pickle
 from collections.abc import Iterable
 from typing import Any
 
-from ..jobs import Job
+from ..core.jobs import Job
 from .handlers import Task
 
 __all__ = ["HandlerProcesses", "HandlerTimedOut", "ProcessDied"]

@@ -2,7 +2,7 @@
 
 Every ``heartbeat_seconds`` (and once at the start) the lease keeper says in
 the workers registry that this worker is alive and what it holds
-(``presence.seen``; registering again if its row was pruned meanwhile;
+(``workers.seen``; registering again if its row was pruned meanwhile;
 with ``session_death_detection``, naming the PostgreSQL session this runs
 on, whose end tells the other workers this one died), then
 extends the leases of all held jobs in one ``job_heartbeat``, fenced by
@@ -19,13 +19,13 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .. import presence
-from ..presence import WorkerInfo, WorkerLoad
-from ..settings import Settings
-from ..transitions import heartbeat
-from .connection import FlowRunner
-from .faults import WAIT_OUT, Backoff, EventLog
-from .registry import HeldJobs, Stage
+from ..core import workers
+from ..core.settings import Settings
+from ..core.transitions import heartbeat
+from ..core.workers import WorkerInfo, WorkerLoad
+from ..db.worker_connection import FlowRunner
+from .held import HeldJobs, Stage
+from .supervision import WAIT_OUT, Backoff, EventLog
 
 __all__ = ["LeaseKeeper"]
 
@@ -61,9 +61,9 @@ class LeaseKeeper:
         interval = self.settings.heartbeat_seconds
         session = self.settings.detects_dead_sessions
         if not await self.conn.run(
-            presence.seen(self.info.name, self.load(), interval, session=session)
+            workers.seen(self.info.name, self.load(), interval, session=session)
         ):
-            await self.conn.run(presence.register(self.info, interval, session=session))
+            await self.conn.run(workers.register(self.info, interval, session=session))
         leases = self.held.leases()
         if not leases:
             return

@@ -20,11 +20,11 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 
-from .. import history, presence
-from ..settings import Settings
-from ..transitions import forget_waits, prune, reap
-from .connection import FlowRunner
-from .faults import WAIT_OUT, Backoff, EventLog
+from ..core import history, workers
+from ..core.settings import Settings
+from ..core.transitions import forget_waits, prune, reap
+from ..db.worker_connection import FlowRunner
+from .supervision import WAIT_OUT, Backoff, EventLog
 
 __all__ = ["Maintenance"]
 
@@ -71,7 +71,7 @@ class Maintenance:
 
     async def reap_dead(self) -> None:
         """Find the workers whose session has ended; take their jobs back now."""
-        dead = await self.conn.run(presence.reap_dead(self.worker))
+        dead = await self.conn.run(workers.reap_dead(self.worker))
         for name, jobs in dead.items():
             self.events(
                 logging.WARNING,
@@ -105,7 +105,7 @@ class Maintenance:
         """Delete finished jobs past the retention period, the registry
         rows of workers long gone, and waiters' registrations past their
         timeout."""
-        await self.conn.run(presence.prune(self.settings.worker_retention_seconds))
+        await self.conn.run(workers.prune(self.settings.worker_retention_seconds))
         await self.conn.run(forget_waits())
         total = 0
         for _ in range(MAX_BATCHES):

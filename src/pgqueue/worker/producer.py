@@ -49,12 +49,12 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import psycopg
 
 from .. import tracing
-from ..jobs import Job
-from ..settings import Settings
-from ..transitions import claim, next_wake, queues_with_jobs, release
-from .connection import FlowRunner
-from .faults import WAIT_OUT, Backoff, EventLog, short, together
-from .registry import Held, HeldJobs
+from ..core.jobs import Job
+from ..core.settings import Settings
+from ..core.transitions import claim, next_wake, queues_with_jobs, release
+from ..db.worker_connection import FlowRunner
+from .held import Held, HeldJobs
+from .supervision import WAIT_OUT, Backoff, EventLog, short, together
 
 __all__ = ["Producer"]
 

@@ -39,27 +39,28 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
-from .. import presence, tracing
-from ..connections import listen_url, resolve_url
-from ..driver import RETRYABLE_ERRORS
-from ..errors import WorkerFailed
-from ..jobs import Job
-from ..presence import WorkerInfo, WorkerLoad
-from ..settings import Settings
-from ..transitions import Outcome, schema_pending
+from .. import tracing
+from ..core import workers
+from ..core.errors import WorkerFailed
+from ..core.jobs import Job
+from ..core.settings import Settings
+from ..core.transitions import Outcome, schema_pending
+from ..core.workers import WorkerInfo, WorkerLoad
+from ..db.connections import listen_url, resolve_url
+from ..db.driver import RETRYABLE_ERRORS
+from ..db.worker_connection import Connection, FlowRunner, listen_for_hints
 from ._context import in_context
-from ._threads import ThreadPool
 from .completer import Completer
-from .connection import Connection, FlowRunner, listen_for_hints
 from .executor import Executor
-from .faults import Backoff, EventLog, backoff_delay
 from .handlers import Task, TaskRegistry, resolve_schedules, resolve_tasks
+from .held import Held, HeldJobs, Stage
 from .isolation import HandlerProcesses
 from .leases import LeaseKeeper
 from .maintenance import Maintenance
 from .producer import Producer
-from .registry import Held, HeldJobs, Stage
 from .scheduler import Scheduler
+from .supervision import Backoff, EventLog, backoff_delay
+from .threads import ThreadPool
 
 __all__ = ["AsyncWorker"]
 
@@ -550,7 +551,7 @@ class AsyncWorker:
             if held.task is not None and not held.task.done():
                 held.task.cancel()
         with contextlib.suppress(Exception):  # else its row expires, as a killed worker's
-            await asyncio.wait_for(connections[-1].run(presence.leave(self.name)), 2.0)
+            await asyncio.wait_for(connections[-1].run(workers.leave(self.name)), 2.0)
         for conn in connections:
             await conn.close()
         self.threads.shutdown()

@@ -19,11 +19,11 @@ import asyncio
 import logging
 from collections.abc import Collection, Sequence
 
-from .. import schedules
-from ..schedules import Fired, Schedule
-from ..settings import Settings
-from .connection import FlowRunner
-from .faults import WAIT_OUT, Backoff, EventLog
+from ..core import schedules
+from ..core.schedules import Fired, Schedule
+from ..core.settings import Settings
+from ..db.worker_connection import FlowRunner
+from .supervision import WAIT_OUT, Backoff, EventLog
 
 __all__ = ["Scheduler"]
 

@@ -37,8 +37,8 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, ParamSpec, TypeVar
 
-from ..errors import InvalidJob
-from ..jobs import Job
+from ..core.errors import InvalidJob
+from ..core.jobs import Job
 from ..queue import AsyncQueue, Queue
 
 __all__ = ["EnqueueOptions", "TypedTask", "is_job_handler"]

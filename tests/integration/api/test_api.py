@@ -17,7 +17,7 @@ import pytest
 from pgqueue import AsyncQueue, JobState, Settings
 from pgqueue.api import create_app
 from pgqueue.api.server import resolve_bind
-from pgqueue.errors import InvalidSettings
+from pgqueue.core.errors import InvalidSettings
 
 ADMIN = "admin-secret-0123"
 READ = "read-secret-4567"

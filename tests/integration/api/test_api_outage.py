@@ -171,7 +171,7 @@ def test_serve_runs_uvicorn_on_loopback_and_stops_on_sigint(db_url: str) -> None
 @pytest.mark.parametrize("host", ["0.0.0.0", "192.0.2.10"])
 def test_serve_refuses_a_public_address_without_tokens(host: str) -> None:
     from pgqueue.api import serve
-    from pgqueue.errors import InvalidSettings
+    from pgqueue.core.errors import InvalidSettings
 
     with pytest.raises(InvalidSettings, match="--allow-public"):
         serve(Settings(database_url="postgresql://unused"), host=host, port=free_port())

@@ -25,7 +25,7 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from pgqueue import Settings
 from pgqueue.api import create_app
-from pgqueue.embedded import EmbeddedPostgres
+from pgqueue.db.embedded import EmbeddedPostgres
 from tests.support import LiveServer
 
 TOKEN = "schema-test-admin-token"

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from pgqueue import Settings
 from pgqueue.cli import app
-from pgqueue.embedded import EmbeddedPostgres
+from pgqueue.db.embedded import EmbeddedPostgres
 
 runner = CliRunner()
 

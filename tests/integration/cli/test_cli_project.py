@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from pgqueue import Queue, Settings
-from pgqueue.embedded import EmbeddedPostgres
+from pgqueue.db.embedded import EmbeddedPostgres
 
 # Commands that act on an existing database (read, or write jobs and
 # controls): none of them may start or create an embedded server.

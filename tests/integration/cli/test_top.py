@@ -9,7 +9,7 @@ from typer.testing import CliRunner, Result
 
 from pgqueue import Queue
 from pgqueue.cli import app
-from pgqueue.presence import WorkerInfo, register
+from pgqueue.core.workers import WorkerInfo, register
 
 QUEUES = ("emails-transactional", "reports.nightly-export")
 

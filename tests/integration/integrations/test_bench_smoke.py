@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from bench.record import RESULTS, ResultRecord, read_result
-from pgqueue.embedded import EmbeddedPostgres
+from pgqueue.db.embedded import EmbeddedPostgres
 from pgqueue.sql import QUERIES
 
 pytestmark = pytest.mark.timeout(120)

@@ -17,7 +17,7 @@ import pytest
 
 from pgqueue import InvalidJob, JobState, Settings, migrate
 from pgqueue.clusters import AsyncClusters, ClusterNotMapped, Clusters
-from pgqueue.embedded import EmbeddedPostgres
+from pgqueue.db.embedded import EmbeddedPostgres
 
 ROOT = Path(__file__).resolve().parents[3]
 

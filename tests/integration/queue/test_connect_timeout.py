@@ -18,7 +18,7 @@ from psycopg.conninfo import make_conninfo
 
 from harness.tcp_proxy import TcpProxy
 from pgqueue import AsyncQueue, Queue, Settings
-from pgqueue.connections import CONNECT_TIMEOUT_SECONDS
+from pgqueue.db.connections import CONNECT_TIMEOUT_SECONDS
 from tests.support import api_client
 
 # libpq's minimum, below pgqueue's default.

@@ -36,7 +36,7 @@ from pgqueue import (
     migrate,
 )
 from pgqueue.cli.app import app as cli
-from pgqueue.embedded import EmbeddedPostgres
+from pgqueue.db.embedded import EmbeddedPostgres
 from pgqueue.worker import AsyncWorker
 from tests.support import api_client, running
 

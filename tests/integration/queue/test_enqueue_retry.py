@@ -22,10 +22,10 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from pgqueue import AsyncQueue, Queue, Settings
-from pgqueue import transitions as t
-from pgqueue.enqueue import CallKey
-from pgqueue.errors import DatabaseUnavailable
-from pgqueue.jobs import JobSpec
+from pgqueue.core import transitions as t
+from pgqueue.core.enqueue import CallKey
+from pgqueue.core.errors import DatabaseUnavailable
+from pgqueue.core.jobs import JobSpec
 from tests.integration.api.test_api_outage import Proxy, free_port
 from tests.support import api_client
 

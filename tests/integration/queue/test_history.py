@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 
 from pgqueue import AsyncQueue, Queue, Settings, migrate
 from pgqueue.cli import app
-from pgqueue.embedded import EmbeddedPostgres
-from pgqueue.history import Point, QueueHistory, prune, queue_history, snapshot
+from pgqueue.core.history import Point, QueueHistory, prune, queue_history, snapshot
+from pgqueue.db.embedded import EmbeddedPostgres
 from pgqueue.worker import AsyncWorker
 from tests.support import api_client, running
 

@@ -23,9 +23,9 @@ from typer.testing import CliRunner
 from pgqueue import AsyncQueue, InvalidJob, Job, JobState, Queue, Settings
 from pgqueue.api import create_app
 from pgqueue.cli import app as cli
-from pgqueue.jobs import MAX_JSON_BYTES, MAX_JSON_DEPTH, MAX_METADATA_BYTES
+from pgqueue.core.jobs import MAX_JSON_BYTES, MAX_JSON_DEPTH, MAX_METADATA_BYTES
+from pgqueue.core.workflows import chain
 from pgqueue.worker import AsyncWorker
-from pgqueue.workflows import chain
 from tests.input_support import count_jobs, refusals
 from tests.support import LiveServer, running
 

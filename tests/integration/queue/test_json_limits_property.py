@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from pgqueue import InvalidJob, Queue, Settings
 from pgqueue.api import create_app
-from pgqueue.jobs import MAX_JSON_DEPTH
+from pgqueue.core.jobs import MAX_JSON_DEPTH
 from tests.input_support import count_jobs
 from tests.support import LiveServer
 

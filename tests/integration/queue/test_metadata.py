@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from pgqueue import AsyncQueue, Job, Queue, Settings, chain, migrate
 from pgqueue.cli import app as cli
-from pgqueue.jobs import MAX_METADATA_BYTES
+from pgqueue.core.jobs import MAX_METADATA_BYTES
 from pgqueue.tracing import CONTEXT_KEY
 from pgqueue.worker import AsyncWorker
 from tests.input_support import count_jobs, refusals

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pgqueue import Outcome, Queue
-from pgqueue import transitions as t
+from pgqueue.core import transitions as t
 from tests.support import executed_plan
 
 QUEUES = ["a", "b", "c"]

@@ -15,8 +15,9 @@ import psycopg
 import pytest
 from typer.testing import CliRunner
 
-from pgqueue import AsyncQueue, InvalidQueueControl, Job, JobState, Queue, Settings, transitions
+from pgqueue import AsyncQueue, InvalidQueueControl, Job, JobState, Queue, Settings
 from pgqueue.cli import app
+from pgqueue.core import transitions
 from pgqueue.worker import AsyncWorker
 from tests.support import api_client, running, until
 

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from pgqueue import AsyncQueue, JobState, Queue, Settings
 from pgqueue.cli import app
-from pgqueue.stats import QueueStats, per_queue, total
+from pgqueue.core.stats import QueueStats, per_queue, total
 from tests.support import api_client
 
 

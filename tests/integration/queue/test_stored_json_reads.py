@@ -19,10 +19,10 @@ from typer.testing import CliRunner
 
 from pgqueue import AsyncQueue, Job, JobState, Queue, Settings
 from pgqueue.api import create_app
-from pgqueue.checks import MAX_READ_DEPTH, TOO_DEEP
 from pgqueue.cli import app as cli
+from pgqueue.core.rules import MAX_READ_DEPTH, TOO_DEEP
+from pgqueue.core.workflows import chain
 from pgqueue.worker import AsyncWorker
-from pgqueue.workflows import chain
 from tests.support import LiveServer, running
 
 # Deeper than a job may be written; the second deeper than Python's json

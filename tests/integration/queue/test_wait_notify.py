@@ -13,11 +13,11 @@ from typing import Any
 import psycopg
 
 from pgqueue import AsyncQueue, Job, JobState, Queue, Settings
-from pgqueue import transitions as t
+from pgqueue.core import transitions as t
+from pgqueue.db.worker_connection import Connection
 from pgqueue.worker import AsyncWorker
-from pgqueue.worker.connection import Connection
-from pgqueue.worker.faults import EventLog
 from pgqueue.worker.maintenance import Maintenance
+from pgqueue.worker.supervision import EventLog
 from tests.support import running, until
 
 

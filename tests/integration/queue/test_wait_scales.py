@@ -13,8 +13,8 @@ import psycopg
 import pytest
 
 from pgqueue import AsyncQueue, JobState, Queue, Settings, migrate
-from pgqueue import transitions as t
-from pgqueue.embedded import EmbeddedPostgres
+from pgqueue.core import transitions as t
+from pgqueue.db.embedded import EmbeddedPostgres
 from pgqueue.worker import AsyncWorker
 from tests.support import running, until
 

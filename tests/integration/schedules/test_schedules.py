@@ -20,8 +20,8 @@ import psycopg
 import pytest
 
 from pgqueue import Job, Queue, Settings
-from pgqueue import schedules as s
-from pgqueue import ticks as tk
+from pgqueue.core import schedules as s
+from pgqueue.core import ticks as tk
 from pgqueue.worker import AsyncWorker, TaskRegistry
 from tests.support import until
 

@@ -15,8 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 from pgqueue import Queue, Settings
-from pgqueue import schedules as s
 from pgqueue.cli import app
+from pgqueue.core import schedules as s
 from tests.support import api_client
 
 ADMIN = "admin-secret-0123"

@@ -20,7 +20,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from pgqueue import migrate
-from pgqueue.embedded import EmbeddedPostgres
+from pgqueue.db.embedded import EmbeddedPostgres
 
 pytestmark = pytest.mark.timeout(120)
 

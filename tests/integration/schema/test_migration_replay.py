@@ -23,7 +23,7 @@ import psycopg
 import pytest
 
 from pgqueue import migrate
-from pgqueue.embedded import EmbeddedPostgres
+from pgqueue.db.embedded import EmbeddedPostgres
 from pgqueue.sql import QUERIES, migration_files
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -23,9 +23,9 @@ import psycopg
 import pytest
 
 from pgqueue import Job, Queue, Settings
-from pgqueue import transitions as t
-from pgqueue.embedded import EmbeddedPostgres
-from pgqueue.flows import Flow, Statement
+from pgqueue.core import transitions as t
+from pgqueue.core.flows import Flow, Statement
+from pgqueue.db.embedded import EmbeddedPostgres
 from tests.conftest import TEMPLATE
 from tests.support import plan_reads
 

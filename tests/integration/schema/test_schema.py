@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 
 from harness.history import add_finished_jobs, add_live_load
 from pgqueue import DatabaseUnavailable, JobState, Queue, SchemaNotMigrated, Settings, migrate
-from pgqueue import transitions as t
-from pgqueue.embedded import EmbeddedPostgres
+from pgqueue.core import transitions as t
+from pgqueue.core.transitions import heartbeat
+from pgqueue.db.embedded import EmbeddedPostgres
 from pgqueue.sql import QUERIES, migration_files, migration_versions
-from pgqueue.transitions import heartbeat
 from tests.support import executed_plan
 
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from pgqueue import AsyncQueue, Job, JobState, Queue, Settings
 from pgqueue.cli import app
-from pgqueue.jobs import MAX_ATTEMPT_ERRORS
+from pgqueue.core.jobs import MAX_ATTEMPT_ERRORS
 from pgqueue.worker import AsyncWorker
 from tests.support import api_client, running
 

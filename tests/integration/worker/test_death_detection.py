@@ -17,9 +17,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgqueue import JobState, Queue, Settings, presence
-from pgqueue import transitions as t
-from pgqueue.presence import WorkerInfo
+from pgqueue import JobState, Queue, Settings
+from pgqueue.core import transitions as t
+from pgqueue.core import workers
+from pgqueue.core.workers import WorkerInfo
 from pgqueue.worker import AsyncWorker
 from tests.support import running, until
 
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.usefixtures("db_url")
 
 def _register(queue: Queue, conn: psycopg.Connection[Any], name: str, *, session: bool) -> None:
     info = WorkerInfo(name, "host", 1, "test", None, 10)
-    queue.run(presence.register(info, 10.0, session=session), connection=conn)
+    queue.run(workers.register(info, 10.0, session=session), connection=conn)
 
 
 def _hold(
@@ -89,13 +90,13 @@ def test_the_jobs_of_a_worker_whose_session_ended_are_taken_back_at_once(
     gone = psycopg.connect(db_url, autocommit=True)
     _register(queue, gone, "gone", session=True)
     ids = _hold(queue, settings, gone, "gone", 3)
-    assert queue.run(presence.reap_dead("rescuer")) == {}  # alive: nothing
+    assert queue.run(workers.reap_dead("rescuer")) == {}  # alive: nothing
     _ended(sql, gone)  # its session has ended; its leases (30 s) have not
-    assert queue.run(presence.reap_dead("rescuer")) == {"gone": 3}
-    [row] = queue.run(presence.list_workers())
+    assert queue.run(workers.reap_dead("rescuer")) == {"gone": 3}
+    [row] = queue.run(workers.list_workers())
     assert row.name == "gone" and not row.alive
     assert _session(sql, "gone") == (None, None, None)  # found once
-    assert queue.run(presence.reap_dead("rescuer")) == {}
+    assert queue.run(workers.reap_dead("rescuer")) == {}
     assert queue.run(t.reap(settings)) == {i: JobState.QUEUED for i in ids}
     for job_id in ids:
         job = queue.get(job_id)
@@ -110,8 +111,8 @@ def test_a_worker_never_finds_itself_dead(
     _register(queue, conn, "me", session=True)
     _hold(queue, settings, conn, "me", 1)
     _ended(sql, conn)
-    assert queue.run(presence.reap_dead("me")) == {}
-    assert queue.run(presence.reap_dead("other")) == {"me": 1}
+    assert queue.run(workers.reap_dead("me")) == {}
+    assert queue.run(workers.reap_dead("other")) == {"me": 1}
 
 
 def test_a_reused_pid_is_not_the_recorded_session(
@@ -125,7 +126,7 @@ def test_a_reused_pid_is_not_the_recorded_session(
     # The recorded pid is alive, but it is another session than the one
     # recorded: as if the worker's backend ended and a new one got its pid.
     sql.execute("UPDATE pgqueue_workers SET session_start = session_start - interval '1 hour'")
-    assert queue.run(presence.reap_dead("rescuer")) == {"w": 2}
+    assert queue.run(workers.reap_dead("rescuer")) == {"w": 2}
 
 
 def test_a_session_recorded_before_the_server_started_is_left_to_the_leases(
@@ -138,7 +139,7 @@ def test_a_session_recorded_before_the_server_started_is_left_to_the_leases(
     # As after a restart or a failover: every recorded session is gone, the
     # workers are not; each records its new session at its next heartbeat.
     sql.execute("UPDATE pgqueue_workers SET server_start = server_start - interval '1 day'")
-    assert queue.run(presence.reap_dead("rescuer")) == {}
+    assert queue.run(workers.reap_dead("rescuer")) == {}
     assert queue.get(ids[0]).state is JobState.RUNNING
 
 
@@ -176,14 +177,14 @@ def test_a_session_the_role_cannot_see_is_not_taken_as_dead(
                 (conn.info.backend_pid,),
             ).fetchone()
         assert seen == (conn.info.backend_pid, None)  # there, its start hidden
-        assert stranger.run(presence.reap_dead("rescuer")) == {}
+        assert stranger.run(workers.reap_dead("rescuer")) == {}
         assert {queue.get(i).state for i in ids} == {JobState.RUNNING}
         # Even with a start that does not match: it cannot tell, so alive.
         sql.execute("UPDATE pgqueue_workers SET session_start = '2000-01-01'")
-        assert stranger.run(presence.reap_dead("rescuer")) == {}
+        assert stranger.run(workers.reap_dead("rescuer")) == {}
         # Once no backend has the pid, the same role finds the worker dead.
         _ended(sql, conn)
-        assert stranger.run(presence.reap_dead("rescuer")) == {"w": 2}
+        assert stranger.run(workers.reap_dead("rescuer")) == {"w": 2}
 
 
 async def test_a_running_worker_records_its_heartbeat_session_again_after_a_reconnect(

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from pgqueue import AsyncQueue, DatabaseUnavailable, Job, JobState, Settings
-from pgqueue.embedded import EmbeddedPostgres, wait_until_ready
+from pgqueue.db.embedded import EmbeddedPostgres, wait_until_ready
 from pgqueue.worker import AsyncWorker, TaskRegistry
 from tests.support import running
 

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from pgqueue import Job, Queue, Settings
-from pgqueue.embedded import EmbeddedPostgres, wait_until_ready
+from pgqueue.db.embedded import EmbeddedPostgres, wait_until_ready
 from pgqueue.worker import AsyncWorker
 
 

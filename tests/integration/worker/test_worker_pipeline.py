@@ -12,7 +12,7 @@ import psycopg
 
 from pgqueue import AsyncQueue, Job, JobState, Settings
 from pgqueue.worker import AsyncWorker
-from pgqueue.worker.registry import Stage
+from pgqueue.worker.held import Stage
 from tests.support import running, until
 
 

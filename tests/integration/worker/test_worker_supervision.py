@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from pgqueue import AsyncQueue, Job, JobState, Queue, Settings, WorkerFailed, migrate
-from pgqueue.embedded import EmbeddedPostgres
+from pgqueue.db.embedded import EmbeddedPostgres
 from pgqueue.worker import AsyncWorker, Worker
 from pgqueue.worker.maintenance import Maintenance
 from tests.support import running, until

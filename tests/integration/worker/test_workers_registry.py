@@ -18,8 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from harness import fault_tasks
-from pgqueue import AsyncQueue, Job, Queue, Settings, presence
+from pgqueue import AsyncQueue, Job, Queue, Settings
 from pgqueue.cli import app
+from pgqueue.core import workers
 from pgqueue.worker import AsyncWorker
 from pgqueue.worker.producer import Producer
 from tests.support import api_client, running, until
@@ -76,13 +77,13 @@ def test_a_killed_workers_row_goes_stale_and_is_pruned(
 ) -> None:
     proc = fault_tasks.spawn_worker(db_url, **FAST)
     try:
-        fault_tasks.wait_for(lambda: len(queue.run(presence.list_workers())) == 1, timeout=30)
-        [row] = queue.run(presence.list_workers())
+        fault_tasks.wait_for(lambda: len(queue.run(workers.list_workers())) == 1, timeout=30)
+        [row] = queue.run(workers.list_workers())
         assert row.alive and row.pid == proc.pid
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         # Three missed heartbeats later it is listed as gone, not alive.
-        fault_tasks.wait_for(lambda: not queue.run(presence.list_workers())[0].alive, timeout=10)
+        fault_tasks.wait_for(lambda: not queue.run(workers.list_workers())[0].alive, timeout=10)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -93,7 +94,7 @@ def test_a_killed_workers_row_goes_stale_and_is_pruned(
 
     async def prune_with_another_worker() -> None:
         async with running(AsyncWorker({}, settings=pruner_settings, name="pruner")):
-            await until(lambda: [r.name for r in queue.run(presence.list_workers())] == ["pruner"])
+            await until(lambda: [r.name for r in queue.run(workers.list_workers())] == ["pruner"])
 
     asyncio.run(prune_with_another_worker())
 
@@ -109,10 +110,10 @@ async def test_a_worker_that_stopped_claiming_while_work_waits_is_flagged(
     quiet = settings.replace(shutdown_timeout_seconds=0.5, **FAST)
     worker = AsyncWorker({"t": lambda job: None}, settings=quiet, name="quiet")
     async with running(worker):
-        await until(lambda: len(queue.run(presence.list_workers())) == 1)
-        [row] = queue.run(presence.list_workers(stall_seconds=0.3))
+        await until(lambda: len(queue.run(workers.list_workers())) == 1)
+        [row] = queue.run(workers.list_workers(stall_seconds=0.3))
         assert row.alive and not row.stalled  # nothing waits
         await aqueue.enqueue("t")
         await asyncio.sleep(0.5)
-        [row] = queue.run(presence.list_workers(stall_seconds=0.3))
+        [row] = queue.run(workers.list_workers(stall_seconds=0.3))
         assert row.alive and row.stalled

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from pgqueue import Queue, Settings, WorkflowNotFound, chain, group
-from pgqueue.migrate import migrate
+from pgqueue.db.migrate import migrate
 from tests.support import migrated_before
 
 

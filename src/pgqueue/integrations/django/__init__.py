@@ -22,9 +22,9 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ...jobs import Job
+from ...core.jobs import Job
+from ...core.settings import Settings
 from ...queue import Queue
-from ...settings import Settings
 
 __all__ = ["database_url", "enqueue", "enqueue_many", "queue", "settings"]
 

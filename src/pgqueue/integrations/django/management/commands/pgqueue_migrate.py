@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
+from pgqueue.db.migrate import migrate
 from pgqueue.integrations import django as integration
-from pgqueue.migrate import migrate
 
 
 class Command(BaseCommand):  # type: ignore[misc]  # django has no type hints

@@ -15,12 +15,12 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
+from ..core.errors import DatabaseReadOnly, DatabaseUnavailable, SchemaNotMigrated
+from ..core.settings import Settings
+from ..sql import QUERIES
 from . import deadlines
 from .driver import LIVENESS, SCHEMA_ERRORS, is_asyncpg_connection
 from .embedded import EmbeddedPostgres
-from .errors import DatabaseReadOnly, DatabaseUnavailable, SchemaNotMigrated
-from .settings import Settings
-from .sql import QUERIES
 
 __all__ = [
     "CONNECT_TIMEOUT_SECONDS",

@@ -23,8 +23,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
-from .checks import printable
-from .control import snooze_seconds
+from ..sql import migration_versions
 from .enqueue import KEY_ROUNDS, Enqueued, enqueue, enqueue_many
 from .errors import (
     InvalidJob,
@@ -36,8 +35,9 @@ from .errors import (
 )
 from .flows import Flow, Row, Statement, db_now
 from .jobs import STATES, Job, JobState, dump_json
+from .outcomes import snooze_seconds
+from .rules import printable
 from .settings import Settings
-from .sql import migration_versions
 
 __all__ = [
     "Enqueued",

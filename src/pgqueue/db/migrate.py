@@ -6,7 +6,7 @@ import logging
 
 import psycopg
 
-from .sql import QUERIES, migration_files
+from ..sql import QUERIES, migration_files
 
 __all__ = ["migrate"]
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from .checks import Seconds
 from .jobs import MAX_DELAY_SECONDS
+from .rules import Seconds
 
 __all__ = ["CancelJob", "Snooze", "snooze_seconds"]
 

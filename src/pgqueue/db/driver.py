@@ -36,11 +36,11 @@ from psycopg.abc import AdaptContext
 from psycopg.adapt import Dumper, Loader
 from psycopg.rows import tuple_row
 
-from .checks import MAX_READ_DEPTH, loads_stored
-from .errors import KeyTaken
-from .jobs import Job
-from .sql import QUERIES
-from .transitions import Flow, Statement
+from ..core.errors import KeyTaken
+from ..core.jobs import Job
+from ..core.rules import MAX_READ_DEPTH, loads_stored
+from ..core.transitions import Flow, Statement
+from ..sql import QUERIES
 
 __all__ = [
     "LIVENESS",

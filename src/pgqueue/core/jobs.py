@@ -49,7 +49,8 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple
 from uuid import UUID
 
-from .checks import (
+from .errors import InvalidJob
+from .rules import (
     MAX_JSON_BYTES,
     MAX_JSON_DEPTH,
     Integer,
@@ -64,7 +65,6 @@ from .checks import (
     dump_json,
     printable,
 )
-from .errors import InvalidJob
 
 __all__ = [
     "DEPENDENCY_POLICIES",

@@ -39,8 +39,8 @@ from urllib.parse import quote
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from .errors import DatabaseUnavailable
-from .sql import QUERIES
+from ..core.errors import DatabaseUnavailable
+from ..sql import QUERIES
 
 __all__ = ["EmbeddedPostgres", "StopMode"]
 

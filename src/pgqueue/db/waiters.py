@@ -24,8 +24,8 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import psycopg
 
+from ..sql import QUERIES
 from .connections import CONNECT_TIMEOUT_SECONDS, connect_timeout_default
-from .sql import QUERIES
 
 __all__ = ["AsyncWaiters", "Waiters", "ended_ids"]
 

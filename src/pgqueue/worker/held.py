@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ..jobs import Job
+from ..core.jobs import Job
 
 __all__ = ["Held", "HeldJobs", "Stage"]
 

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from .checks import Cutoff, Key, Name, OneOf
 from .errors import InvalidJob, KeyTaken
 from .jobs import MAX_DELAY_SECONDS, QUEUE_NAME, TASK_NAME, JobField, JobState
+from .rules import Cutoff, Key, Name, OneOf
 from .transitions import Flow, Statement, db_now
 
 __all__ = [

@@ -41,12 +41,12 @@ from typing import Protocol, TypeVar
 
 import psycopg
 
-from .enqueue import CallKey, enqueue, enqueue_group
-from .errors import EnqueueOutcomeUnknown, PgQueueError
-from .flows import Flow
-from .jobs import Job, JobSpec
+from ..core.enqueue import CallKey, enqueue, enqueue_group
+from ..core.errors import EnqueueOutcomeUnknown, PgQueueError
+from ..core.flows import Flow
+from ..core.jobs import Job, JobSpec
+from ..core.settings import Settings
 from .retrying import backoff_delay
-from .settings import Settings
 
 __all__ = ["GroupCommitter", "GroupLost"]
 

@@ -22,7 +22,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .checks import printable
 from .dependencies import (
     Graph,
     WorkflowJobs,
@@ -34,6 +33,7 @@ from .dependencies import (
 from .errors import InvalidJob, WorkflowNotFound
 from .flows import Flow
 from .jobs import JobSpec, build_specs
+from .rules import printable
 
 __all__ = [
     "Chain",

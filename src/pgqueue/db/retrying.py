@@ -34,14 +34,14 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
+from ..core.enqueue import CallKey
+from ..core.errors import DatabaseReadOnly, DatabaseUnavailable, EnqueueOutcomeUnknown
+from ..core.flows import Flow
+from ..core.settings import Settings
 from . import deadlines, driver
+from .attempts import Attempt, first_line
 from .connections import unchecked
-from .db.attempts import Attempt, first_line
 from .driver import RETRYABLE_ERRORS
-from .enqueue import CallKey
-from .errors import DatabaseReadOnly, DatabaseUnavailable, EnqueueOutcomeUnknown
-from .flows import Flow
-from .settings import Settings
 
 __all__ = ["RETRIED", "Retries", "Retrying", "backoff_delay"]
 

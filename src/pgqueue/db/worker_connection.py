@@ -17,10 +17,10 @@ from typing import Any, Protocol, TypeVar
 
 import psycopg
 
-from .. import deadlines, driver
-from ..driver import RETRYABLE_ERRORS
+from ..core.transitions import Flow
 from ..sql import QUERIES
-from ..transitions import Flow
+from . import deadlines, driver
+from .driver import RETRYABLE_ERRORS
 
 __all__ = ["CONNECT_KWARGS", "Connection", "FlowRunner", "listen_for_hints"]
 

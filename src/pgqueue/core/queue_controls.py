@@ -26,9 +26,9 @@ from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from typing import Any
 
-from .checks import Integer, Name, Rule, Seconds, printable
 from .errors import InvalidJob, InvalidQueueControl
 from .jobs import QUEUE_NAME
+from .rules import Integer, Name, Rule, Seconds, printable
 from .transitions import Flow, Statement
 
 __all__ = ["CONTROLS", "LIMITS", "QueueControls", "change", "read_all"]

@@ -15,9 +15,9 @@ import traceback
 from collections.abc import Coroutine, Iterable
 from typing import Any
 
-from ..driver import RETRYABLE_ERRORS, SCHEMA_ERRORS
-from ..jobs import Job
-from ..retrying import backoff_delay
+from ..core.jobs import Job
+from ..db.driver import RETRYABLE_ERRORS, SCHEMA_ERRORS
+from ..db.retrying import backoff_delay
 
 __all__ = ["WAIT_OUT", "Backoff", "EventLog", "backoff_delay", "describe", "short", "together"]
 

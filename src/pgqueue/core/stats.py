@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .controls import QueueControls
+from .queue_controls import QueueControls
 from .transitions import Flow, Statement
 
 __all__ = ["THROUGHPUT_WINDOW_SECONDS", "QueueStats", "per_queue", "total"]
