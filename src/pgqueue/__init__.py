@@ -41,6 +41,7 @@ from __future__ import annotations
 import logging
 
 from .core.bulk import BulkAction, JobFilter
+from .core.enqueue import Enqueued
 from .core.errors import (
     DatabaseReadOnly,
     DatabaseUnavailable,
@@ -63,11 +64,10 @@ from .core.errors import (
     WorkflowNotFound,
 )
 from .core.jobs import AttemptError, Job, JobSpec, JobState
-from .core.outcomes import CancelJob, Snooze
+from .core.outcomes import CancelJob, Outcome, Snooze
 from .core.queue_controls import QueueControls
 from .core.schedules import Schedule
 from .core.settings import Settings
-from .core.transitions import Enqueued, Outcome
 from .core.workflows import chain, group
 from .db.migrate import migrate
 from .queue import AsyncQueue, Queue

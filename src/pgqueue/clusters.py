@@ -31,11 +31,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Self, TypeVar
 
+from .core.enqueue import Enqueued
 from .core.errors import InvalidJob, InvalidSettings
 from .core.jobs import QUEUE_NAME, Job, JobSpec, build_specs
 from .core.rules import Name
 from .core.settings import Settings
-from .core.transitions import Enqueued
 from .queue import AsyncQueue, Queue
 
 __all__ = [

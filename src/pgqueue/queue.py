@@ -20,17 +20,18 @@ from uuid import UUID
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from . import tracing
-from .core import queue_controls, workflows
+from .core import queue_controls, reads, workflows
 from .core import transitions as t
 from .core.bulk import BulkAction, JobFilter, bulk, retry_dead
 from .core.dependencies import WorkflowJobs
-from .core.enqueue import CallKey, PerAttempt, per_attempt
+from .core.enqueue import CallKey, Enqueued, PerAttempt, per_attempt
 from .core.errors import WaitTimeout
 from .core.every_queue import EveryQueue
+from .core.flows import Flow
 from .core.jobs import Job, JobSpec, JobState, build_specs
+from .core.outcomes import Outcome, attempt_token
 from .core.queue_controls import QueueControls
 from .core.settings import Settings
-from .core.transitions import Enqueued, Flow, Outcome
 from .db import driver
 from .db.connections import (
     async_caller_connection,
@@ -182,7 +183,7 @@ class Queue(_Common):
         """Block until the job succeeds, dies or is cancelled; raise WaitTimeout."""
         deadline = time.monotonic() + timeout
         with self._waiters.waiting(job_id) as ended:
-            job = self.run(t.watch(job_id, timeout))
+            job = self.run(reads.watch(job_id, timeout))
             while True:
                 remaining = deadline - time.monotonic()
                 if job.state.finished:
@@ -204,7 +205,7 @@ class Queue(_Common):
         return self.run(self._claim(limit, worker, queues))
 
     def heartbeat(self, jobs: Sequence[Job], lease_seconds: float | None = None) -> set[int]:
-        held = [(job.id, t._token(job)) for job in jobs]
+        held = [(job.id, attempt_token(job)) for job in jobs]
         return self.run(t.heartbeat(held, lease_seconds or self.settings.lease_seconds))
 
     def ack(self, job: Job, result: Any = None) -> JobState | None:
@@ -250,7 +251,7 @@ class Queue(_Common):
     # -- operators ----------------------------------------------------------------
 
     def get(self, job_id: int) -> Job:
-        return self.run(t.get(job_id))
+        return self.run(reads.get(job_id))
 
     def cancel(self, job_id: int) -> Job:
         return self.run(t.cancel(job_id))
@@ -295,11 +296,11 @@ class Queue(_Common):
         return self.bulk(BulkAction.DELETE, where, dry_run=dry_run, **filters)
 
     def list_jobs(self, **filters: Any) -> list[Job]:
-        return self.run(t.list_jobs(**filters))
+        return self.run(reads.list_jobs(**filters))
 
     def read(self, name: str, **params: Any) -> list[dict[str, Any]]:
         """Rows of a read-only named query (queue_stats, counters_totals, ...)."""
-        return self.run(t.read(name, **params))
+        return self.run(reads.read(name, **params))
 
 
 class AsyncQueue(_Common):
@@ -426,7 +427,7 @@ class AsyncQueue(_Common):
         await self.open()
         assert self._waiters is not None
         async with self._waiters.waiting(job_id) as ended:
-            job = await self.run(t.watch(job_id, timeout))
+            job = await self.run(reads.watch(job_id, timeout))
             while True:
                 remaining = deadline - time.monotonic()
                 if job.state.finished:
@@ -444,7 +445,7 @@ class AsyncQueue(_Common):
         return await self.run(self._claim(limit, worker, queues))
 
     async def heartbeat(self, jobs: Sequence[Job], lease_seconds: float | None = None) -> set[int]:
-        held = [(job.id, t._token(job)) for job in jobs]
+        held = [(job.id, attempt_token(job)) for job in jobs]
         return await self.run(t.heartbeat(held, lease_seconds or self.settings.lease_seconds))
 
     async def ack(self, job: Job, result: Any = None) -> JobState | None:
@@ -477,7 +478,7 @@ class AsyncQueue(_Common):
         return await self.run(queue_controls.read_all())
 
     async def get(self, job_id: int) -> Job:
-        return await self.run(t.get(job_id))
+        return await self.run(reads.get(job_id))
 
     async def cancel(self, job_id: int) -> Job:
         return await self.run(t.cancel(job_id))
@@ -516,7 +517,7 @@ class AsyncQueue(_Common):
         return await self.bulk(BulkAction.DELETE, where, dry_run=dry_run, **filters)
 
     async def list_jobs(self, **filters: Any) -> list[Job]:
-        return await self.run(t.list_jobs(**filters))
+        return await self.run(reads.list_jobs(**filters))
 
     async def read(self, name: str, **params: Any) -> list[dict[str, Any]]:
-        return await self.run(t.read(name, **params))
+        return await self.run(reads.read(name, **params))

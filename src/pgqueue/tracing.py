@@ -42,7 +42,7 @@ from .core.rules import dump_json
 from .core.settings import Settings
 
 if TYPE_CHECKING:
-    from .core.transitions import Outcome
+    from .core.outcomes import Outcome
 
 try:
     from opentelemetry import context, propagate, trace

@@ -21,8 +21,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from pgqueue.core.errors import KeyTaken
+from pgqueue.core.flows import Flow, Statement
 from pgqueue.core.jobs import Job
-from pgqueue.core.transitions import Flow, Statement
 from pgqueue.db import driver
 from pgqueue.sql import migration_versions
 

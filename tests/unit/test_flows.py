@@ -11,11 +11,13 @@ from typing import Any
 import pytest
 
 from pgqueue import JobAlreadyFinished, JobNotRetryable, JobSpec, JobState, Settings
+from pgqueue.core import enqueue, reads
 from pgqueue.core import transitions as t
 from pgqueue.core.bulk import BulkAction, JobFilter, bulk
 from pgqueue.core.errors import KeyTaken
 from pgqueue.core.every_queue import EveryQueue
-from pgqueue.core.transitions import Statement
+from pgqueue.core.flows import Statement
+from pgqueue.core.outcomes import Outcome
 from pgqueue.db import driver
 from pgqueue.sql import migration_versions
 from tests.unit.memory import MemoryDatabase, MemorySession
@@ -48,7 +50,7 @@ def test_enqueue_returns_the_existing_job_when_its_key_is_taken() -> None:
             Statement("job_get", {"id": existing}, jobs=True)
         ),
     )
-    job = driver.run(t.enqueue(JobSpec.build("t", idempotency_key="k")), session)
+    job = driver.run(enqueue.enqueue(JobSpec.build("t", idempotency_key="k")), session)
     assert (job.id, job.duplicate) == (existing, True)
     assert [s.name for s in session.sent] == ["job_enqueue", "job_get_by_idempotency_key"]
 
@@ -56,7 +58,7 @@ def test_enqueue_returns_the_existing_job_when_its_key_is_taken() -> None:
 def test_enqueue_gives_up_when_a_key_keeps_changing_hands() -> None:
     session = Scripted(job_enqueue=lambda p: [], job_get_by_idempotency_key=lambda p: [])
     with pytest.raises(RuntimeError, match="kept changing hands"):
-        driver.run(t.enqueue(JobSpec.build("t", idempotency_key="k")), session)
+        driver.run(enqueue.enqueue(JobSpec.build("t", idempotency_key="k")), session)
     assert len(session.sent) == 6
 
 
@@ -155,9 +157,9 @@ def test_finish_is_fenced_by_the_token_of_the_attempt() -> None:
     db = MemoryDatabase()
     job_id = db.add()
     [job] = driver.run(t.claim(SETTINGS, limit=1, worker="w"), db)
-    stale = t.Outcome(job_id, job.lease_token - 1, True, result_json="1")  # type: ignore[operator]
+    stale = Outcome(job_id, job.lease_token - 1, True, result_json="1")  # type: ignore[operator]
     assert driver.run(t.finish(SETTINGS, [stale]), db) == {}
-    current = t.Outcome.success(job, 1)
+    current = Outcome.success(job, 1)
     assert driver.run(t.finish(SETTINGS, [current]), db) == {job_id: JobState.SUCCEEDED}
 
 
@@ -165,7 +167,7 @@ def test_an_unstorable_result_becomes_a_failed_attempt_before_any_statement() ->
     db = MemoryDatabase()
     db.add()
     [job] = driver.run(t.claim(SETTINGS, limit=1, worker="w"), db)
-    outcome = t.Outcome.success(job, float("nan"))
+    outcome = Outcome.success(job, float("nan"))
     assert not outcome.succeeded and "cannot store" in (outcome.error or "")
 
 
@@ -184,14 +186,16 @@ def test_cancel_and_retry_say_why_they_do_not_apply() -> None:
 
 
 def test_schema_pending_lists_every_migration_of_a_never_migrated_database() -> None:
-    assert driver.run(t.schema_pending(), MemoryDatabase(migrated=False)) == migration_versions()
-    assert driver.run(t.schema_pending(), MemoryDatabase()) == []
+    assert (
+        driver.run(reads.schema_pending(), MemoryDatabase(migrated=False)) == migration_versions()
+    )
+    assert driver.run(reads.schema_pending(), MemoryDatabase()) == []
 
 
 def test_list_jobs_refuses_a_bad_state_before_sending_anything() -> None:
     session = Scripted()
     with pytest.raises(ValueError, match="state"):
-        driver.run(t.list_jobs(state="nope"), session)
+        driver.run(reads.list_jobs(state="nope"), session)
     assert session.sent == []
 
 
@@ -215,8 +219,10 @@ def test_a_key_without_a_period_costs_no_extra_statement() -> None:
     session = Scripted(
         job_enqueue=lambda p: db.execute(Statement("job_get", {"id": db.add()}, jobs=True))
     )
-    driver.run(t.enqueue(JobSpec.build("t", idempotency_key="k", unique_scope="active")), session)
-    driver.run(t.enqueue(JobSpec.build("t")), session)
+    driver.run(
+        enqueue.enqueue(JobSpec.build("t", idempotency_key="k", unique_scope="active")), session
+    )
+    driver.run(enqueue.enqueue(JobSpec.build("t")), session)
     assert [s.name for s in session.sent] == ["job_enqueue", "job_enqueue"]
     assert session.sent[0].params["unique_scope"] == "active"
     assert session.sent[1].params["unique_scope"] is None
@@ -229,7 +235,7 @@ def test_a_period_puts_the_start_of_the_database_clocks_period_in_the_key() -> N
         job_enqueue=lambda p: db.execute(Statement("job_get", {"id": db.add()}, jobs=True)),
     )
     spec = JobSpec.build("t", idempotency_key="digest", unique_period_seconds=3600)
-    driver.run(t.enqueue(spec), session)
+    driver.run(enqueue.enqueue(spec), session)
     assert [s.name for s in session.sent] == ["db_now", "job_enqueue"]
     assert session.sent[1].params["idempotency_key"] == "digest@2030-01-01T10:00:00+00:00"
     assert session.sent[1].params["unique_scope"] == "always"

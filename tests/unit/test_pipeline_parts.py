@@ -14,6 +14,7 @@ import pytest
 
 from pgqueue import Job, Settings
 from pgqueue.core import transitions as t
+from pgqueue.core.outcomes import Outcome
 from pgqueue.db import driver
 from pgqueue.worker import AsyncWorker
 from pgqueue.worker.completer import Completer
@@ -222,10 +223,10 @@ async def test_a_batch_goes_out_on_the_second_connection_while_the_first_commits
     jobs = claimed(db, 4)
     task = asyncio.create_task(writer.write_loop())
     for job in jobs[:2]:
-        writer.submit(held.hold(job), t.Outcome.success(job, None))
+        writer.submit(held.hold(job), Outcome.success(job, None))
     await until(lambda: one.in_flight + two.in_flight == 1)
     for job in jobs[2:]:
-        writer.submit(held.hold(job), t.Outcome.success(job, None))
+        writer.submit(held.hold(job), Outcome.success(job, None))
     await until(lambda: one.in_flight == 1 and two.in_flight == 1)  # both in flight
     one.gate.set()
     two.gate.set()
@@ -241,7 +242,7 @@ async def test_an_unexpected_error_of_one_writer_ends_the_write_loop() -> None:
     held = HeldJobs(10)
     writer = Completer(MemoryConnection(db), held, SETTINGS, EVENTS, more=[MemoryConnection(db)])
     [job] = claimed(db, 1)
-    writer.submit(held.hold(job), t.Outcome.success(job, None))
+    writer.submit(held.hold(job), Outcome.success(job, None))
     try:
         await asyncio.wait_for(writer.write_loop(), 5)
     except RuntimeError as exc:

@@ -15,6 +15,7 @@ import pytest
 
 from pgqueue import CancelJob, InvalidJob, Job, Settings, Snooze
 from pgqueue.core import transitions as t
+from pgqueue.core.outcomes import Outcome
 from pgqueue.db import driver
 from pgqueue.worker import TaskRegistry
 from pgqueue.worker.completer import Completer
@@ -120,7 +121,7 @@ def test_a_task_bound_must_be_a_count() -> None:
 
 def test_outcomes_without_snoozes_or_cancels_are_one_job_finish_as_given() -> None:
     db = MemoryDatabase()
-    outcomes = [t.Outcome.success(claimed(db), 1), t.Outcome.failure(claimed(db), "x")]
+    outcomes = [Outcome.success(claimed(db), 1), Outcome.failure(claimed(db), "x")]
     assert t.finish_groups(outcomes) == [outcomes]
     assert t.finish_groups([]) == []
 
@@ -132,10 +133,10 @@ def test_a_mixed_batch_is_one_statement_per_kind_in_one_flow() -> None:
         t.finish(
             SETTINGS,
             [
-                t.Outcome.cancel(cancel, "gone"),
-                t.Outcome.snooze(snooze, 60),
-                t.Outcome.success(ok, 1),
-                t.Outcome.failure(fail, "boom"),
+                Outcome.cancel(cancel, "gone"),
+                Outcome.snooze(snooze, 60),
+                Outcome.success(ok, 1),
+                Outcome.failure(fail, "boom"),
             ],
         ),
         db,
@@ -163,9 +164,9 @@ async def test_a_fault_between_the_statements_of_a_batch_retries_only_what_was_n
     ok, snooze, cancel = (claimed(db) for _ in range(3))
     db.fail("job_snooze", psycopg.OperationalError("connection lost"))
     for job, outcome in (
-        (ok, t.Outcome.success(ok, None)),
-        (snooze, t.Outcome.snooze(snooze, 10)),
-        (cancel, t.Outcome.cancel(cancel, "no")),
+        (ok, Outcome.success(ok, None)),
+        (snooze, Outcome.snooze(snooze, 10)),
+        (cancel, Outcome.cancel(cancel, "no")),
     ):
         writer.submit(held.hold(job), outcome)
     task = asyncio.create_task(writer.write_loop())
@@ -212,13 +213,13 @@ async def test_a_job_claimed_again_before_its_snooze_reply_is_read_stays_held() 
         return rows
 
     db.job_snooze = snooze_then_claim  # type: ignore[method-assign]
-    writer.submit(held.hold(first), t.Outcome.snooze(first, 0))
+    writer.submit(held.hold(first), Outcome.snooze(first, 0))
     task = asyncio.create_task(writer.write_loop())
     await until(lambda: writer.stats["snoozed"] == 1, 5)
     entry = held.get(first.id)
     assert entry is not None and entry.stage is Stage.RUNNING
     assert entry.job.lease_token == again[0].lease_token != first.lease_token
-    writer.submit(entry, t.Outcome.success(again[0], "done"))
+    writer.submit(entry, Outcome.success(again[0], "done"))
     await until(lambda: len(held) == 0, 5)
     task.cancel()
     assert db.state(first.id) == "succeeded"

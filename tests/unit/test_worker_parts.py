@@ -18,6 +18,7 @@ import pytest
 
 from pgqueue import Job, JobState, Settings, WorkerFailed
 from pgqueue.core import transitions as t
+from pgqueue.core.outcomes import Outcome
 from pgqueue.core.workers import WorkerInfo, WorkerLoad
 from pgqueue.db import driver
 from pgqueue.worker import AsyncWorker
@@ -134,7 +135,7 @@ async def test_outcomes_go_out_in_one_statement_and_are_released() -> None:
     writer = completer(db, held)
     jobs = claimed(db, 3)
     for job in jobs:
-        writer.submit(held.hold(job), t.Outcome.success(job, None))
+        writer.submit(held.hold(job), Outcome.success(job, None))
     task = asyncio.create_task(writer.write_loop())
     await until(lambda: len(held) == 0, 5)
     task.cancel()
@@ -150,7 +151,7 @@ async def test_a_refused_batch_is_written_one_by_one_and_a_lost_connection_retri
     db.fail("job_finish", psycopg.OperationalError("connection lost"))
     db.fail("job_finish", psycopg.DataError("bad value"))
     for job in jobs:
-        writer.submit(held.hold(job), t.Outcome.success(job, None))
+        writer.submit(held.hold(job), Outcome.success(job, None))
     task = asyncio.create_task(writer.write_loop())
     await until(lambda: len(held) == 0, 5)
     task.cancel()
@@ -164,7 +165,7 @@ async def test_an_outcome_whose_lease_was_lost_while_waiting_is_dropped() -> Non
     held = HeldJobs(10)
     writer = completer(db, held)
     [job] = claimed(db)
-    writer.submit(held.hold(job), t.Outcome.success(job, None))
+    writer.submit(held.hold(job), Outcome.success(job, None))
     held.lose(job.id, job.lease_token)
     task = asyncio.create_task(writer.write_loop())
     await until(lambda: len(held) == 0, 5)
@@ -630,7 +631,7 @@ async def test_an_unexpected_error_in_a_part_stops_the_worker(
 async def test_an_unexpected_error_in_a_runner_stops_the_worker(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(self: Completer, held: Any, outcome: t.Outcome) -> None:
+    def broken(self: Completer, held: Any, outcome: Outcome) -> None:
         raise RuntimeError("a bug")
 
     monkeypatch.setattr(Completer, "submit", broken)

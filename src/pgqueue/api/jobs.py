@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Body, Path, Query, Request, Response
 from starlette.convertors import StringConvertor, register_url_convertor
 
-from ..core import transitions as t
+from ..core import reads
 from ..core.jobs import JobState
 from ..queue import AsyncQueue
 from .http_errors import documented_errors
@@ -147,7 +147,7 @@ async def list_jobs(
         Query(
             description="A job state, or scheduled (queued, run_at in the future) or "
             "retrying (queued after a failed attempt).",
-            json_schema_extra={"enum": [*JobState, *t.LIST_VIEWS]},
+            json_schema_extra={"enum": [*JobState, *reads.LIST_VIEWS]},
         ),
     ] = None,
     queue_name: Annotated[str | None, Query(alias="queue", pattern=QUEUE_PATTERN)] = None,
@@ -156,7 +156,7 @@ async def list_jobs(
         str | None,
         Query(
             min_length=1,
-            max_length=t.MAX_ERROR_SEARCH,
+            max_length=reads.MAX_ERROR_SEARCH,
             description="Only jobs whose last error contains this text (case-sensitive).",
         ),
     ] = None,
@@ -190,7 +190,7 @@ async def list_jobs(
     }
     jobs: list[JobOut | JobSummary]
     if fields == "summary":
-        rows = await queue.run(t.list_summaries(**filters))
+        rows = await queue.run(reads.list_summaries(**filters))
         jobs = [JobSummary.model_validate(row) for row in rows]
     else:
         jobs = [JobOut.of(job) for job in await queue.list_jobs(**filters)]

@@ -54,7 +54,7 @@ from prometheus_client.core import (
 )
 
 from ..core import workers
-from ..core.transitions import Flow, Statement
+from ..core.flows import Flow, Statement
 from ..core.workers import WorkerRow
 
 __all__ = ["LIVE_STATES", "Snapshot", "render", "snapshot"]

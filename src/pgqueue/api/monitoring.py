@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from ..core import transitions as t
+from ..core import reads
 from ..core.errors import DatabaseReadOnly, DatabaseUnavailable, SchemaNotMigrated
 from ..queue import AsyncQueue
 from . import metrics
@@ -72,7 +72,7 @@ async def healthz(request: Request) -> Health | JSONResponse:
     queue: AsyncQueue = request.app.state.queue
     try:
         async with asyncio.timeout(HEALTH_TIMEOUT_SECONDS):
-            pending = await queue.run(t.health())
+            pending = await queue.run(reads.health())
     except DatabaseReadOnly as exc:
         return read_only(exc)
     except (TimeoutError, DatabaseUnavailable) as exc:

@@ -14,10 +14,10 @@ from pydantic import BaseModel, Field
 
 from ..core import schedules
 from ..core.errors import InvalidSchedule, ScheduleNotFound
+from ..core.flows import Flow
 from ..core.jobs import JobState
 from ..core.schedules import ScheduleRecord, Status
 from ..core.ticks import CatchUp
-from ..core.transitions import Flow
 from ..queue import AsyncQueue
 from .http_errors import ERROR_RESPONSES
 from .models import TASK_PATTERN, ErrorBody

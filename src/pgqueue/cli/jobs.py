@@ -15,7 +15,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 
 from ..core.jobs import Job, JobState
-from ..core.transitions import LIST_VIEWS, MAX_ERROR_SEARCH
+from ..core.reads import LIST_VIEWS, MAX_ERROR_SEARCH
 from ..queue import Queue
 from . import output
 from .app import jobs_app, state_of, wants_json

@@ -25,9 +25,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .errors import InvalidJob, KeyTaken
+from .flows import Flow, Statement, db_now
 from .jobs import MAX_DELAY_SECONDS, QUEUE_NAME, TASK_NAME, JobField, JobState
 from .rules import Cutoff, Key, Name, OneOf
-from .transitions import Flow, Statement, db_now
 
 __all__ = [
     "BULK_BATCH",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import time
 
+from . import reads
 from . import transitions as t
 from .flows import Flow
 from .jobs import Job
@@ -41,5 +42,5 @@ class EveryQueue:
         return jobs
 
     def _list(self) -> Flow[None]:
-        self.names = yield from t.queues_with_jobs()
+        self.names = yield from reads.queues_with_jobs()
         self._listed_at = time.monotonic()

@@ -27,9 +27,9 @@ from datetime import datetime
 from typing import Any
 
 from .errors import InvalidJob, InvalidQueueControl
+from .flows import Flow, Statement
 from .jobs import QUEUE_NAME
 from .rules import Integer, Name, Rule, Seconds, printable
-from .transitions import Flow, Statement
 
 __all__ = ["CONTROLS", "LIMITS", "QueueControls", "change", "read_all"]
 

@@ -24,8 +24,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from .flows import Flow, Statement
 from .queue_controls import QueueControls
-from .transitions import Flow, Statement
 
 __all__ = ["THROUGHPUT_WINDOW_SECONDS", "QueueStats", "per_queue", "total"]
 

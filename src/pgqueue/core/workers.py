@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from .transitions import Flow, Statement
+from .flows import Flow, Statement
 
 __all__ = [
     "EXPIRY_HEARTBEATS",

@@ -37,9 +37,9 @@ from psycopg.adapt import Dumper, Loader
 from psycopg.rows import tuple_row
 
 from ..core.errors import KeyTaken
+from ..core.flows import Flow, Statement
 from ..core.jobs import Job
 from ..core.rules import MAX_READ_DEPTH, loads_stored
-from ..core.transitions import Flow, Statement
 from ..sql import QUERIES
 
 __all__ = [

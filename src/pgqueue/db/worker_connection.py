@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 
 import psycopg
 
-from ..core.transitions import Flow
+from ..core.flows import Flow
 from ..sql import QUERIES
 from . import deadlines, driver
 from .driver import RETRYABLE_ERRORS

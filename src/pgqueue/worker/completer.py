@@ -29,8 +29,9 @@ from collections.abc import Callable, Sequence
 import psycopg
 
 from ..core.jobs import Job, JobState
+from ..core.outcomes import Outcome
 from ..core.settings import Settings
-from ..core.transitions import Outcome, finish, finish_groups
+from ..core.transitions import finish, finish_groups
 from ..db.driver import RETRYABLE_ERRORS
 from ..db.worker_connection import FlowRunner
 from .held import Held, HeldJobs, Stage

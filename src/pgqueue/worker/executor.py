@@ -22,8 +22,7 @@ from typing import Any
 
 from .. import tracing
 from ..core.jobs import Job
-from ..core.outcomes import CancelJob, Snooze
-from ..core.transitions import Outcome
+from ..core.outcomes import CancelJob, Outcome, Snooze
 from .handlers import Task
 from .isolation import HandlerProcesses, HandlerTimedOut
 from .supervision import EventLog, backoff_delay, describe

@@ -21,8 +21,9 @@ import time
 from collections.abc import Awaitable, Callable
 
 from ..core import history, workers
+from ..core.reads import forget_waits
 from ..core.settings import Settings
-from ..core.transitions import forget_waits, prune, reap
+from ..core.transitions import prune, reap
 from ..db.worker_connection import FlowRunner
 from .supervision import WAIT_OUT, Backoff, EventLog
 

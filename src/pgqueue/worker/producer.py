@@ -50,8 +50,9 @@ import psycopg
 
 from .. import tracing
 from ..core.jobs import Job
+from ..core.reads import next_wake, queues_with_jobs
 from ..core.settings import Settings
-from ..core.transitions import claim, next_wake, queues_with_jobs, release
+from ..core.transitions import claim, release
 from ..db.worker_connection import FlowRunner
 from .held import Held, HeldJobs
 from .supervision import WAIT_OUT, Backoff, EventLog, short, together

@@ -43,8 +43,9 @@ from .. import tracing
 from ..core import workers
 from ..core.errors import WorkerFailed
 from ..core.jobs import Job
+from ..core.outcomes import Outcome
+from ..core.reads import schema_pending
 from ..core.settings import Settings
-from ..core.transitions import Outcome, schema_pending
 from ..core.workers import WorkerInfo, WorkerLoad
 from ..db.connections import listen_url, resolve_url
 from ..db.driver import RETRYABLE_ERRORS

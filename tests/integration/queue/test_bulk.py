@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from pgqueue import BulkAction, InvalidJob, JobFilter, JobState, Queue
-from pgqueue.core.transitions import Outcome
+from pgqueue.core.outcomes import Outcome
 from tests.support import query_plan
 
 FLOOD = 20_000

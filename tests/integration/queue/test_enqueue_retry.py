@@ -22,7 +22,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from pgqueue import AsyncQueue, Queue, Settings
-from pgqueue.core import transitions as t
+from pgqueue.core import enqueue
 from pgqueue.core.enqueue import CallKey
 from pgqueue.core.errors import DatabaseUnavailable
 from pgqueue.core.jobs import JobSpec
@@ -184,8 +184,8 @@ def test_a_retry_after_a_committed_attempt_returns_its_jobs(
     specs += [JobSpec.build("t", {"n": 5}, idempotency_key="held")]
     specs += [JobSpec.build("t", {"n": 6}, idempotency_key="mine", delay_seconds=60)]
     call = CallKey()
-    first = queue.run(t.enqueue_many(specs, call=call), transaction=True)
-    again = queue.run(t.enqueue_many(specs, call=call), transaction=True)
+    first = queue.run(enqueue.enqueue_many(specs, call=call), transaction=True)
+    again = queue.run(enqueue.enqueue_many(specs, call=call), transaction=True)
     assert again == first
     assert [r.created for r in again] == [True] * 5 + [False, True]
     assert again[5].id == holder.id
@@ -193,12 +193,12 @@ def test_a_retry_after_a_committed_attempt_returns_its_jobs(
     assert set(copies(sql).values()) == {1}
 
     one = CallKey()
-    job = queue.run(t.enqueue(JobSpec.build("t", {"n": 7}, idempotency_key="k"), one))
-    same = queue.run(t.enqueue(JobSpec.build("t", {"n": 7}, idempotency_key="k"), one))
+    job = queue.run(enqueue.enqueue(JobSpec.build("t", {"n": 7}, idempotency_key="k"), one))
+    same = queue.run(enqueue.enqueue(JobSpec.build("t", {"n": 7}, idempotency_key="k"), one))
     assert (same.id, same.duplicate) == (job.id, False)
     plain = CallKey()
-    job = queue.run(t.enqueue(JobSpec.build("t", {"n": 8}), plain))
-    assert queue.run(t.enqueue(JobSpec.build("t", {"n": 8}), plain)).id == job.id
+    job = queue.run(enqueue.enqueue(JobSpec.build("t", {"n": 8}), plain))
+    assert queue.run(enqueue.enqueue(JobSpec.build("t", {"n": 8}), plain)).id == job.id
     # The caller's key keeps its meaning across calls: another call is a duplicate.
     assert queue.enqueue("t", {"n": 7}, idempotency_key="k").duplicate
     assert copies(sql)[7] == copies(sql)[8] == 1
@@ -225,11 +225,11 @@ def test_another_calls_job_under_a_reserved_id_is_not_taken_as_the_calls_own(
     call = CallKey(ids=list(ids if many else ids[:1]), attempts=1)
     specs = [JobSpec.build("t", {"n": n}) for n in range(3 if many else 1)]
     if many:
-        results = queue.run(t.enqueue_many(specs, call=call), transaction=True)
+        results = queue.run(enqueue.enqueue_many(specs, call=call), transaction=True)
         got = [r.id for r in results]
         assert all(r.created for r in results)
     else:
-        job = queue.run(t.enqueue(specs[0], call))
+        job = queue.run(enqueue.enqueue(specs[0], call))
         got = [job.id]
         assert (job.task, job.payload, job.duplicate) == ("t", {"n": 0}, False)
     assert got[0] not in ids and got[1:] == ids[1 : len(specs)]
@@ -261,14 +261,14 @@ def test_another_calls_identical_job_under_a_reserved_id_is_not_taken_as_the_cal
     ]
     specs = [JobSpec.build("t", {"n": n}, priority=3) for n in range(3 if many else 1)]
     other = CallKey(ids=[ids[0]])
-    assert queue.run(t.enqueue(specs[0], other)).id == ids[0]
+    assert queue.run(enqueue.enqueue(specs[0], other)).id == ids[0]
     call = CallKey(ids=list(ids[: len(specs)]), attempts=1)
     if many:
-        results = queue.run(t.enqueue_many(specs, call=call), transaction=True)
+        results = queue.run(enqueue.enqueue_many(specs, call=call), transaction=True)
         assert all(r.created for r in results)
         got = [r.id for r in results]
     else:
-        job = queue.run(t.enqueue(specs[0], call))
+        job = queue.run(enqueue.enqueue(specs[0], call))
         assert (job.payload, job.duplicate) == ({"n": 0}, False)
         got = [job.id]
     assert got[0] not in ids and got[1:] == ids[1 : len(specs)] and call.ids == got
@@ -291,10 +291,10 @@ def test_a_new_id_for_a_job_of_the_call_is_none_of_the_ids_the_call_holds(
         for row in sql.execute("SELECT nextval('pgqueue_jobs_id_seq') FROM generate_series(1, 3)")
     ]
     specs = [JobSpec.build("t", {"n": n}) for n in range(3)]
-    assert queue.run(t.enqueue(specs[0], CallKey(ids=[ids[0]]))).id == ids[0]
+    assert queue.run(enqueue.enqueue(specs[0], CallKey(ids=[ids[0]]))).id == ids[0]
     sql.execute("SELECT setval('pgqueue_jobs_id_seq', %s)", (ids[0],))  # next: ids[1]
     call = CallKey(ids=list(ids), attempts=1)
-    results = queue.run(t.enqueue_many(specs, call=call), transaction=True)
+    results = queue.run(enqueue.enqueue_many(specs, call=call), transaction=True)
     got = [r.id for r in results]
     assert got[1:] == ids[1:] and got[0] > ids[2] and all(r.created for r in results)
     assert copies(sql) == {0: 2, 1: 1, 2: 1}  # the other call's job 0, and the call's
@@ -307,8 +307,8 @@ def test_a_retry_after_a_committed_copy_returns_its_jobs(
     lost): the retry finds them under its ids, with its key, and adds none."""
     specs = [JobSpec.build("t", {"n": n}) for n in range(3)]
     call = CallKey()
-    first = queue.run(t.enqueue_many(specs, call=call), transaction=True)
-    again = queue.run(t.enqueue_many(specs, call=call), transaction=True)
+    first = queue.run(enqueue.enqueue_many(specs, call=call), transaction=True)
+    again = queue.run(enqueue.enqueue_many(specs, call=call), transaction=True)
     assert again == first and all(r.created for r in again)
     assert copies(sql) == {0: 1, 1: 1, 2: 1}
     assert {row[0] for row in sql.execute("SELECT call_key FROM pgqueue_jobs")} == {call.key}
@@ -328,9 +328,9 @@ def test_a_retry_waits_for_an_attempt_still_in_flight(
 
     def attempt(connection: Any = None) -> list[int]:
         if many:
-            flow = t.enqueue_many(specs, call=call, copy=False)
+            flow = enqueue.enqueue_many(specs, call=call, copy=False)
             return [r.id for r in queue.run(flow, connection, transaction=True)]
-        return [queue.run(t.enqueue(specs[0], call), connection).id]
+        return [queue.run(enqueue.enqueue(specs[0], call), connection).id]
 
     with psycopg.connect(db_url) as first:  # not autocommit: one open transaction
         first_ids = attempt(first)

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pgqueue import Outcome, Queue
-from pgqueue.core import transitions as t
+from pgqueue.core import reads
 from tests.support import executed_plan
 
 QUEUES = ["a", "b", "c"]
@@ -56,7 +56,7 @@ def test_the_next_run_at_is_the_earliest_queued_jobs(
             " VALUES ('t', %s, %s, now() + make_interval(secs => %s), %s)",
             (name, priority, offset, state),
         )
-    got = queue.run(t.next_wake(queues)).seconds
+    got = queue.run(reads.next_wake(queues)).seconds
     expected = _expected(sql, queues)
     if expected is None:
         assert got is None
@@ -104,10 +104,10 @@ def test_the_next_wake_of_every_queue_sees_jobs_retried_or_snoozed_after_a_claim
     queue.finish([Outcome.failure(failed, "later"), Outcome.snooze(snoozed, 600)])
     retry_at = _seconds_to(sql, failed.id)
     assert 0 < retry_at < 600, "the retry's backoff is the earliest"
-    wake = queue.run(t.next_wake(None)).seconds
+    wake = queue.run(reads.next_wake(None)).seconds
     assert wake is not None and abs(wake - retry_at) < 1.0
     sql.execute("DELETE FROM pgqueue_jobs WHERE id = %s", [failed.id])
-    wake = queue.run(t.next_wake(None)).seconds
+    wake = queue.run(reads.next_wake(None)).seconds
     assert wake is not None and abs(wake - _seconds_to(sql, snoozed.id)) < 1.0
 
 

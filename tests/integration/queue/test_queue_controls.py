@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from pgqueue import AsyncQueue, InvalidQueueControl, Job, JobState, Queue, Settings
 from pgqueue.cli import app
-from pgqueue.core import transitions
+from pgqueue.core import reads
 from pgqueue.worker import AsyncWorker
 from tests.support import api_client, running, until
 
@@ -209,14 +209,14 @@ def test_the_queues_with_queued_jobs_are_listed_by_name_whatever_was_claimed_bef
     queue.enqueue_many([{"task": "t", "queue": "d"}] * 5)
     queue.enqueue("t", queue="c", run_at=datetime.now(UTC) + timedelta(hours=1))
     queue.enqueue_many([{"task": "t", "queue": "e"}] * 40)
-    assert queue.run(transitions.queues_with_jobs()) == ["a", "b", "c", "d", "e"]
+    assert queue.run(reads.queues_with_jobs()) == ["a", "b", "c", "d", "e"]
     queue.claim(5, worker="w", queues=["d"])
     queue.claim(29, worker="w", queues=["b"])
     queue.claim(39, worker="w", queues=["e"])
-    assert queue.run(transitions.queues_with_jobs()) == ["a", "b", "c", "e"]
+    assert queue.run(reads.queues_with_jobs()) == ["a", "b", "c", "e"]
     queue.claim(1, worker="w", queues=["e"])
     queue.claim(2, worker="w", queues=["a"])
-    assert queue.run(transitions.queues_with_jobs()) == ["b", "c"]
+    assert queue.run(reads.queues_with_jobs()) == ["b", "c"]
 
 
 async def test_a_flood_in_one_queue_does_not_hold_up_another_served_by_the_same_worker(

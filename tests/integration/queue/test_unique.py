@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from pgqueue import InvalidJob, Job, JobKeyHeld, JobState, Queue
-from pgqueue.core.transitions import Outcome
+from pgqueue.core.outcomes import Outcome
 from tests.support import api_client, query_plan
 
 PRODUCERS = 50

@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 
 from pgqueue import AsyncQueue, Job, JobState, Queue, Settings
-from pgqueue.core import transitions as t
+from pgqueue.core import reads
 from pgqueue.db.worker_connection import Connection
 from pgqueue.worker import AsyncWorker
 from pgqueue.worker.maintenance import Maintenance
@@ -64,7 +64,7 @@ def test_a_cancel_notifies_its_waiter(settings: Settings, queue: Queue) -> None:
     with psycopg.connect(settings.database_url, autocommit=True) as listener:
         listener.execute("LISTEN pgqueue_finished")
         with queue._waiters.waiting(job.id):
-            queue.run(t.watch(job.id, 30))
+            queue.run(reads.watch(job.id, 30))
             queue.cancel(job.id)
         assert heard(listener) == [job.id]
 
@@ -84,9 +84,9 @@ async def test_maintenance_forgets_the_registrations_of_waiters_that_gave_up(
     job = queue.enqueue("noop")
     kept = queue.enqueue("noop")
     with queue._waiters.waiting(job.id):
-        queue.run(t.watch(job.id, 0.01))
+        queue.run(reads.watch(job.id, 0.01))
     with queue._waiters.waiting(kept.id):
-        queue.run(t.watch(kept.id, 60))
+        queue.run(reads.watch(kept.id, 60))
     await asyncio.sleep(0.05)
     conn = Connection(settings.database_url)
     try:

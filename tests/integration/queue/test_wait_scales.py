@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from pgqueue import AsyncQueue, JobState, Queue, Settings, migrate
-from pgqueue.core import transitions as t
+from pgqueue.core import reads
 from pgqueue.db.embedded import EmbeddedPostgres
 from pgqueue.worker import AsyncWorker
 from tests.support import running, until
@@ -80,7 +80,7 @@ def test_a_jobs_ending_wakes_only_its_own_waiters(queue: Queue) -> None:
         queue._waiters.waiting(second.id) as second_ended,
     ):
         for job in (first, second):  # as wait() does as it first reads the job
-            queue.run(t.watch(job.id, 30))
+            queue.run(reads.watch(job.id, 30))
         first_ended.clear()  # set once when the listener started: look once
         second_ended.clear()
         queue.cancel(first.id)

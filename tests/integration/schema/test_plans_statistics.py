@@ -25,6 +25,8 @@ import pytest
 from pgqueue import Job, Queue, Settings
 from pgqueue.core import transitions as t
 from pgqueue.core.flows import Flow, Statement
+from pgqueue.core.outcomes import Outcome, attempt_token
+from pgqueue.core.reads import next_wake
 from pgqueue.db.embedded import EmbeddedPostgres
 from tests.conftest import TEMPLATE
 from tests.support import plan_reads
@@ -113,18 +115,16 @@ def _first(flow: Flow[Any]) -> Statement:
 
 SETTINGS = Settings()
 HELD: dict[str, Callable[[list[Job]], Statement]] = {
-    "job_heartbeat": lambda jobs: _first(t.heartbeat([(j.id, t._token(j)) for j in jobs], 30)),
-    "job_finish": lambda jobs: _first(
-        t.finish(SETTINGS, [t.Outcome.success(j, None) for j in jobs])
-    ),
+    "job_heartbeat": lambda jobs: _first(t.heartbeat([(j.id, attempt_token(j)) for j in jobs], 30)),
+    "job_finish": lambda jobs: _first(t.finish(SETTINGS, [Outcome.success(j, None) for j in jobs])),
     "job_finish_failed": lambda jobs: _first(
-        t.finish(SETTINGS, [t.Outcome.failure(j, "boom") for j in jobs])
+        t.finish(SETTINGS, [Outcome.failure(j, "boom") for j in jobs])
     ),
-    "job_snooze": lambda jobs: _first(t.finish(SETTINGS, [t.Outcome.snooze(j, 5) for j in jobs])),
+    "job_snooze": lambda jobs: _first(t.finish(SETTINGS, [Outcome.snooze(j, 5) for j in jobs])),
     "job_cancel_held": lambda jobs: _first(
-        t.finish(SETTINGS, [t.Outcome.cancel(j, "no") for j in jobs])
+        t.finish(SETTINGS, [Outcome.cancel(j, "no") for j in jobs])
     ),
-    "job_release": lambda jobs: _first(t.release([(j.id, t._token(j)) for j in jobs])),
+    "job_release": lambda jobs: _first(t.release([(j.id, attempt_token(j)) for j in jobs])),
 }
 
 
@@ -173,7 +173,7 @@ def test_an_ack_releases_the_waiting_children_by_key(loaded: str) -> None:
         for parent in parents:
             queue.enqueue("child", depends_on=[parent.id], queue="children")
         jobs = queue.claim(BATCH, worker="w", queues=["flow"])
-    statement = _first(t.finish(SETTINGS, [t.Outcome.success(j, None) for j in jobs]))
+    statement = _first(t.finish(SETTINGS, [Outcome.success(j, None) for j in jobs]))
     # Per job written: each parent, and each child it releases.
     _assert_bounded(statement, loaded, 2 * BATCH, BY_ID)
 
@@ -225,6 +225,6 @@ def test_next_wake_reads_index_entries_only(loaded: str, queues: list[str] | Non
             " SELECT 'later', now() + make_interval(mins => i) FROM generate_series(1, 100) i"
         )
     with psycopg.connect(loaded) as sql:
-        reads = plan_reads(sql, "queue_next_wake", _first(t.next_wake(queues)).params)
+        reads = plan_reads(sql, "queue_next_wake", _first(next_wake(queues)).params)
     assert all(scan.startswith("Index Only Scan") for scan in reads.scans), reads.scans
     assert reads.buffers <= 200, reads

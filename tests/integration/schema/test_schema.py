@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from harness.history import add_finished_jobs, add_live_load
 from pgqueue import DatabaseUnavailable, JobState, Queue, SchemaNotMigrated, Settings, migrate
-from pgqueue.core import transitions as t
+from pgqueue.core import reads
 from pgqueue.core.transitions import heartbeat
 from pgqueue.db.embedded import EmbeddedPostgres
 from pgqueue.sql import QUERIES, migration_files, migration_versions
@@ -203,9 +203,9 @@ def test_queue_stats_reads_live_rows_only_after_churn(
 
 def test_schema_pending_lists_what_an_unmigrated_database_lacks(empty_db: str) -> None:
     with Queue(empty_db) as q:
-        assert q.run(t.schema_pending()) == migration_versions()
+        assert q.run(reads.schema_pending()) == migration_versions()
         with pytest.raises(SchemaNotMigrated, match="pgqueue migrate"):
             q.enqueue("task")
         migrate(empty_db)
-        assert q.run(t.schema_pending()) == []
+        assert q.run(reads.schema_pending()) == []
         assert q.enqueue("task").id >= 1
