@@ -23,11 +23,10 @@ import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
-import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 
 from .core.settings import Settings
+from .db.connections import create_database, drop_database
 from .db.migrate import migrate
 from .queue import AsyncQueue, Queue
 
@@ -56,15 +55,12 @@ def pgqueue_admin_url() -> Iterator[str]:
 def pgqueue_url(pgqueue_admin_url: str) -> Iterator[str]:
     """A fresh migrated database for this test only, dropped after it."""
     name = f"pgqueue_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pgqueue_admin_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
+    url = create_database(pgqueue_admin_url, name)
     try:
-        url = make_conninfo(pgqueue_admin_url, dbname=name)
         migrate(url)
         yield url
     finally:
-        with psycopg.connect(pgqueue_admin_url, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        drop_database(pgqueue_admin_url, name)
 
 
 @pytest.fixture

@@ -17,8 +17,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Self, TypeVar
 from uuid import UUID
 
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
-
 from . import tracing
 from .core import queue_controls, reads, workflows
 from .core import transitions as t
@@ -34,11 +32,13 @@ from .core.queue_controls import QueueControls
 from .core.settings import Settings
 from .db import driver
 from .db.connections import (
+    AsyncPool,
     async_caller_connection,
     caller_connection,
     errors_translated,
     listen_url,
-    pool_options,
+    open_async_pool,
+    open_pool,
     resolve_url,
 )
 from .db.driver import is_asyncpg_connection
@@ -97,7 +97,7 @@ class Queue(_Common):
     def __init__(self, url: str | None = None, *, settings: Settings | None = None) -> None:
         super().__init__(url, settings)
         self.url = url or resolve_url(self.settings)
-        self._pool = ConnectionPool(self.url, open=True, **pool_options(self.settings, self.url))
+        self._pool = open_pool(self.url, self.settings)
         self._waiters = Waiters(listen_url(self.settings, self.url))
 
     def close(self) -> None:
@@ -318,7 +318,7 @@ class AsyncQueue(_Common):
         super().__init__(url, settings)
         self.url = url or ""
         self._group = GroupCommitter(self._retried, self.settings) if group_commit else None
-        self._pool: AsyncConnectionPool | None = None
+        self._pool: AsyncPool | None = None
         self._waiters: AsyncWaiters | None = None
         self._opening = asyncio.Lock()
 
@@ -327,10 +327,7 @@ class AsyncQueue(_Common):
             if self._pool is None:
                 if not self.url:
                     self.url = await asyncio.to_thread(resolve_url, self.settings)
-                options = pool_options(self.settings, self.url, asynchronous=True)
-                pool = AsyncConnectionPool(self.url, open=False, **options)
-                await pool.open()
-                self._pool = pool
+                self._pool = await open_async_pool(self.url, self.settings)
                 self._waiters = AsyncWaiters(listen_url(self.settings, self.url))
         return self
 

@@ -5,7 +5,7 @@
 
 RequestValidationError (pydantic)    422 invalid_input  (400 malformed_json)
 InvalidJob, InvalidQueueControl      422 invalid_input
-psycopg.DataError                    422 invalid_input  (the database refused a value)
+The server refusing a value (DataError) 422 invalid_input  (the database refused a value)
 JobNotFound, WorkflowNotFound        404 not_found
 JobStateConflict                     409 conflict
 DatabaseUnavailable                  503 database_unavailable  (Retry-After: 1)
@@ -25,7 +25,6 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -44,6 +43,7 @@ from ..core.errors import (
     SchemaNotMigrated,
     WorkflowNotFound,
 )
+from ..db.driver import REFUSED_VALUE_ERRORS
 from .models import ErrorBody
 
 __all__ = [
@@ -276,7 +276,8 @@ def install_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(InvalidJob, _invalid_input)
     app.add_exception_handler(InvalidQueueControl, _invalid_input)
-    app.add_exception_handler(psycopg.DataError, _data_error)
+    for refused in REFUSED_VALUE_ERRORS:
+        app.add_exception_handler(refused, _data_error)
     app.add_exception_handler(JobNotFound, _not_found)
     app.add_exception_handler(WorkflowNotFound, _not_found)
     app.add_exception_handler(JobStateConflict, _conflict)

@@ -24,7 +24,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-import psycopg
 import typer
 from rich.console import Console
 from typer.core import TyperGroup
@@ -40,6 +39,8 @@ from ..core.errors import (
     PgQueueError,
 )
 from ..core.settings import Settings
+from ..db.connections import check_reachable
+from ..db.driver import DRIVER_ERRORS, UNREACHABLE_ERRORS
 from ..logs import ENV_LOG_FORMAT, stderr_handler
 from ..queue import Queue
 from . import output
@@ -138,9 +139,9 @@ def describe(exc: BaseException) -> tuple[str, int]:
         return f"database unavailable: {first_line(exc)}", 1
     if isinstance(exc, PgQueueError):  # JobNotFound, JobStateConflict, SchemaNotMigrated...
         return str(exc), 1
-    if isinstance(exc, psycopg.OperationalError):
+    if isinstance(exc, UNREACHABLE_ERRORS):
         return f"database unavailable: {first_line(exc)}", 1
-    if isinstance(exc, psycopg.Error):
+    if isinstance(exc, DRIVER_ERRORS):
         return f"database error: {first_line(exc)}", 1
     if isinstance(exc, OSError):
         return f"{exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}", 1
@@ -200,11 +201,7 @@ class State:
         server: the commands that use this one start no server."""
         settings = settings or self.settings()
         url = existing_database(settings, self.project)
-        # One direct connection first: a down server fails at once with the
-        # driver's reason, not after the pool's timeout with a generic one.
-        timeout = max(1, round(settings.pool_timeout_seconds))
-        with psycopg.connect(url, connect_timeout=timeout):
-            pass
+        check_reachable(url, settings.pool_timeout_seconds)
         with Queue(url, settings=settings) as q:
             yield q
 

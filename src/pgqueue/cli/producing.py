@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import IO, Annotated, Any
 
-import psycopg
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -22,6 +21,7 @@ from rich.table import Table
 from ..core.errors import EnqueueOutcomeUnknown, InvalidJob, PgQueueError
 from ..core.jobs import JobSpec
 from ..core.settings import Settings
+from ..db.driver import DRIVER_ERRORS
 from ..queue import Queue
 from . import output
 from .app import State, app, describe, state_of, wants_json
@@ -234,7 +234,7 @@ class _Loader:
         with _commit_before_interrupt():
             try:
                 results = q.enqueue_many([spec for _, spec in self.pending])
-            except (PgQueueError, psycopg.Error) as exc:
+            except (PgQueueError, *DRIVER_ERRORS) as exc:
                 self._hold_back(describe(exc)[0])
                 self.summary.outcome_unknown = isinstance(exc, EnqueueOutcomeUnknown)
                 return False

@@ -7,12 +7,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from typing import Any
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from ..core.errors import DatabaseReadOnly, DatabaseUnavailable, SchemaNotMigrated
@@ -24,19 +25,30 @@ from .embedded import EmbeddedPostgres
 
 __all__ = [
     "CONNECT_TIMEOUT_SECONDS",
+    "AsyncPool",
+    "Pool",
     "async_caller_connection",
     "caller_connection",
+    "check_reachable",
     "connect_timeout_default",
+    "create_database",
+    "drop_database",
     "errors_translated",
     "listen_url",
+    "open_async_pool",
+    "open_pool",
     "pool_options",
     "resolve_url",
     "unchecked",
+    "url_from_params",
 ]
 
 # How long a new connection may take when neither the URL nor
 # PGCONNECT_TIMEOUT says (libpq waits forever; its minimum is 2 s).
 CONNECT_TIMEOUT_SECONDS = 5
+
+Pool = ConnectionPool
+AsyncPool = AsyncConnectionPool
 
 # Set while a producer's retried call takes a pooled connection (retrying.py).
 _UNCHECKED: ContextVar[bool] = ContextVar("pgqueue_unchecked", default=False)
@@ -81,6 +93,48 @@ def pool_options(settings: Settings, url: str, *, asynchronous: bool = False) ->
         | ({"prepare_threshold": None} if settings.transaction_pooler else {}),
         "name": "pgqueue",
     }
+
+
+def open_pool(url: str, settings: Settings) -> Pool:
+    """A Queue's connection pool, open."""
+    return ConnectionPool(url, open=True, **pool_options(settings, url))
+
+
+async def open_async_pool(url: str, settings: Settings) -> AsyncPool:
+    """An AsyncQueue's connection pool, open."""
+    options = pool_options(settings, url, asynchronous=True)
+    pool = AsyncConnectionPool(url, open=False, **options)
+    await pool.open()
+    return pool
+
+
+def url_from_params(params: Mapping[str, Any]) -> str:
+    """A libpq connection string from keyword parameters (those left empty
+    or None are left out)."""
+    return make_conninfo("", **{k: v for k, v in params.items() if v not in (None, "")})
+
+
+def check_reachable(url: str, seconds: float) -> None:
+    """Connect once and hang up: a down server fails at once, with the
+    driver's reason (``psycopg.OperationalError``), not after a pool's
+    timeout with a generic one."""
+    with psycopg.connect(url, connect_timeout=max(1, round(seconds))):
+        pass
+
+
+def create_database(admin_url: str, name: str) -> str:
+    """Create database ``name`` on the server of ``admin_url``; its URL."""
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return make_conninfo(admin_url, dbname=name)
+
+
+def drop_database(admin_url: str, name: str) -> None:
+    """Drop database ``name`` (if it exists), closing its sessions."""
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
 
 
 @contextlib.contextmanager

@@ -43,9 +43,12 @@ from ..core.rules import MAX_READ_DEPTH, loads_stored
 from ..sql import QUERIES
 
 __all__ = [
+    "DRIVER_ERRORS",
     "LIVENESS",
+    "REFUSED_VALUE_ERRORS",
     "RETRYABLE_ERRORS",
     "SCHEMA_ERRORS",
+    "UNREACHABLE_ERRORS",
     "AsyncCursorSession",
     "AsyncSession",
     "AsyncpgSession",
@@ -87,6 +90,13 @@ RETRYABLE_ERRORS = (
     psycopg.errors.DeadlockDetected,
     psycopg.errors.LockNotAvailable,
 )
+# Any error of the driver or the server (the layers above tell the
+# database's errors from their own bugs by it, without importing psycopg).
+DRIVER_ERRORS = (psycopg.Error,)
+# The database could not be reached, or stopped answering.
+UNREACHABLE_ERRORS = (psycopg.OperationalError,)
+# The server refused a value (out of range, not storable): bad input, not a bug.
+REFUSED_VALUE_ERRORS = (psycopg.DataError,)
 # What PostgreSQL says when pgqueue's tables, columns or functions are not
 # there: the database was never migrated, or is older than this code.
 SCHEMA_ERRORS = (

@@ -26,13 +26,11 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-import psycopg
-
 from ..core.jobs import Job, JobState
 from ..core.outcomes import Outcome
 from ..core.settings import Settings
 from ..core.transitions import finish, finish_groups
-from ..db.driver import RETRYABLE_ERRORS
+from ..db.driver import DRIVER_ERRORS, RETRYABLE_ERRORS
 from ..db.worker_connection import FlowRunner
 from .held import Held, HeldJobs, Stage
 from .supervision import WAIT_OUT, Backoff, EventLog, short, together
@@ -44,7 +42,7 @@ ACK_DELAY_SECONDS = 0.002
 # And a statement carries at most this many outcomes.
 ACK_BATCH_MAX = 1000
 # Errors that say the database refused this batch's data, not the connection.
-REFUSED = (psycopg.Error, UnicodeError)
+REFUSED = (*DRIVER_ERRORS, UnicodeError)
 
 
 class Completer:

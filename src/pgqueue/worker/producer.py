@@ -46,13 +46,12 @@ import math
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
-import psycopg
-
 from .. import tracing
 from ..core.jobs import Job
 from ..core.reads import next_wake, queues_with_jobs
 from ..core.settings import Settings
 from ..core.transitions import claim, release
+from ..db.driver import DRIVER_ERRORS
 from ..db.worker_connection import FlowRunner
 from .held import Held, HeldJobs
 from .supervision import WAIT_OUT, Backoff, EventLog, short, together
@@ -220,7 +219,7 @@ class Producer:
             await self.conns[0].run(release(leases))
         # A claim cut short by the shutdown's deadline may leave its
         # connection unusable: the leases are the backstop either way.
-        except (*WAIT_OUT, psycopg.Error) as exc:
+        except (*WAIT_OUT, *DRIVER_ERRORS) as exc:
             self.events(
                 logging.WARNING,
                 "shutdown",

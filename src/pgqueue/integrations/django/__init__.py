@@ -24,6 +24,7 @@ from typing import Any
 
 from ...core.jobs import Job
 from ...core.settings import Settings
+from ...db.connections import url_from_params
 from ...queue import Queue
 
 __all__ = ["database_url", "enqueue", "enqueue_many", "queue", "settings"]
@@ -44,14 +45,13 @@ def _config() -> Mapping[str, Any]:
 def database_url(alias: str = "default") -> str:
     """A libpq URL for one of Django's DATABASES."""
     from django.db import connections
-    from psycopg.conninfo import make_conninfo
 
     params = connections[alias].get_connection_params()
     params.pop("cursor_factory", None)
     params.pop("context", None)
     params.pop("prepare_threshold", None)
     params.pop("server_side_binding", None)
-    return make_conninfo("", **{k: v for k, v in params.items() if v not in (None, "")})
+    return url_from_params(params)
 
 
 def settings() -> Settings:
