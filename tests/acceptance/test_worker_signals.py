@@ -1,4 +1,4 @@
-"""Worker processes as the command line runs them (``run_from_cli``), stopped
+"""Worker processes as the command line runs them (``run_processes``), stopped
 by signals: SIGTERM finishes the running job and exits 0; a second signal
 exits at once; the supervisor restarts a child that dies. Linux only."""
 
@@ -42,10 +42,11 @@ def start_worker(db_url: str) -> Iterator[Callable[..., subprocess.Popen[bytes]]
 
     def start(processes: int = 1, shutdown_timeout: float = 10.0) -> subprocess.Popen[bytes]:
         code = (
-            "import sys; from pgqueue import Settings; from pgqueue.worker import run_from_cli; "
+            "import sys; from pgqueue import Settings; "
+            "from pgqueue.worker.processes import run_processes; "
             f"s = Settings(database_url={db_url!r}, shutdown_timeout_seconds={shutdown_timeout}, "
             "poll_interval_seconds=0.2); "
-            "sys.exit(run_from_cli('examples.tasks:HANDLERS', queues=None, concurrency=4, "
+            "sys.exit(run_processes('examples.tasks:HANDLERS', queues=None, concurrency=4, "
             f"processes={processes}, settings=s))"
         )
         env = dict(os.environ, PYTHONPATH=str(ROOT))

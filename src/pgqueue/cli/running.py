@@ -17,13 +17,14 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from .. import worker
 from ..core.settings import Settings
 from ..db.embedded import EmbeddedPostgres
 from ..db.migrate import migrate
 from ..logs import ENV_LOG_FORMAT
 from ..processes import Child, ProcessSupervisor
 from ..queue import resolve_url
+from ..worker import load_handlers
+from ..worker.processes import run_processes
 from . import output
 from .app import app, configure_logging, first_line, state_of, wants_json
 from .options import JsonFlag, redact, split
@@ -102,7 +103,7 @@ def worker_cmd(
     settings = state.settings(concurrency=concurrency)
     configure_logging(state.debug, logging.INFO)
     _check_handlers(handlers)
-    code = worker.run_from_cli(
+    code = run_processes(
         handlers,
         queues=split(queues),
         concurrency=settings.concurrency,
@@ -116,7 +117,7 @@ def _check_handlers(handlers: str) -> None:
     """A bad --handlers is a usage error, said before anything starts."""
     _importable_cwd()
     try:
-        worker.load_handlers(handlers)
+        load_handlers(handlers)
     except (ImportError, ValueError, TypeError) as exc:
         raise typer.BadParameter(first_line(exc), param_hint="'--handlers'") from None
 

@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from pgqueue.integrations import django as integration
-from pgqueue.worker import run_from_cli
+from pgqueue.worker.processes import run_processes
 
 
 class Command(BaseCommand):  # type: ignore[misc]  # django has no type hints
@@ -27,7 +27,7 @@ class Command(BaseCommand):  # type: ignore[misc]  # django has no type hints
             raise CommandError("say which handlers to run: PGQUEUE['HANDLERS'] or --handlers")
         queues = options["queues"].split(",") if options["queues"] else config.get("QUEUES")
         settings = integration.settings()
-        code = run_from_cli(
+        code = run_processes(
             handlers,
             queues=queues,
             concurrency=options["concurrency"] or config.get("CONCURRENCY") or settings.concurrency,
