@@ -63,7 +63,8 @@ from .core.errors import (
     WorkerFailed,
     WorkflowNotFound,
 )
-from .core.jobs import AttemptError, Job, JobSpec, JobState
+from .core.job_spec import JobSpec
+from .core.jobs import AttemptError, Job, JobState
 from .core.outcomes import CancelJob, Outcome, Snooze
 from .core.queue_controls import QueueControls
 from .core.schedules import Schedule

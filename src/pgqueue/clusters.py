@@ -33,7 +33,8 @@ from typing import Any, Generic, Self, TypeVar
 
 from .core.enqueue import Enqueued
 from .core.errors import InvalidJob, InvalidSettings
-from .core.jobs import QUEUE_NAME, Job, JobSpec, build_specs
+from .core.job_spec import JobSpec, build_specs
+from .core.jobs import QUEUE_NAME, Job
 from .core.rules import Name
 from .core.settings import Settings
 from .queue import AsyncQueue, Queue

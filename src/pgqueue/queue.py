@@ -26,7 +26,8 @@ from .core.enqueue import CallKey, Enqueued, PerAttempt, per_attempt
 from .core.errors import WaitTimeout
 from .core.every_queue import EveryQueue
 from .core.flows import Flow
-from .core.jobs import Job, JobSpec, JobState, build_specs
+from .core.job_spec import JobSpec, build_specs
+from .core.jobs import Job, JobState
 from .core.outcomes import Outcome, attempt_token
 from .core.queue_controls import QueueControls
 from .core.settings import Settings

@@ -37,8 +37,9 @@ from .core import workflows
 from .core.dependencies import WorkflowJobs
 from .core.enqueue import enqueue, enqueue_many
 from .core.flows import Flow
-from .core.jobs import Job, JobSpec
-from .core.rules import dump_json
+from .core.job_spec import JobSpec
+from .core.jobs import Job
+from .core.json_text import dump_json
 from .core.settings import Settings
 
 if TYPE_CHECKING:

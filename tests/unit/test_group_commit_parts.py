@@ -16,7 +16,8 @@ import pytest
 from pgqueue.core.enqueue import CallKey
 from pgqueue.core.errors import DatabaseUnavailable, EnqueueOutcomeUnknown
 from pgqueue.core.flows import Flow
-from pgqueue.core.jobs import Job, JobSpec
+from pgqueue.core.job_spec import JobSpec
+from pgqueue.core.jobs import Job
 from pgqueue.core.settings import Settings
 from pgqueue.db import driver
 from pgqueue.db.group_commit import GroupCommitter

@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pgqueue.core.rules import MAX_READ_DEPTH, TOO_DEEP, json_depth_over, loads_stored
+from pgqueue.core.json_text import MAX_READ_DEPTH, TOO_DEEP, json_depth_over, loads_stored
 
 # Strings that look like JSON: brackets, quotes, backslashes, escapes.
 tricky_text = st.text(st.sampled_from('{}[]"\\:,ab \n\u00e9'), max_size=8)

@@ -16,7 +16,7 @@ from pgqueue.core import enqueue
 from pgqueue.core.enqueue import CallKey, Enqueued
 from pgqueue.core.errors import DatabaseUnavailable, KeyTaken
 from pgqueue.core.flows import Statement
-from pgqueue.core.jobs import JobSpec
+from pgqueue.core.job_spec import JobSpec
 from pgqueue.core.settings import Settings
 from pgqueue.db import driver
 from pgqueue.db.retrying import Retries, Retrying

@@ -19,15 +19,8 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from ..core.jobs import (
-    JOB_FIELDS,
-    MAX_ATTEMPT_ERRORS,
-    QUEUE_NAME,
-    TASK_NAME,
-    Job,
-    JobField,
-    JobState,
-)
+from ..core.job_spec import JOB_FIELDS, JobField
+from ..core.jobs import MAX_ATTEMPT_ERRORS, QUEUE_NAME, TASK_NAME, Job, JobState
 from ..core.queue_controls import LIMITS, QueueControls
 
 __all__ = [

@@ -16,7 +16,8 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from ..core.dependencies import WorkflowJobs
-from ..core.jobs import JOB_FIELDS, JobState
+from ..core.job_spec import JOB_FIELDS
+from ..core.jobs import JobState
 from ..core.workflows import MAX_WORKFLOW_JOBS
 from ..queue import AsyncQueue
 from .http_errors import documented_errors

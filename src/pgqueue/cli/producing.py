@@ -19,7 +19,7 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 from rich.table import Table
 
 from ..core.errors import EnqueueOutcomeUnknown, InvalidJob, PgQueueError
-from ..core.jobs import JobSpec
+from ..core.job_spec import JobSpec
 from ..core.settings import Settings
 from ..db.driver import DRIVER_ERRORS
 from ..queue import Queue

@@ -26,7 +26,8 @@ from typing import Any
 
 from .errors import InvalidJob, KeyTaken
 from .flows import Flow, Statement, db_now
-from .jobs import MAX_DELAY_SECONDS, QUEUE_NAME, TASK_NAME, JobField, JobState
+from .job_spec import JobField
+from .jobs import MAX_DELAY_SECONDS, QUEUE_NAME, TASK_NAME, JobState
 from .rules import Cutoff, Key, Name, OneOf
 
 __all__ = [

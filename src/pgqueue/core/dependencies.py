@@ -28,7 +28,8 @@ from typing import Any
 
 from .errors import InvalidJob, WorkflowNotFound
 from .flows import Flow, Statement
-from .jobs import Job, JobSpec, JobState
+from .job_spec import JobSpec
+from .jobs import Job, JobState
 
 __all__ = [
     "Graph",

@@ -20,7 +20,8 @@ from uuid import UUID, uuid4
 from .dependencies import Graph, enqueue_graph
 from .errors import KeyTaken
 from .flows import Flow, Statement, db_now
-from .jobs import Job, JobSpec
+from .job_spec import JobSpec
+from .jobs import Job
 
 __all__ = [
     "ENQUEUE_CHUNK",

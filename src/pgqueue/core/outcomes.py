@@ -21,7 +21,8 @@ from typing import Any, NamedTuple
 
 from .errors import InvalidJob
 from .jobs import MAX_DELAY_SECONDS, Job, dump_json
-from .rules import Seconds, printable
+from .json_text import printable
+from .rules import Seconds
 
 __all__ = ["CancelJob", "Outcome", "Snooze", "attempt_token", "snooze_seconds"]
 

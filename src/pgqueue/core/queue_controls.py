@@ -29,7 +29,8 @@ from typing import Any
 from .errors import InvalidJob, InvalidQueueControl
 from .flows import Flow, Statement
 from .jobs import QUEUE_NAME
-from .rules import Integer, Name, Rule, Seconds, printable
+from .json_text import printable
+from .rules import Integer, Name, Rule, Seconds
 
 __all__ = ["CONTROLS", "LIMITS", "QueueControls", "change", "read_all"]
 

@@ -20,7 +20,8 @@ from typing import Any, Literal
 
 from .errors import InvalidJob, InvalidSchedule, ScheduleNotFound
 from .flows import Flow, Statement, db_now
-from .jobs import TASK_NAME, Job, JobSpec
+from .job_spec import JobSpec
+from .jobs import TASK_NAME, Job
 from .ticks import CATCH_UP_MODES, Cadence, CatchUp, Plan, cadence, next_tick, plan
 
 __all__ = [

@@ -32,8 +32,8 @@ from .dependencies import (
 )
 from .errors import InvalidJob, WorkflowNotFound
 from .flows import Flow
-from .jobs import JobSpec, build_specs
-from .rules import printable
+from .job_spec import JobSpec, build_specs
+from .json_text import printable
 
 __all__ = [
     "Chain",

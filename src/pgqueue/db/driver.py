@@ -39,7 +39,7 @@ from psycopg.rows import tuple_row
 from ..core.errors import KeyTaken
 from ..core.flows import Flow, Statement
 from ..core.jobs import Job
-from ..core.rules import MAX_READ_DEPTH, loads_stored
+from ..core.json_text import MAX_READ_DEPTH, loads_stored
 from ..sql import QUERIES
 
 __all__ = [

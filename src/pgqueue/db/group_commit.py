@@ -44,7 +44,8 @@ import psycopg
 from ..core.enqueue import CallKey, enqueue, enqueue_group
 from ..core.errors import EnqueueOutcomeUnknown, PgQueueError
 from ..core.flows import Flow
-from ..core.jobs import Job, JobSpec
+from ..core.job_spec import JobSpec
+from ..core.jobs import Job
 from ..core.settings import Settings
 from .retrying import backoff_delay
 

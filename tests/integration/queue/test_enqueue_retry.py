@@ -25,7 +25,7 @@ from pgqueue import AsyncQueue, Queue, Settings
 from pgqueue.core import enqueue
 from pgqueue.core.enqueue import CallKey
 from pgqueue.core.errors import DatabaseUnavailable
-from pgqueue.core.jobs import JobSpec
+from pgqueue.core.job_spec import JobSpec
 from tests.integration.api.test_api_outage import Proxy, free_port
 from tests.support import api_client
 

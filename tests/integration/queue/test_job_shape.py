@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 
 from pgqueue import AsyncQueue, InvalidJob, Job, Queue, Settings
 from pgqueue.cli import app as cli
-from pgqueue.core.jobs import FIELD_ALIASES, JOB_FIELDS, MAX_PRIORITY, JobSpec
+from pgqueue.core.job_spec import FIELD_ALIASES, JOB_FIELDS, JobSpec
+from pgqueue.core.jobs import MAX_PRIORITY
 from tests.input_support import count_jobs, refusals
 from tests.support import api_client
 

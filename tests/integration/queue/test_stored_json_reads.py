@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from pgqueue import AsyncQueue, Job, JobState, Queue, Settings
 from pgqueue.api import create_app
 from pgqueue.cli import app as cli
-from pgqueue.core.rules import MAX_READ_DEPTH, TOO_DEEP
+from pgqueue.core.json_text import MAX_READ_DEPTH, TOO_DEEP
 from pgqueue.core.workflows import chain
 from pgqueue.worker import AsyncWorker
 from tests.support import LiveServer, running
