@@ -65,16 +65,16 @@ class _Common:
         self._url = url
         self._every_queue = EveryQueue(self.settings.poll_interval_seconds)
         self._retrying = Retrying(self.settings)
-        self._out = tracing.Producing(self.settings)  # the enqueue flows, traced or not
+        self._enqueue_flows = tracing.EnqueueFlows(self.settings)  # traced when tracing is on
 
     def _spec(self, task: Any, payload: Any, **fields: Any) -> JobSpec:
         given = {"task": task, "payload": payload, **fields}
         spec = JobSpec.from_fields(given, default_max_attempts=self.settings.default_max_attempts)
-        return self._out.stamp([spec])[0]
+        return self._enqueue_flows.stamp([spec])[0]
 
     def _specs(self, jobs: Iterable[JobSpec | Mapping[str, Any]]) -> list[JobSpec]:
         specs = build_specs(jobs, default_max_attempts=self.settings.default_max_attempts)
-        return self._out.stamp(specs)
+        return self._enqueue_flows.stamp(specs)
 
     def _claim(self, limit: int, worker: str, queues: Sequence[str] | None) -> Flow[list[Job]]:
         if not 1 <= limit <= 10_000:
@@ -152,13 +152,15 @@ class Queue(_Common):
         ``connection`` or ``depends_on``."""
         spec = self._spec(task, payload, **fields)
         if connection is not None or spec.depends_on:
-            return self.run(self._out.enqueue(spec), connection, transaction=bool(spec.depends_on))
-        return self._retried(per_attempt(self._out.enqueue, spec), "enqueue")
+            return self.run(
+                self._enqueue_flows.enqueue(spec), connection, transaction=bool(spec.depends_on)
+            )
+        return self._retried(per_attempt(self._enqueue_flows.enqueue, spec), "enqueue")
 
     def enqueue_workflow(self, flow: workflows.Workflow, *, connection: Any = None) -> WorkflowJobs:
         """Add a workflow (``chain``/``group`` of steps, or a list of named
         jobs) in one transaction, under a new workflow id."""
-        return self.run(self._out.workflow(flow), connection, transaction=True)
+        return self.run(self._enqueue_flows.workflow(flow), connection, transaction=True)
 
     def workflow(self, workflow_id: UUID | str, action: str = "show") -> WorkflowJobs:
         """A workflow's jobs, after ``action``: show, cancel (every job not
@@ -176,8 +178,8 @@ class Queue(_Common):
         if not specs:
             return []
         if connection is not None or any(spec.depends_on for spec in specs):
-            return self.run(self._out.enqueue_many(specs), connection, transaction=True)
-        attempts = per_attempt(self._out.enqueue_many, specs)
+            return self.run(self._enqueue_flows.enqueue_many(specs), connection, transaction=True)
+        attempts = per_attempt(self._enqueue_flows.enqueue_many, specs)
         return self._retried(attempts, "enqueue_many", transaction=True)
 
     def wait(self, job_id: int, timeout: float) -> Job:
@@ -387,17 +389,17 @@ class AsyncQueue(_Common):
         """As Queue.enqueue."""
         spec = self._spec(task, payload, **fields)
         if connection is not None or spec.depends_on:
-            flow = self._out.enqueue(spec)
+            flow = self._enqueue_flows.enqueue(spec)
             return await self.run(flow, connection, transaction=bool(spec.depends_on))
         if self._group is not None:
-            return await self._out.grouped(self._group.enqueue, spec)
-        return await self._retried(per_attempt(self._out.enqueue, spec), "enqueue")
+            return await self._enqueue_flows.grouped(self._group.enqueue, spec)
+        return await self._retried(per_attempt(self._enqueue_flows.enqueue, spec), "enqueue")
 
     async def enqueue_workflow(
         self, flow: workflows.Workflow, *, connection: Any = None
     ) -> WorkflowJobs:
         """As Queue.enqueue_workflow."""
-        return await self.run(self._out.workflow(flow), connection, transaction=True)
+        return await self.run(self._enqueue_flows.workflow(flow), connection, transaction=True)
 
     async def workflow(self, workflow_id: UUID | str, action: str = "show") -> WorkflowJobs:
         """As Queue.workflow."""
@@ -412,11 +414,13 @@ class AsyncQueue(_Common):
         if connection is not None:  # which driver is behind it decides COPY or INSERT
             with errors_translated():
                 connection = await async_caller_connection(connection)
-            flow = self._out.enqueue_many(specs, copy=not is_asyncpg_connection(connection))
+            flow = self._enqueue_flows.enqueue_many(
+                specs, copy=not is_asyncpg_connection(connection)
+            )
             return await self.run(flow, connection)
         if any(spec.depends_on for spec in specs):
-            return await self.run(self._out.enqueue_many(specs), transaction=True)
-        attempts = per_attempt(self._out.enqueue_many, specs)
+            return await self.run(self._enqueue_flows.enqueue_many(specs), transaction=True)
+        attempts = per_attempt(self._enqueue_flows.enqueue_many, specs)
         return await self._retried(attempts, "enqueue_many", transaction=True)
 
     async def wait(self, job_id: int, timeout: float) -> Job:  # noqa: ASYNC109

@@ -53,7 +53,7 @@ except ImportError:  # the bare install: tracing is off
 
 __all__ = [
     "CONTEXT_KEY",
-    "Producing",
+    "EnqueueFlows",
     "SdkWatch",
     "available",
     "carried",
@@ -136,7 +136,7 @@ def _stamped(specs: list[JobSpec]) -> list[JobSpec]:
     return [stamp(spec) for spec in specs]
 
 
-class Producing:
+class EnqueueFlows:
     """A queue's flows that enqueue, each recorded as a PRODUCER span, and
     its ``stamp`` of the caller's trace context on new jobs (tracing off:
     the flows themselves, and a stamp that changes nothing)."""

@@ -41,13 +41,13 @@ def test_waiting_jobs_start_in_claim_order_as_slots_free_up() -> None:
     held = HeldJobs(2, prefetch=3)
     jobs = claimed(MemoryDatabase(), 6)
     entries = [held.hold(job) for job in jobs[:5]]
-    assert [e.stage for e in entries] == [Stage.RUNNING] * 2 + [Stage.WAITING] * 3
-    assert held.running == 2 and held.waiting == 3
+    assert [e.stage for e in entries] == [Stage.RUNNING] * 2 + [Stage.PREFETCHED] * 3
+    assert held.running == 2 and held.prefetched == 3
     assert held.next_ready() is None  # no free slot
     held.handler_finished(entries[0])
     # A job claimed now waits behind those claimed before, though a slot is free.
-    assert held.hold(jobs[5]).stage is Stage.WAITING
-    assert held.next_ready() is entries[2] and held.running == 2 and held.waiting == 3
+    assert held.hold(jobs[5]).stage is Stage.PREFETCHED
+    assert held.next_ready() is entries[2] and held.running == 2 and held.prefetched == 3
 
 
 def test_claims_reach_ahead_of_the_free_slots_by_ahead_and_no_further() -> None:
@@ -59,7 +59,7 @@ def test_claims_reach_ahead_of_the_free_slots_by_ahead_and_no_further() -> None:
         held.hold(job)
     while held.next_ready():
         pass
-    assert held.running == 4 and held.waiting == 6 and held.free_slots() == 0
+    assert held.running == 4 and held.prefetched == 6 and held.free_slots() == 0
 
 
 def test_unwritten_outcomes_bound_the_claims_under_an_outage() -> None:
@@ -74,7 +74,7 @@ def test_unwritten_outcomes_bound_the_claims_under_an_outage() -> None:
 def test_leases_of_waiting_jobs_are_kept_and_a_lost_one_never_starts() -> None:
     held = HeldJobs(1, prefetch=2)
     running, first, second = (held.hold(job) for job in claimed(MemoryDatabase(), 3))
-    assert (first.stage, second.stage) == (Stage.WAITING, Stage.WAITING)
+    assert (first.stage, second.stage) == (Stage.PREFETCHED, Stage.PREFETCHED)
     assert [i for i, _ in held.leases()] == [running.job.id, first.job.id, second.job.id]
     assert held.lose(first.job.id, first.job.lease_token) is first
     held.handler_finished(running)
@@ -82,12 +82,12 @@ def test_leases_of_waiting_jobs_are_kept_and_a_lost_one_never_starts() -> None:
     assert held.next_ready() is second and second.stage is Stage.RUNNING
 
 
-def test_taken_waiting_jobs_never_start() -> None:
+def test_taken_prefetched_jobs_never_start() -> None:
     held = HeldJobs(1, prefetch=2)
-    running, *waiting = [held.hold(job) for job in claimed(MemoryDatabase(), 3)]
-    assert held.take_waiting() == waiting
+    running, *prefetched = [held.hold(job) for job in claimed(MemoryDatabase(), 3)]
+    assert held.take_prefetched() == prefetched
     held.handler_finished(running)
-    assert held.next_ready() is None and held.waiting == 0
+    assert held.next_ready() is None and held.prefetched == 0
 
 
 # -- the producer --------------------------------------------------------------------------
@@ -171,7 +171,7 @@ async def test_a_producer_of_long_jobs_claims_only_a_job_or_so_ahead() -> None:
     await asyncio.sleep(0.1)
     producer.stop()
     await asyncio.wait_for(task, 5)
-    assert held.ahead <= 1 and held.waiting <= 1
+    assert held.ahead <= 1 and held.prefetched <= 1
 
 
 def test_the_pace_keeps_a_burst_through_the_lull_after_it_and_forgets_it_over_time(
@@ -274,8 +274,8 @@ async def test_a_stopping_worker_gives_back_its_prefetched_jobs_at_once() -> Non
         worker.held.ahead = 3  # as the pace of a busy worker would set it
         worker.producer.wake()
         worker.held.slot_freed.set()
-        await until(lambda: worker.held.waiting == 3)
-        waiting = [h.job.id for h in worker.held if h.stage is Stage.WAITING]
+        await until(lambda: worker.held.prefetched == 3)
+        waiting = [h.job.id for h in worker.held if h.stage is Stage.PREFETCHED]
         worker.request_stop()
         await until(lambda: all(db.state(i) == "queued" for i in waiting))
         assert worker.running_count == 2  # given back while the handlers still run

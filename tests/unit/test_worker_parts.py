@@ -586,8 +586,8 @@ async def test_one_runner_runs_the_waiting_jobs_each_in_a_context_of_its_own() -
     CALLER.set("the caller of run()")
     async with running(worker):
         await until(lambda: worker.running_count == 0 and db.sent("schedule_next_due"))
-        worker._start(jobs)
-        assert worker.running_count == 1 and worker.held.waiting == 5
+        worker.runners.start(jobs)
+        assert worker.running_count == 1 and worker.held.prefetched == 5
         await asyncio.wait_for(blocking.wait(), 5)
         db.jobs[jobs[2].id]["state"] = "cancelled"  # an operator cancelled it
         await worker.lease_keeper.beat()
@@ -609,9 +609,9 @@ async def test_a_job_waiting_behind_a_hung_thread_starts_when_the_thread_returns
     jobs = claimed(db, 1, task="hang", timeout_seconds=0.1) + claimed(db, 1, task="quick")
     async with running(worker):
         await until(lambda: db.sent("schedule_next_due"))
-        worker._start(jobs)
+        worker.runners.start(jobs)
         await until(lambda: db.state(jobs[0].id) == "queued")  # timed out: retried later
-        assert worker.degraded and worker.held.waiting == 1
+        assert worker.degraded and worker.held.prefetched == 1
         release.set()
         await until(lambda: db.state(jobs[1].id) == "succeeded")
 

@@ -15,8 +15,8 @@ claimed jobs would otherwise wait here while another worker could run them.
 
     producer ─hold()─> RUNNING (a slot is free) or WAITING ─next_ready()─> RUNNING
         ─executor─> DONE ─completer─> WRITING ─release()
-    lose() (lease keeper): a waiting job is never started; a running one is
-    cancelled or its result dropped; take_waiting() (shutdown): given back.
+    lose() (lease keeper): a prefetched job is never started; a running one is
+    cancelled or its result dropped; take_prefetched() (shutdown): given back.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ __all__ = ["Held", "HeldJobs", "Stage"]
 
 
 class Stage(enum.Enum):
-    WAITING = "waiting"  # claimed ahead (prefetched): waits for a free slot
+    PREFETCHED = "prefetched"  # claimed ahead of a free slot: waits for one
     RUNNING = "running"  # its handler runs
     DONE = "done"  # its outcome waits to be written
     WRITING = "writing"  # its outcome is being written
@@ -63,7 +63,7 @@ class HeldJobs:
         self.finished = 0  # handlers finished since the start (the producer's pace)
         self._hung_threads = hung_threads
         self._held: dict[int, Held] = {}
-        self._waiting: deque[Held] = deque()  # prefetched, in claim order
+        self._prefetched: deque[Held] = deque()  # prefetched, in claim order
         self.slot_freed = asyncio.Event()  # for the producer
         self.released = asyncio.Event()  # for the shutdown's drain
 
@@ -83,17 +83,17 @@ class HeldJobs:
         return self._hung_threads()
 
     @property
-    def waiting(self) -> int:
+    def prefetched(self) -> int:
         """Prefetched jobs not started yet."""
-        return len(self._waiting)
+        return len(self._prefetched)
 
     def free_slots(self) -> int:
         """How many jobs the next claim may take: the free slots not already
-        promised to waiting jobs, plus ``ahead``."""
+        promised to prefetched jobs, plus ``ahead``."""
         # Outcomes not yet written count against a second allowance as large,
         # so that a database outage cannot make the worker claim without bound.
         hung = self.hung
-        busy = self.running + hung + len(self._waiting)
+        busy = self.running + hung + len(self._prefetched)
         bound = 2 * (self.concurrency + self.prefetch) - len(self._held)
         # A worker with hung threads claims only what it can start now:
         # nothing ahead, that would wait behind them while others are free.
@@ -101,22 +101,22 @@ class HeldJobs:
         return max(0, min(self.concurrency + ahead - busy, bound))
 
     def next_ready(self) -> Held | None:
-        """The next waiting job, now RUNNING and counted, if a slot is free
+        """The next prefetched job, now RUNNING and counted, if a slot is free
         (a job whose lease was lost meanwhile comes out too, ``lost`` set:
         the caller drops it)."""
-        if not self._waiting or not self._slot_free():
+        if not self._prefetched or not self._slot_free():
             return None
-        held = self._waiting.popleft()
+        held = self._prefetched.popleft()
         if not held.lost:
             held.stage = Stage.RUNNING
             self.running += 1
         return held
 
-    def take_waiting(self) -> list[Held]:
-        """Every waiting job, out of the buffer: none of them will start."""
-        waiting = list(self._waiting)
-        self._waiting.clear()
-        return waiting
+    def take_prefetched(self) -> list[Held]:
+        """Every prefetched job, out of the buffer: none of them will start."""
+        prefetched = list(self._prefetched)
+        self._prefetched.clear()
+        return prefetched
 
     def hold(self, job: Job) -> Held:
         """Hold a claimed job: RUNNING (counted) at once if a slot is free
@@ -125,9 +125,9 @@ class HeldJobs:
         here (its snooze just committed, or its lease was lost and the job
         came back to this worker): the new attempt takes the id, and the
         parts still busy with the old one keep their own ``Held``."""
-        if self._waiting or not self._slot_free():
-            held = self._held[job.id] = Held(job, stage=Stage.WAITING)
-            self._waiting.append(held)
+        if self._prefetched or not self._slot_free():
+            held = self._held[job.id] = Held(job, stage=Stage.PREFETCHED)
+            self._prefetched.append(held)
         else:
             held = self._held[job.id] = Held(job)
             self.running += 1

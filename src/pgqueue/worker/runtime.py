@@ -3,9 +3,10 @@
 One job's path, by calls::
 
     Producer.claim_loop     claims jobs (producer.py) and hands them to
-    AsyncWorker._start      which holds each (registry.py) and starts it on
-    AsyncWorker._runner     a task that runs it, then the jobs waiting for its slot:
-    AsyncWorker._run_job    -> Executor.execute (executor.py): the handler, an Outcome
+    JobRunners.start        which holds each (held.py) and starts it on
+    JobRunners._runner      a task that runs it, then the jobs waiting for its slot
+                            (running.py):
+    JobRunners._run_job     -> Executor.execute (executor.py): the handler, an Outcome
                             -> Completer.submit (completer.py): written in a batch by
                                Completer.write_loop, fenced by the attempt's token
     Producer.lookout_loop           lists the queues, learns when a job is next due
@@ -30,7 +31,6 @@ import contextlib
 import contextvars
 import functools
 import importlib.metadata
-import itertools
 import logging
 import os
 import socket
@@ -42,23 +42,21 @@ from typing import Any
 from .. import tracing
 from ..core import workers
 from ..core.errors import WorkerFailed
-from ..core.jobs import Job
-from ..core.outcomes import Outcome
 from ..core.reads import schema_pending
 from ..core.settings import Settings
 from ..core.workers import WorkerInfo, WorkerLoad
 from ..db.connections import listen_url, resolve_url
 from ..db.driver import RETRYABLE_ERRORS
 from ..db.worker_connection import Connection, FlowRunner, listen_for_hints
-from ._context import in_context
 from .completer import Completer
 from .executor import Executor
 from .handlers import Task, TaskRegistry, resolve_schedules, resolve_tasks
-from .held import Held, HeldJobs, Stage
+from .held import HeldJobs, Stage
 from .isolation import HandlerProcesses
 from .leases import LeaseKeeper
 from .maintenance import Maintenance
 from .producer import Producer
+from .running import JobRunners
 from .scheduler import Scheduler
 from .supervision import Backoff, EventLog, backoff_delay
 from .threads import ThreadPool
@@ -71,9 +69,6 @@ Hints = Callable[[str], AsyncIterator[str | None]]
 
 # The worker's connections besides LISTEN (see run()); docs/worker.md counts them.
 CONNECTIONS = 5
-# A runner lets the other parts have the loop after this many jobs (a job
-# that never waits on anything would otherwise keep it to the last one).
-RUNNER_TURN = 8
 
 
 def default_worker_name() -> str:
@@ -138,7 +133,9 @@ class AsyncWorker:
         )
         self._hints = hints
         self.events = EventLog(self.name)
-        self.threads = ThreadPool(self.concurrency, on_hung_return=self._hung_returned)
+        self.threads = ThreadPool(
+            self.concurrency, on_hung_return=lambda: self.runners.hung_returned()
+        )
         self.held = HeldJobs(
             self.concurrency,
             hung_threads=lambda: self.threads.hung,
@@ -157,8 +154,16 @@ class AsyncWorker:
             ),
             traced=tracing.enabled(s),
         )
-        self._dropped = 0  # results discarded because the lease was lost
-        self._hung_reported = 0
+        self.runners = JobRunners(
+            self.held,
+            self.threads,
+            self.executor,
+            self.events,
+            submit=lambda held, outcome: self.completer.submit(held, outcome),
+            crashed=self._crashed,
+            name=self.name,
+            concurrency=self.concurrency,
+        )
         self._parts: dict[str, asyncio.Task[None]] = {}
         self._failure: tuple[str, BaseException] | None = None
         self._stopping = False
@@ -177,7 +182,7 @@ class AsyncWorker:
         self._stop_requested = asyncio.Event()
         # Each job runs in a copy of this: what the caller of run() set, and
         # nothing an earlier job set.
-        self._context = contextvars.copy_context()
+        self.runners.context = contextvars.copy_context()
         if self._stopping:
             self._stop_requested.set()
         if not self.url:
@@ -250,7 +255,7 @@ class AsyncWorker:
         if self._started:
             counts.update(self.producer.stats)
             counts.update(self.completer.stats)
-        counts["lost"] += self._dropped
+        counts["lost"] += self.runners.dropped
         counts["hung_handlers"] = self.threads.hung
         return counts
 
@@ -265,7 +270,7 @@ class AsyncWorker:
             s,
             events,
             queues=self.queues,
-            start=self._start,
+            start=self.runners.start,
             more=[claims2],
             lookout=upkeep,
         )
@@ -315,12 +320,6 @@ class AsyncWorker:
                 return
             exc = RuntimeError(f"the {name} loop returned")
         self._crashed(name, exc)
-
-    def _runner_ended(self, task: asyncio.Task[None]) -> None:
-        """A runner's unexpected error (a handler's is its job's outcome) is
-        a failure of the worker like any part's."""
-        if not task.cancelled() and (exc := task.exception()) is not None:
-            self._crashed("jobs", exc)
 
     def _crashed(self, part: str, exc: BaseException) -> None:
         if self._failure is None:
@@ -382,108 +381,6 @@ class AsyncWorker:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stop_requested.wait(), seconds)
 
-    # -- one job's path --------------------------------------------------------------
-
-    def _start(self, jobs: list[Job]) -> None:
-        for job in jobs:
-            held = self.held.hold(job)
-            if held.stage is Stage.RUNNING:  # else it waits for a slot: _next_ready
-                self._spawn(held)
-
-    def _start_ready(self) -> None:
-        """Start waiting jobs while slots are free, each on a new runner."""
-        while (held := self._next_ready()) is not None:
-            self._spawn(held)
-
-    def _next_ready(self) -> Held | None:
-        """The next waiting job, now running, if a slot is free (registry.py:
-        prefetch). A job whose lease was lost while it waited never starts."""
-        while (held := self.held.next_ready()) is not None:
-            if not held.lost:
-                return held
-            self.held.release(held.job.id, held)
-            self._dropped += 1
-        return None
-
-    def _spawn(self, held: Held) -> None:
-        held.task = asyncio.create_task(self._runner(held))
-        held.task.add_done_callback(self._runner_ended)
-
-    async def _runner(self, held: Held) -> None:
-        """Run ``held``, then the waiting jobs one after another while there
-        are any: one task for many short jobs (a task per job was 3 µs of
-        the worker's CPU per job, a sixth of it), each job still in a context
-        of its own (``in_context``)."""
-        # Not held.task: under an eager task factory (Python 3.12) the runner
-        # starts before _spawn has set it.
-        task = asyncio.current_task()
-        assert task is not None
-        for ran in itertools.count(1):
-            held.task = task
-            await self._run_job(held)
-            if held.lost or held.interrupted:
-                # The cancellation was this job's (lease keeper, shutdown),
-                # not the runner's: the next job must not inherit it.
-                while task.cancelling():
-                    task.uncancel()
-            if ran % RUNNER_TURN == 0:
-                await asyncio.sleep(0)  # the other parts' turn
-            next_held = self._next_ready()
-            if next_held is None:
-                return
-            held = next_held
-
-    async def _run_job(self, held: Held) -> None:
-        """Run the job's handler; hand its outcome to the completer."""
-        job = held.job
-        outcome: Outcome | None = None
-        try:
-            outcome = await in_context(self.executor.execute(job), self._context.copy())
-        except asyncio.CancelledError:
-            if held.interrupted:
-                outcome = Outcome.failure(
-                    job, "interrupted: the worker shut down before the handler finished"
-                )
-            elif not held.lost:
-                raise  # the worker is being torn down
-        finally:
-            self.held.handler_finished(held)
-            if self.threads.hung != self._hung_reported:
-                self._report_hung()
-        if outcome is None or held.lost:
-            self.held.release(job.id, held)
-            self._dropped += 1
-            self.events(
-                logging.WARNING,
-                "discard",
-                "job %d: lease lost; the handler's result is discarded",
-                job.id,
-                job=job,
-            )
-            return
-        self.completer.submit(held, outcome)
-
-    def _hung_returned(self) -> None:
-        self.held.slot_hung_return()
-        self._start_ready()
-        self._report_hung()
-
-    def _report_hung(self) -> None:
-        hung, self._hung_reported = self.threads.hung, self.threads.hung
-        if hung:
-            self.events(
-                logging.WARNING,
-                "degraded",
-                "worker %s degraded: %d of %d slots held by sync handlers that run on past "
-                "their job (timeout or lost lease); their slots free up when they return",
-                self.name,
-                hung,
-                self.concurrency,
-                hung_handlers=hung,
-            )
-        else:
-            self.events(logging.INFO, "recovered", "worker %s: no hung handlers left", self.name)
-
     # -- shutdown ----------------------------------------------------------------------
 
     async def _drain(self) -> None:
@@ -497,7 +394,7 @@ class AsyncWorker:
         for name in ("claims", "wake-ups"):
             if name in self._parts:
                 self._parts[name].cancel()
-        waiting = self.held.take_waiting()
+        waiting = self.held.take_prefetched()
         await self.producer.give_back(waiting)
         for held in waiting:
             self.held.release(held.job.id, held)

@@ -91,13 +91,13 @@ async def test_batch_claims_never_exceed_free_slots(
     )
     # Record each claim's size next to the free slots it was allowed.
     claims: list[tuple[int, int]] = []
-    original = worker._start
+    original = worker.runners.start
 
     def spy(jobs: list[Job]) -> None:
         claims.append((len(jobs), concurrency - worker.running_count))
         original(jobs)
 
-    worker._start = spy  # type: ignore[method-assign]
+    worker.runners.start = spy  # type: ignore[method-assign]
     async with running(worker):
         await until(lambda: worker.stats["succeeded"] == 60)
     assert peak == concurrency  # the limit was reached, and never passed

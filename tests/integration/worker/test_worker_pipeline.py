@@ -38,8 +38,8 @@ async def test_a_stopping_worker_gives_back_its_prefetched_jobs_at_once(
         await until(lambda: worker.running_count == 2)
         worker.held.ahead = 3  # as the pace of a busy worker sets it
         worker.held.slot_freed.set()
-        await until(lambda: worker.held.waiting == 3)
-        waiting = [h.job.id for h in worker.held if h.stage is Stage.WAITING]
+        await until(lambda: worker.held.prefetched == 3)
+        waiting = [h.job.id for h in worker.held if h.stage is Stage.PREFETCHED]
         assert all(state_of(sql, i)[0] == "running" for i in waiting)  # claimed: leased
         worker.request_stop()
         # Back in the queue while the two handlers still run, leases of 30 s or not.
@@ -87,7 +87,7 @@ async def test_a_concurrency_limit_counts_prefetched_jobs_and_is_never_exceeded(
             ).fetchone()
             assert row is not None
             samples.append(row[0])
-            most_waiting = max(most_waiting, *(w.held.waiting for w in workers))
+            most_waiting = max(most_waiting, *(w.held.prefetched for w in workers))
             if row[1] == len(jobs):
                 break
             await asyncio.sleep(0.002)
