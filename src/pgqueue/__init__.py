@@ -1,29 +1,26 @@
 """pgqueue: a durable job queue whose only infrastructure is PostgreSQL.
 
-Layout (one guess finds each part):
+Layout (one guess finds each part; docs/architecture.md has the whole plan):
 
-    sql/queries.sql     every statement, named; sql/__init__.py loads them
-    migrations/*.sql    the schema, applied in order by migrate()
-    jobs.py             Job, JobState, JobSpec, JOB_FIELDS (the one shape of a new job),
-                        AttemptError (one failed attempt, kept on the job)
-    control.py          Snooze, CancelJob: what a handler may ask for instead of a result
-    transitions.py      the state machine: one I/O-free generator per transition
-    schedules.py        periodic jobs: Schedule and its flows; ticks.py: when each ticks
-    bulk.py             bulk cancel, retry and delete by JobFilter, in batches
-    driver.py           the one driver that runs them on a connection
-    queue.py            Queue (blocking) and AsyncQueue (asyncio); waiting.py: wait()
-    controls.py         pause and limits per queue (QueueControls), obeyed by the claim
-    workflows.py        chain, group, fan-in; dependencies.py: the flows of jobs that wait
-    worker/             the worker: producer (claims), executor, completer (acks),
-                        leases, maintenance (reaps), wired in runtime.py
+    sql/queries.sql     every statement, named; migrations/*.sql, the schema
+    core/               no I/O: transitions.py (the state machine: claim, finish,
+                        reap...), reads.py, outcomes.py (Outcome, Snooze, CancelJob),
+                        enqueue.py, job_spec.py (the one shape of a new job), jobs.py
+                        (Job, JobState), rules.py and json_text.py, schedules.py,
+                        workflows.py, bulk.py, queue_controls.py, settings.py, errors.py
+    db/                 the only code that talks to PostgreSQL: driver.py runs the
+                        flows; connections, retries, deadlines, group commit,
+                        wait()'s listener, the worker's connection, migrate, the
+                        embedded server
+    queue/              Queue (blocking) and AsyncQueue (asyncio)
+    worker/             the worker: producer (claims), running (each job's runner),
+                        executor, completer (acks), leases, maintenance (reaps),
+                        wired in runtime.py
     api/                the FastAPI HTTP layer
     cli/                the command line, one module per topic
-    stats.py            per-queue numbers from one snapshot (API and CLI)
     processes.py        the supervisor of child processes (up, worker --processes)
-    demo.py             the demo handlers ``pgqueue up`` runs
-    embedded.py         the embedded PostgreSQL server
-    settings.py         the one settings object and its loader
-    errors.py           the exception tree
+    clusters.py         queues over several PostgreSQL clusters
+    tracing.py          OpenTelemetry, when installed and switched on
 
 A job's life (see docs/architecture.md):
 

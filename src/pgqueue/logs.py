@@ -5,7 +5,7 @@ A JSON line carries the record's time (UTC, ISO 8601), level, logger,
 message and process id, then every structured field the record was given:
 the worker's ``action`` and ``worker_id`` on each of its records, and
 ``job_id``, ``queue``, ``task`` and ``attempt`` on each record about a job
-(worker/faults.py ``EventLog``). A traceback goes into ``traceback``.
+(worker/supervision.py ``EventLog``). A traceback goes into ``traceback``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The group committer's batching (grouping.py) over the in-memory database:
+"""The group committer's batching (group_commit.py) over the in-memory database:
 the window, the size cap, one caller's error against the group's, the
 supervision of its tasks and the shutdown. What the database does with a
 group is proven against PostgreSQL in tests/integration/queue/test_group_commit.py."""

@@ -1,5 +1,5 @@
 """How deep JSON text nests, judged on the text (checks.json_depth_over),
-and JSON text as stored read back (checks.loads_stored): both against a
+and JSON text as stored read back (json_text.loads_stored): both against a
 plain recursive reading of the same values, with strings full of brackets,
 quotes and backslashes, as json.dumps and as PostgreSQL's jsonb write them."""
 

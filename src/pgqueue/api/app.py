@@ -54,7 +54,7 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
     queue = AsyncQueue(
         url or settings.database_url,
         settings=settings,
-        group_commit=settings.api_group_commit,  # POST /jobs: grouping.py
+        group_commit=settings.api_group_commit,  # POST /jobs: group_commit.py
     )
 
     @asynccontextmanager

@@ -18,11 +18,11 @@ from rich.console import Console
 from rich.text import Text
 
 from ..core.settings import Settings
+from ..db.connections import resolve_url
 from ..db.embedded import EmbeddedPostgres
 from ..db.migrate import migrate
 from ..logs import ENV_LOG_FORMAT
 from ..processes import Child, ProcessSupervisor
-from ..queue import resolve_url
 from ..worker import load_handlers
 from ..worker.processes import run_processes
 from . import output

@@ -238,7 +238,7 @@ def enqueue_many(
 
 
 def enqueue_group(specs: Sequence[JobSpec], call: CallKey) -> Flow[list[Job | None]]:
-    """The single enqueues of a group commit (grouping.py) as one insert
+    """The single enqueues of a group commit (group_commit.py) as one insert
     (enqueue_many's) and one read of the rows: per spec, what ``enqueue``
     would return for it alone (the job that holds its key, ``duplicate``,
     when it was not created; a later spec of the group with an earlier

@@ -91,7 +91,7 @@ class Settings:
     # when a write may have landed. Per statement: a bulk action over many
     # batches takes as long as it needs.
     call_timeout_seconds: float = 30.0
-    # Group commit (grouping.py): single enqueues arriving within this long
+    # Group commit (group_commit.py): single enqueues arriving within this long
     # of the first, up to this many, go out as one statement and one commit,
     # this many groups at once (fewer: larger groups, but a group that waits
     # for a key another transaction holds holds up more of the others).

@@ -330,7 +330,7 @@ class JsonbLoader(Loader):
     through ``json.loads`` on bytes, cost 3 µs for an empty payload, the
     largest part of decoding a claimed job. A value that readers could not
     show (deeper than MAX_READ_DEPTH: stored by SQL, or before the limit) is
-    read cut (``checks.loads_stored``), so that it breaks no read."""
+    read cut (``json_text.loads_stored``), so that it breaks no read."""
 
     _decode = json.JSONDecoder().raw_decode
 

@@ -1,7 +1,7 @@
 """Child processes for isolated sync handlers (``@task(isolated=True)``).
 
 A thread cannot be killed: a sync handler past its timeout runs on and keeps
-its slot (see _threads.py). An isolated handler runs in a child process
+its slot (see threads.py). An isolated handler runs in a child process
 instead, so that its timeout, a lost lease or the worker's stop can kill it,
 and so that a handler that crashes its process (a segfault in an extension,
 ``os._exit``, the OOM killer) fails its attempt and nothing else. The price

@@ -14,9 +14,9 @@ import time
 
 from ..clusters import worker_groups
 from ..core.settings import Settings
+from ..db.connections import resolve_url
 from ..logs import ENV_LOG_FORMAT, stderr_handler
 from ..processes import Child, ProcessSupervisor
-from ..queue import resolve_url
 from .blocking import Worker
 from .handlers import load_handlers, load_target
 

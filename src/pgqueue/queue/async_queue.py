@@ -1,0 +1,259 @@
+"""``AsyncQueue``, the asyncio face."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Self, TypeVar
+from uuid import UUID
+
+from ..core import queue_controls, reads, workflows
+from ..core import transitions as t
+from ..core.bulk import BulkAction, JobFilter, retry_dead
+from ..core.dependencies import WorkflowJobs
+from ..core.enqueue import CallKey, Enqueued, PerAttempt, per_attempt
+from ..core.errors import WaitTimeout
+from ..core.flows import Flow
+from ..core.job_spec import JobSpec
+from ..core.jobs import Job, JobState
+from ..core.outcomes import Outcome, attempt_token
+from ..core.queue_controls import QueueControls
+from ..core.settings import Settings
+from ..db import driver
+from ..db.connections import (
+    AsyncPool,
+    async_caller_connection,
+    errors_translated,
+    listen_url,
+    open_async_pool,
+    resolve_url,
+)
+from ..db.driver import is_asyncpg_connection
+from ..db.group_commit import GroupCommitter
+from ..db.waiters import WAIT_POLL_SECONDS, AsyncWaiters
+from .common import Common, call_name
+
+__all__ = ["AsyncQueue"]
+
+T = TypeVar("T")
+
+
+class AsyncQueue(Common):
+    """The asyncio face: ``async with AsyncQueue() as q: await q.enqueue(...)``.
+    With ``group_commit``, concurrent ``enqueue`` calls share statements and
+    commits (group_commit.py)."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        settings: Settings | None = None,
+        group_commit: bool = False,
+    ) -> None:
+        super().__init__(url, settings)
+        self.url = url or ""
+        self._group = GroupCommitter(self._retried, self.settings) if group_commit else None
+        self._pool: AsyncPool | None = None
+        self._waiters: AsyncWaiters | None = None
+        self._opening = asyncio.Lock()
+
+    async def open(self) -> Self:
+        async with self._opening:  # two first calls at once make one pool
+            if self._pool is None:
+                if not self.url:
+                    self.url = await asyncio.to_thread(resolve_url, self.settings)
+                self._pool = await open_async_pool(self.url, self.settings)
+                self._waiters = AsyncWaiters(listen_url(self.settings, self.url))
+        return self
+
+    async def close(self) -> None:
+        if self._group is not None:  # its callers are answered first
+            await self._group.close()
+        if self._waiters is not None:
+            await self._waiters.close()
+            self._waiters = None
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    async def __aenter__(self) -> Self:
+        return await self.open()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def run(self, flow: Flow[T], connection: Any = None, *, transaction: bool = False) -> T:
+        """Run a transition on the caller's connection (bounded by the
+        caller's own timeouts), or on a pooled one (each statement by
+        ``call_timeout_seconds``: retrying.Retrying.once)."""
+        with errors_translated():
+            if connection is not None:
+                connection = await async_caller_connection(connection)
+            if connection is not None and is_asyncpg_connection(connection):
+                return await driver.run_async(flow, driver.AsyncpgSession(connection))
+            if connection is not None:
+                async with driver.async_tuple_cursor(connection) as cur:
+                    return await driver.run_async(flow, driver.AsyncCursorSession(cur))
+            await self.open()
+            assert self._pool is not None
+            return await self._retrying.once_async(self._pool, flow, call_name(flow), transaction)
+
+    async def _retried(
+        self,
+        flow: Callable[[], Flow[T]],
+        what: str,
+        *,
+        transaction: bool = False,
+        call: CallKey | None = None,
+    ) -> T:
+        """As Queue._retried."""
+        await self.open()
+        assert self._pool is not None
+        call = call or (flow.call if isinstance(flow, PerAttempt) else None)
+        with errors_translated():
+            return await self._retrying.run_async(
+                self._pool, self.url, flow, what, transaction, call
+            )
+
+    async def enqueue(
+        self, task: str, payload: Any = None, *, connection: Any = None, **fields: Any
+    ) -> Job:
+        """As Queue.enqueue."""
+        spec = self._spec(task, payload, **fields)
+        if connection is not None or spec.depends_on:
+            flow = self._enqueue_flows.enqueue(spec)
+            return await self.run(flow, connection, transaction=bool(spec.depends_on))
+        if self._group is not None:
+            return await self._enqueue_flows.grouped(self._group.enqueue, spec)
+        return await self._retried(per_attempt(self._enqueue_flows.enqueue, spec), "enqueue")
+
+    async def enqueue_workflow(
+        self, flow: workflows.Workflow, *, connection: Any = None
+    ) -> WorkflowJobs:
+        """As Queue.enqueue_workflow."""
+        return await self.run(self._enqueue_flows.workflow(flow), connection, transaction=True)
+
+    async def workflow(self, workflow_id: UUID | str, action: str = "show") -> WorkflowJobs:
+        """As Queue.workflow."""
+        return await self.run(workflows.act(action, workflow_id), transaction=True)
+
+    async def enqueue_many(
+        self, jobs: Iterable[JobSpec | Mapping[str, Any]], *, connection: Any = None
+    ) -> list[Enqueued]:
+        specs = self._specs(jobs)
+        if not specs:
+            return []
+        if connection is not None:  # which driver is behind it decides COPY or INSERT
+            with errors_translated():
+                connection = await async_caller_connection(connection)
+            flow = self._enqueue_flows.enqueue_many(
+                specs, copy=not is_asyncpg_connection(connection)
+            )
+            return await self.run(flow, connection)
+        if any(spec.depends_on for spec in specs):
+            return await self.run(self._enqueue_flows.enqueue_many(specs), transaction=True)
+        attempts = per_attempt(self._enqueue_flows.enqueue_many, specs)
+        return await self._retried(attempts, "enqueue_many", transaction=True)
+
+    async def wait(self, job_id: int, timeout: float) -> Job:  # noqa: ASYNC109
+        """As Queue.wait, without blocking the event loop."""
+        deadline = time.monotonic() + timeout
+        await self.open()
+        assert self._waiters is not None
+        async with self._waiters.waiting(job_id) as ended:
+            job = await self.run(reads.watch(job_id, timeout))
+            while True:
+                remaining = deadline - time.monotonic()
+                if job.state.finished:
+                    return job
+                if remaining <= 0:
+                    raise WaitTimeout(job_id, timeout)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(ended.wait(), min(remaining, WAIT_POLL_SECONDS))
+                ended.clear()
+                job = await self.get(job_id)
+
+    async def claim(
+        self, limit: int = 1, *, worker: str = "", queues: Sequence[str] | None = None
+    ) -> list[Job]:
+        return await self.run(self._claim(limit, worker, queues))
+
+    async def heartbeat(self, jobs: Sequence[Job], lease_seconds: float | None = None) -> set[int]:
+        held = [(job.id, attempt_token(job)) for job in jobs]
+        return await self.run(t.heartbeat(held, lease_seconds or self.settings.lease_seconds))
+
+    async def ack(self, job: Job, result: Any = None) -> JobState | None:
+        return (await self.finish([Outcome.success(job, result)])).get(job.id)
+
+    async def fail(self, job: Job, error: str, *, retryable: bool = True) -> JobState | None:
+        return (await self.finish([Outcome.failure(job, error, retryable=retryable)])).get(job.id)
+
+    async def finish(self, outcomes: Sequence[Outcome]) -> dict[int, JobState]:
+        return await self.run(t.finish(self.settings, outcomes))
+
+    async def reap(self, limit: int | None = None) -> dict[int, JobState]:
+        return await self.run(t.reap(self.settings, limit))
+
+    async def prune(self, limit: int | None = None) -> int:
+        return await self.run(t.prune(self.settings, limit))
+
+    async def pause(self, queue: str) -> QueueControls:
+        """As Queue.pause."""
+        return await self.run(queue_controls.change(queue, {"paused": True}), transaction=True)
+
+    async def resume(self, queue: str) -> QueueControls:
+        return await self.run(queue_controls.change(queue, {"paused": False}), transaction=True)
+
+    async def set_limits(self, queue: str, **limits: Any) -> QueueControls:
+        flow = queue_controls.change(queue, limits, allowed=queue_controls.LIMITS)
+        return await self.run(flow, transaction=True)
+
+    async def queue_controls(self) -> dict[str, QueueControls]:
+        return await self.run(queue_controls.read_all())
+
+    async def get(self, job_id: int) -> Job:
+        return await self.run(reads.get(job_id))
+
+    async def cancel(self, job_id: int) -> Job:
+        return await self.run(t.cancel(job_id))
+
+    async def retry(self, job_id: int) -> Job:
+        return await self.run(t.retry(job_id))
+
+    async def retry_dead(self, queue: str | None = None) -> int:
+        return await self.run(retry_dead(queue))
+
+    async def bulk(
+        self,
+        action: BulkAction | str,
+        where: JobFilter | None = None,
+        /,
+        *,
+        dry_run: bool = False,
+        **filters: Any,
+    ) -> int:
+        """As Queue.bulk."""
+        return await self.run(self._bulk(action, where, dry_run, filters))
+
+    async def bulk_cancel(
+        self, where: JobFilter | None = None, /, *, dry_run: bool = False, **filters: Any
+    ) -> int:
+        return await self.bulk(BulkAction.CANCEL, where, dry_run=dry_run, **filters)
+
+    async def bulk_retry(
+        self, where: JobFilter | None = None, /, *, dry_run: bool = False, **filters: Any
+    ) -> int:
+        return await self.bulk(BulkAction.RETRY, where, dry_run=dry_run, **filters)
+
+    async def bulk_delete(
+        self, where: JobFilter | None = None, /, *, dry_run: bool = False, **filters: Any
+    ) -> int:
+        return await self.bulk(BulkAction.DELETE, where, dry_run=dry_run, **filters)
+
+    async def list_jobs(self, **filters: Any) -> list[Job]:
+        return await self.run(reads.list_jobs(**filters))
+
+    async def read(self, name: str, **params: Any) -> list[dict[str, Any]]:
+        return await self.run(reads.read(name, **params))

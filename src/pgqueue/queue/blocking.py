@@ -1,0 +1,249 @@
+"""``Queue``, the blocking face."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Self, TypeVar
+from uuid import UUID
+
+from ..core import queue_controls, reads, workflows
+from ..core import transitions as t
+from ..core.bulk import BulkAction, JobFilter, retry_dead
+from ..core.dependencies import WorkflowJobs
+from ..core.enqueue import CallKey, Enqueued, PerAttempt, per_attempt
+from ..core.errors import WaitTimeout
+from ..core.flows import Flow
+from ..core.job_spec import JobSpec
+from ..core.jobs import Job, JobState
+from ..core.outcomes import Outcome, attempt_token
+from ..core.queue_controls import QueueControls
+from ..core.settings import Settings
+from ..db import driver
+from ..db.connections import (
+    caller_connection,
+    errors_translated,
+    listen_url,
+    open_pool,
+    resolve_url,
+)
+from ..db.waiters import WAIT_POLL_SECONDS, Waiters
+from .common import Common, call_name
+
+__all__ = ["Queue"]
+
+T = TypeVar("T")
+
+
+class Queue(Common):
+    """The blocking face: ``with Queue() as q: q.enqueue("task", {...})``."""
+
+    def __init__(self, url: str | None = None, *, settings: Settings | None = None) -> None:
+        super().__init__(url, settings)
+        self.url = url or resolve_url(self.settings)
+        self._pool = open_pool(self.url, self.settings)
+        self._waiters = Waiters(listen_url(self.settings, self.url))
+
+    def close(self) -> None:
+        self._waiters.close()
+        self._pool.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- driving transitions --------------------------------------------------
+
+    def run(self, flow: Flow[T], connection: Any = None, *, transaction: bool = False) -> T:
+        """Run a transition on the caller's connection (bounded by the
+        caller's own timeouts), or on a pooled one (each statement by
+        ``call_timeout_seconds``: retrying.Retrying.once)."""
+        with errors_translated():
+            if connection is not None:
+                with driver.tuple_cursor(caller_connection(connection)) as cur:
+                    return driver.run(flow, driver.CursorSession(cur))
+            return self._retrying.once(self._pool, flow, call_name(flow), transaction)
+
+    def _retried(
+        self,
+        flow: Callable[[], Flow[T]],
+        what: str,
+        *,
+        transaction: bool = False,
+        call: CallKey | None = None,
+    ) -> T:
+        """Run a new ``flow()`` until one attempt ends (retrying.py); ``call``:
+        the key its flows share (a PerAttempt's own, if not given)."""
+        call = call or (flow.call if isinstance(flow, PerAttempt) else None)
+        with errors_translated():
+            return self._retrying.run(self._pool, self.url, flow, what, transaction, call)
+
+    # -- producers ----------------------------------------------------------------
+
+    def enqueue(
+        self, task: str, payload: Any = None, *, connection: Any = None, **fields: Any
+    ) -> Job:
+        """Add a job. Fields: queue, priority, delay_seconds (or delay), run_at,
+        max_attempts, timeout_seconds (or timeout), idempotency_key; see
+        ``jobs.JOB_FIELDS``. A bad or unknown field raises InvalidJob naming
+        it. With ``connection``, the job is part of the caller's transaction.
+        ``job.duplicate`` says the key already existed. With ``depends_on``
+        (job ids) it waits for those jobs (docs/workflows.md). Lost
+        connections are retried, never adding the job twice, unless given
+        ``connection`` or ``depends_on``."""
+        spec = self._spec(task, payload, **fields)
+        if connection is not None or spec.depends_on:
+            return self.run(
+                self._enqueue_flows.enqueue(spec), connection, transaction=bool(spec.depends_on)
+            )
+        return self._retried(per_attempt(self._enqueue_flows.enqueue, spec), "enqueue")
+
+    def enqueue_workflow(self, flow: workflows.Workflow, *, connection: Any = None) -> WorkflowJobs:
+        """Add a workflow (``chain``/``group`` of steps, or a list of named
+        jobs) in one transaction, under a new workflow id."""
+        return self.run(self._enqueue_flows.workflow(flow), connection, transaction=True)
+
+    def workflow(self, workflow_id: UUID | str, action: str = "show") -> WorkflowJobs:
+        """A workflow's jobs, after ``action``: show, cancel (every job not
+        ended) or retry (its dead and cancelled jobs)."""
+        return self.run(workflows.act(action, workflow_id), transaction=True)
+
+    def enqueue_many(
+        self, jobs: Iterable[JobSpec | Mapping[str, Any]], *, connection: Any = None
+    ) -> list[Enqueued]:
+        """Add many jobs (mappings of the same fields as ``enqueue``, task
+        and payload included) in one transaction; one result per job, in order.
+        Retried as ``enqueue`` is, unless given a ``connection`` or a job
+        has ``depends_on``."""
+        specs = self._specs(jobs)
+        if not specs:
+            return []
+        if connection is not None or any(spec.depends_on for spec in specs):
+            return self.run(self._enqueue_flows.enqueue_many(specs), connection, transaction=True)
+        attempts = per_attempt(self._enqueue_flows.enqueue_many, specs)
+        return self._retried(attempts, "enqueue_many", transaction=True)
+
+    def wait(self, job_id: int, timeout: float) -> Job:
+        """Block until the job succeeds, dies or is cancelled; raise WaitTimeout."""
+        deadline = time.monotonic() + timeout
+        with self._waiters.waiting(job_id) as ended:
+            job = self.run(reads.watch(job_id, timeout))
+            while True:
+                remaining = deadline - time.monotonic()
+                if job.state.finished:
+                    return job
+                if remaining <= 0:
+                    raise WaitTimeout(job_id, timeout)
+                ended.wait(min(remaining, WAIT_POLL_SECONDS))
+                ended.clear()
+                job = self.get(job_id)
+
+    # -- workers --------------------------------------------------------------------
+
+    def claim(
+        self, limit: int = 1, *, worker: str = "", queues: Sequence[str] | None = None
+    ) -> list[Job]:
+        """Claim up to ``limit`` runnable jobs, round-robin across ``queues``
+        (None: every queue that has queued jobs; see ``EveryQueue``). A
+        paused queue gives none; a limited queue what its limits allow."""
+        return self.run(self._claim(limit, worker, queues))
+
+    def heartbeat(self, jobs: Sequence[Job], lease_seconds: float | None = None) -> set[int]:
+        held = [(job.id, attempt_token(job)) for job in jobs]
+        return self.run(t.heartbeat(held, lease_seconds or self.settings.lease_seconds))
+
+    def ack(self, job: Job, result: Any = None) -> JobState | None:
+        """Record success: the new state (succeeded; or queued/dead when the
+        result cannot be stored), or None if the lease was lost (result dropped)."""
+        return self.finish([Outcome.success(job, result)]).get(job.id)
+
+    def fail(self, job: Job, error: str, *, retryable: bool = True) -> JobState | None:
+        """Record a failed attempt; the new state, or None if the lease was lost."""
+        return self.finish([Outcome.failure(job, error, retryable=retryable)]).get(job.id)
+
+    def finish(self, outcomes: Sequence[Outcome]) -> dict[int, JobState]:
+        return self.run(t.finish(self.settings, outcomes))
+
+    def reap(self, limit: int | None = None) -> dict[int, JobState]:
+        return self.run(t.reap(self.settings, limit))
+
+    def prune(self, limit: int | None = None) -> int:
+        return self.run(t.prune(self.settings, limit))
+
+    # -- queue controls ---------------------------------------------------------------
+
+    def pause(self, queue: str) -> QueueControls:
+        """Start no more jobs of ``queue``, on any worker, from now on (a claim
+        already running may still take some); its running jobs finish."""
+        return self.run(queue_controls.change(queue, {"paused": True}), transaction=True)
+
+    def resume(self, queue: str) -> QueueControls:
+        """Start jobs of ``queue`` again, and wake the workers."""
+        return self.run(queue_controls.change(queue, {"paused": False}), transaction=True)
+
+    def set_limits(self, queue: str, **limits: Any) -> QueueControls:
+        """Set some of ``queue``'s limits (the names of ``queue_controls.LIMITS``):
+        None removes one, a limit not given stays. InvalidQueueControl names
+        a bad one, and nothing is written."""
+        flow = queue_controls.change(queue, limits, allowed=queue_controls.LIMITS)
+        return self.run(flow, transaction=True)
+
+    def queue_controls(self) -> dict[str, QueueControls]:
+        """The pause and limits of every queue that ever had any, by name."""
+        return self.run(queue_controls.read_all())
+
+    # -- operators ----------------------------------------------------------------
+
+    def get(self, job_id: int) -> Job:
+        return self.run(reads.get(job_id))
+
+    def cancel(self, job_id: int) -> Job:
+        return self.run(t.cancel(job_id))
+
+    def retry(self, job_id: int) -> Job:
+        return self.run(t.retry(job_id))
+
+    def retry_dead(self, queue: str | None = None) -> int:
+        return self.run(retry_dead(queue))
+
+    def bulk(
+        self,
+        action: BulkAction | str,
+        where: JobFilter | None = None,
+        /,
+        *,
+        dry_run: bool = False,
+        **filters: Any,
+    ) -> int:
+        """Apply a bulk action (cancel, retry, delete) to every job ``where``
+        matches (a JobFilter, or its fields as keywords), 1,000 jobs per
+        statement; return how many it changed. ``dry_run``: how many it
+        would change now, changing nothing."""
+        return self.run(self._bulk(action, where, dry_run, filters))
+
+    def bulk_cancel(
+        self, where: JobFilter | None = None, /, *, dry_run: bool = False, **filters: Any
+    ) -> int:
+        """Cancel the queued and running jobs that match (running jobs lose their lease)."""
+        return self.bulk(BulkAction.CANCEL, where, dry_run=dry_run, **filters)
+
+    def bulk_retry(
+        self, where: JobFilter | None = None, /, *, dry_run: bool = False, **filters: Any
+    ) -> int:
+        """Put the dead and cancelled jobs that match back to queued."""
+        return self.bulk(BulkAction.RETRY, where, dry_run=dry_run, **filters)
+
+    def bulk_delete(
+        self, where: JobFilter | None = None, /, *, dry_run: bool = False, **filters: Any
+    ) -> int:
+        """Delete the finished jobs that match (outcome counters keep them)."""
+        return self.bulk(BulkAction.DELETE, where, dry_run=dry_run, **filters)
+
+    def list_jobs(self, **filters: Any) -> list[Job]:
+        return self.run(reads.list_jobs(**filters))
+
+    def read(self, name: str, **params: Any) -> list[dict[str, Any]]:
+        """Rows of a read-only named query (queue_stats, counters_totals, ...)."""
+        return self.run(reads.read(name, **params))

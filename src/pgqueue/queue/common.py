@@ -1,0 +1,62 @@
+"""What both faces of the queue share: settings, the URL, the enqueue flows
+(traced when tracing is on), the retrying of producers' calls, and the
+checks of what a caller passes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from .. import tracing
+from ..core import transitions as t
+from ..core.bulk import BulkAction, JobFilter, bulk
+from ..core.every_queue import EveryQueue
+from ..core.flows import Flow
+from ..core.job_spec import JobSpec, build_specs
+from ..core.jobs import Job
+from ..core.settings import Settings
+from ..db.retrying import Retrying
+
+__all__ = ["Common", "call_name"]
+
+T = TypeVar("T")
+
+
+def call_name(flow: Flow[Any]) -> str:
+    """The call a flow makes, for its errors: its generator's name."""
+    return str(getattr(flow, "__name__", "call"))
+
+
+class Common:
+    """Settings, URL and the validation shared by both faces."""
+
+    def __init__(self, url: str | None, settings: Settings | None) -> None:
+        self.settings = settings or Settings.load()
+        self._url = url
+        self._every_queue = EveryQueue(self.settings.poll_interval_seconds)
+        self._retrying = Retrying(self.settings)
+        self._enqueue_flows = tracing.EnqueueFlows(self.settings)  # traced when tracing is on
+
+    def _spec(self, task: Any, payload: Any, **fields: Any) -> JobSpec:
+        given = {"task": task, "payload": payload, **fields}
+        spec = JobSpec.from_fields(given, default_max_attempts=self.settings.default_max_attempts)
+        return self._enqueue_flows.stamp([spec])[0]
+
+    def _specs(self, jobs: Iterable[JobSpec | Mapping[str, Any]]) -> list[JobSpec]:
+        specs = build_specs(jobs, default_max_attempts=self.settings.default_max_attempts)
+        return self._enqueue_flows.stamp(specs)
+
+    def _claim(self, limit: int, worker: str, queues: Sequence[str] | None) -> Flow[list[Job]]:
+        if not 1 <= limit <= 10_000:
+            raise ValueError(f"limit must be between 1 and 10000, got {limit}")
+        if queues is None:
+            return self._every_queue.claim(self.settings, limit=limit, worker=worker)
+        return t.claim(self.settings, limit=limit, worker=worker, queues=queues)
+
+    @staticmethod
+    def _bulk(
+        action: BulkAction | str, where: JobFilter | None, dry_run: bool, filters: dict[str, Any]
+    ) -> Flow[int]:
+        if where is not None and filters:
+            raise TypeError("give a JobFilter or its fields as keywords, not both")
+        return bulk(BulkAction(action), where or JobFilter.from_fields(filters), dry_run=dry_run)
