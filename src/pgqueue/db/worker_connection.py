@@ -20,21 +20,27 @@ import psycopg
 from ..core.flows import Flow
 from ..sql import QUERIES
 from . import deadlines, driver
+from .connections import connect_timeout_default
 from .driver import RETRYABLE_ERRORS
 
-__all__ = ["CONNECT_KWARGS", "Connection", "FlowRunner", "listen_for_hints"]
+__all__ = ["CONNECT_KWARGS", "Connection", "FlowRunner", "connect_kwargs", "listen_for_hints"]
 
 T = TypeVar("T")
 
 log = logging.getLogger("pgqueue.worker")
 
-# A silently dead peer is noticed in ~10 s, not hours (driver.LIVENESS).
+# A silently dead peer is noticed in seconds, not hours (driver.LIVENESS).
 CONNECT_KWARGS: dict[str, Any] = {
     "autocommit": True,
-    "connect_timeout": 5,
     **driver.LIVENESS,
     "application_name": "pgqueue-worker",
 }
+
+
+def connect_kwargs(url: str) -> dict[str, Any]:
+    """A worker connection's options: the URL's own connect timeout, if it
+    sets one (connections.connect_timeout_default)."""
+    return CONNECT_KWARGS | connect_timeout_default(url)
 
 
 class FlowRunner(Protocol):
@@ -112,7 +118,9 @@ class Connection:
         )
 
     async def _connect(self) -> None:
-        options = CONNECT_KWARGS if self.prepare else CONNECT_KWARGS | {"prepare_threshold": None}
+        options = connect_kwargs(self.url)
+        if not self.prepare:
+            options["prepare_threshold"] = None
         conn = await psycopg.AsyncConnection.connect(self.url, **options)
         try:
             async with deadlines.watched_async(conn, self.bound_seconds) as cutoff:
@@ -141,7 +149,7 @@ class Connection:
 async def listen_for_hints(url: str) -> AsyncIterator[str | None]:
     """The queue names of "jobs are ready" hints, on a connection of their
     own; first None, once listening (hints sent before were not heard)."""
-    async with await psycopg.AsyncConnection.connect(url, **CONNECT_KWARGS) as conn:
+    async with await psycopg.AsyncConnection.connect(url, **connect_kwargs(url)) as conn:
         await conn.execute(QUERIES["listen_jobs"])
         yield None
         async for note in conn.notifies():

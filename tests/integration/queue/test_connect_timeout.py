@@ -13,12 +13,14 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
+import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
 from harness.tcp_proxy import TcpProxy
 from pgqueue import AsyncQueue, Queue, Settings
 from pgqueue.db.connections import CONNECT_TIMEOUT_SECONDS
+from pgqueue.db.worker_connection import Connection
 from tests.support import api_client
 
 # libpq's minimum, below pgqueue's default.
@@ -107,3 +109,22 @@ async def test_without_one_new_connections_give_up_after_the_default(
     monkeypatch.delenv("PGCONNECT_TIMEOUT", raising=False)
     took = await _first_connect_failure("sync", db_url, caplog)
     assert CONNECT_TIMEOUT_SECONDS - 0.1 < took < CONNECT_TIMEOUT_SECONDS + MARGIN, took
+
+
+@pytest.mark.parametrize("form", ["uri", "key_value", None], ids=["uri", "key_value", "default"])
+async def test_a_workers_connection_takes_the_urls_connect_timeout(
+    db_url: str, form: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker's own connections (db/worker_connection.py) follow the
+    same rule: the URL's timeout, else the default."""
+    monkeypatch.delenv("PGCONNECT_TIMEOUT", raising=False)
+    expected = USER_TIMEOUT_SECONDS if form else CONNECT_TIMEOUT_SECONDS
+    async with TcpProxy("127.0.0.1", _port(db_url)) as proxy:
+        proxy.freeze()
+        url = _with_user_timeout(form, proxy.url(db_url)) if form else proxy.url(db_url)
+        connection = Connection(url, prepare=True, bound_seconds=30.0)
+        started = time.monotonic()
+        with pytest.raises(psycopg.OperationalError):
+            await connection.open()
+        took = time.monotonic() - started
+    assert expected - 0.1 < took < expected + MARGIN, took
