@@ -25,6 +25,8 @@ PgQueueError
 
 from __future__ import annotations
 
+from uuid import UUID
+
 __all__ = [
     "DatabaseReadOnly",
     "DatabaseUnavailable",
@@ -217,10 +219,16 @@ class EnqueueOutcomeUnknown(OutcomeUnknown):
     """An enqueue's ``OutcomeUnknown``. ``job_ids``: the ids the call
     reserved, which its jobs have if they exist (``job_id``: the first, a
     single enqueue's); read them (``Queue.get``, ``GET /jobs/{id}``) to find
-    out. Enqueueing again without an idempotency key may make a second job."""
+    out; each job the call wrote carries ``call_key`` (the call's key,
+    stored on its row), which tells it from another call's job under the
+    same id. Enqueueing again without an idempotency key may make a second
+    job."""
 
-    def __init__(self, what: str, job_ids: list[int], reason: str) -> None:
+    def __init__(
+        self, what: str, job_ids: list[int], reason: str, call_key: UUID | None = None
+    ) -> None:
         self.job_ids = list(job_ids)
+        self.call_key = call_key
         self.job_id = self.job_ids[0] if self.job_ids else None
         named = ", ".join(map(str, self.job_ids[:5])) + (", ..." if len(self.job_ids) > 5 else "")
         super().__init__(what, reason, read=f"job id(s) {named} may exist: read them to find out")

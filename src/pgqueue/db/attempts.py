@@ -141,7 +141,7 @@ class Attempt:
         assert self.call is not None
         if self.call.ids is None:
             return OutcomeUnknown(self.what, reason)
-        return EnqueueOutcomeUnknown(self.what, self.call.ids, reason)
+        return EnqueueOutcomeUnknown(self.what, self.call.ids, reason, self.call.key)
 
 
 def first_line(exc: BaseException) -> str:

@@ -109,7 +109,7 @@ class _Group:
         """The group's unknown outcome as the one of its ``index``-th job
         (the id reserved for it), as that job's caller alone would hear it."""
         ids = [self.call.ids[index]] if self.call.ids else []
-        return EnqueueOutcomeUnknown("enqueue", ids, exc.reason)
+        return EnqueueOutcomeUnknown("enqueue", ids, exc.reason, self.call.key)
 
 
 class GroupCommitter:

@@ -105,6 +105,7 @@ class Retries:
                     self.call.ids or [],
                     f"a commit went out and no answer came back within {self.seconds:g} s "
                     f"(enqueue_retry_seconds; {self.failures} attempt(s)): {first_line(exc)}",
+                    self.call.key,
                 ) from exc
             if isinstance(self._reason or exc, psycopg.errors.ReadOnlySqlTransaction):
                 raise DatabaseReadOnly() from exc  # still no primary: say so

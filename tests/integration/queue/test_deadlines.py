@@ -190,6 +190,9 @@ async def test_an_enqueue_whose_commit_waits_for_a_missing_standby_ends_by_its_d
     assert "synchronous standby" in str(raised.value)
     assert raised.value.job_ids == job_ids(stalled_url) == sorted(raised.value.job_ids)
     assert len(raised.value.job_ids) == (3 if many else 1)
+    with _local(stalled_url) as conn:  # the jobs carry the key the error names
+        keys = {row[0] for row in conn.execute("SELECT call_key FROM pgqueue_jobs")}
+    assert raised.value.call_key is not None and keys == {raised.value.call_key}
 
 
 async def test_post_jobs_whose_commit_waits_for_a_missing_standby_is_a_503_by_the_deadline(
