@@ -279,10 +279,10 @@ def _attributes(queue: str, **more: Any) -> dict[str, Any]:
 
 class SdkWatch:
     """Whether the application installed a TracerProvider, for a worker that
-    asks at every attempt: OpenTelemetry reads the environment each time
-    (a twentieth of a no-op job's cost). A provider, once set, stays (it
-    cannot be replaced); while there is none, it is looked for again at
-    most once a second."""
+    asks at every attempt: OpenTelemetry's own check reads the environment
+    each time, and this keeps that off the path of every job. A provider,
+    once set, stays (it cannot be replaced); while there is none, it is
+    looked for again at most once a second."""
 
     def __init__(self) -> None:
         self._installed = False

@@ -69,8 +69,8 @@ def api_cmd(
     access_log: Annotated[bool, typer.Option("--access-log", help="Log every request.")] = False,
 ) -> None:
     """Serve the HTTP API. Tokens come from PGQUEUE_API_TOKENS / PGQUEUE_API_READ_TOKENS."""
-    # Imported here, not at the top: FastAPI would add a quarter of a second
-    # to the start of every other command.
+    # Imported here, not at the top: importing FastAPI would slow the start
+    # of every other command.
     from ..api import serve
 
     state = state_of(ctx)

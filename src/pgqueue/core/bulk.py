@@ -42,7 +42,7 @@ __all__ = [
     "retry_dead",
 ]
 
-# Jobs per statement: large enough that a 134,000-job flood takes ~134
+# Jobs per statement: large enough that a flood of 100,000 jobs takes 100
 # statements, small enough that each holds its row locks for milliseconds.
 BULK_BATCH = 1000
 MAX_ERROR_TEXT = 1000

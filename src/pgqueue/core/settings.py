@@ -108,9 +108,9 @@ class Settings:
     # start as slots free up while the next claim is out (0: none); held
     # with leases, given back at shutdown (docs/worker.md, "Pipelining").
     # A bound, not a target: the worker claims ahead what starts during two
-    # claims' round trips, a job or so for long jobs. At 100, short jobs hit
-    # the bound: one process drained 0.52 x the SQL reference, two 0.57; at
-    # 1,000, 0.56 and 0.65 (results/worker_throughput_async1_async2_prefetch_*).
+    # claims' round trips, a job or so for long jobs. Short jobs can start by
+    # the hundreds in that time, so the bound is set above what they ask for:
+    # a bound they reach leaves slots waiting for the next claim.
     prefetch: int = 1000
     # Child processes for isolated sync handlers (0: one per CPU).
     handler_processes: int = 0

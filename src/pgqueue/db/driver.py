@@ -308,7 +308,7 @@ class ArrayLiteralDumper(Dumper):
     (every array parameter in queries.sql is cast: ``%(ids)s::bigint[]``).
     The worker's statements carry arrays of hundreds of ids, tokens and
     results; psycopg's generic list dumper adapts them one element at a time
-    in Python, and was a tenth of the worker's time in a profile."""
+    in Python, a cost the worker would pay on every statement it sends."""
 
     oid = 0
 
@@ -326,9 +326,10 @@ class ArrayLiteralDumper(Dumper):
 class JsonbLoader(Loader):
     """jsonb columns (a job's payload, result, errors and metadata) as Python
     values. PostgreSQL writes jsonb as one JSON value without surrounding
-    space, so the decoder's scanner reads it as is; psycopg's own loader,
-    through ``json.loads`` on bytes, cost 3 µs for an empty payload, the
-    largest part of decoding a claimed job. A value that readers could not
+    space, so the decoder's scanner reads it as is; psycopg's own loader
+    goes through ``json.loads`` on bytes, which also guesses the encoding
+    and skips whitespace at both ends, work that weighs most on the small
+    payloads of most claimed jobs. A value that readers could not
     show (deeper than MAX_READ_DEPTH: stored by SQL, or before the limit) is
     read cut (``json_text.loads_stored``), so that it breaks no read."""
 

@@ -13,9 +13,10 @@ Nobody gets in without the password. It is made at the first start, kept in
 is root when the server runs as ``pgqueue``), and it is part of ``url``: show
 that URL redacted, and hand it to child processes through the environment,
 not argv. TCP needs it (SCRAM-SHA-256); no Unix socket is configured, and
-pg_hba.conf would let only the server's own OS user use one. Folders made
-before this, which trusted every local connection, get a password and the
-new pg_hba.conf at their next start.
+pg_hba.conf would let only the server's own OS user use one. A folder whose
+pg_hba.conf or pg_ident.conf is not the one pgqueue writes (one that trusts
+every local connection, say) gets a password and pgqueue's files at its next
+start.
 """
 
 from __future__ import annotations
@@ -263,8 +264,9 @@ class EmbeddedPostgres:
 
     def _require_password(self) -> None:
         """Give the running server's superuser our password, then make TCP
-        need it. The first step logs in as the old pg_hba.conf allows: a
-        folder made before passwords trusts every local connection."""
+        need it. The first step logs in as the folder's current pg_hba.conf
+        allows, which for a folder without a password trusts every local
+        connection."""
         password = self._new_or_kept_password()
         try:
             with psycopg.connect(self.url, autocommit=True, connect_timeout=10) as conn:

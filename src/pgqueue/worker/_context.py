@@ -1,12 +1,13 @@
 """Awaiting a coroutine in a context of its own, without a task of its own.
 
-A task per job gave each handler its own copy of the context variables, at
-3 µs of the worker's CPU per job. The worker's runners (runtime.py) run many
-jobs in one task; ``in_context`` keeps each job's context variables its own:
-it drives the job's coroutine step by step, each step inside the job's
-context, exactly as the task would, and passes the futures the coroutine
-waits on through to the runner's task (which is what
-``asyncio.current_task()`` returns inside the handler).
+A task per job would give each handler its own copy of the context
+variables, but would make and schedule a task for every job, a cost that
+short jobs feel. The worker's runners (running.py) run many jobs in one
+task; ``in_context`` keeps each job's context variables its own: it drives
+the job's coroutine step by step, each step inside the job's context,
+exactly as the task would, and passes the futures the coroutine waits on
+through to the runner's task (which is what ``asyncio.current_task()``
+returns inside the handler).
 """
 
 from __future__ import annotations

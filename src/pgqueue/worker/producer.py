@@ -11,9 +11,9 @@ worker), which runs it.
 Two claimers (one per claim connection) take turns: one at a time waits
 for work, and while it claims the other waits in its place, so that a hint
 that comes during a claim starts the next claim at once instead of after
-it (at moderate load, a job committed just after a claim began waited for
-that claim and then for the next). Under load, when claims come back full,
-both claim continuously, each asking for the room the other did not.
+it (with one claimer, a job committed just after a claim began would wait
+for that claim and then for the next). Under load, when claims come back
+full, both claim continuously, each asking for the room the other did not.
 
 Its queues share the free slots round-robin (``transitions.claim``), so that
 a flood in one cannot hold up another; the turn moves on with every claim,
@@ -26,10 +26,9 @@ The lookout (``lookout_loop``) does the asking that is not claiming, off the
 claimers' connections: once per poll interval, and when a due time has
 passed, it lists the queues (a worker of every queue) and, unless every
 claim since it last asked came back full, asks when a job is next due and
-which queues are concurrency-limited. On a claimer's
-connection, a listing under load (it walks the claim index's entries of the
-jobs claimed since the last vacuum) took 10 to 28 ms once a second, and the
-claims waited behind it.
+which queues are concurrency-limited. A listing under load walks the
+claim index's entries of every job claimed since the last vacuum: on a
+claimer's connection, the claims would wait behind it.
 
 Wake-ups: ``listen()`` keeps a LISTEN connection of its own; a hint for one
 of our queues wakes the claim loop. Hints sent while it was not listening
@@ -200,9 +199,10 @@ class Producer:
         The rate is the busiest measured since the last full claim or
         before it, forgotten over PACE_MEMORY_SECONDS. Short jobs end in
         bursts (a batch ends at once, then none while the next claim is
-        out), so that the rate between two claims swung from 0 to several
-        times its mean, and the buffer with it: a drain of 20,000 no-op jobs
-        by two processes made claims of 1 or 2 jobs after each swing down."""
+        out), so that the rate between two claims swings from 0 to several
+        times its mean: a buffer sized by that rate alone would shrink to a
+        job or two after each swing down, and the slots would wait for the
+        claims."""
         now, finished = time.monotonic(), self.held.finished
         since, before, paced = self._paced
         measured = (finished - before) / max(now - since, 1e-6)

@@ -90,9 +90,9 @@ class JobRunners:
 
     async def _runner(self, held: Held) -> None:
         """Run ``held``, then the prefetched jobs one after another while there
-        are any: one task for many short jobs (a task per job was 3 µs of
-        the worker's CPU per job, a sixth of it), each job still in a context
-        of its own (``in_context``)."""
+        are any: one task for many short jobs (a task per job is made and
+        scheduled for every job, a cost that short jobs feel), each job still
+        in a context of its own (``in_context``)."""
         # Not held.task: under an eager task factory (Python 3.12) the runner
         # starts before _spawn has set it.
         task = asyncio.current_task()

@@ -338,11 +338,10 @@ class AsyncWorker:
             return False
 
     async def _open(self, connections: list[FlowRunner]) -> None:
-        """Connect them all now, together. Each used to connect at its first
-        statement: a worker started under a backlog made its second claim
-        and its first acks wait for a new connection, 15 to 100 ms each on a
-        busy machine. One that cannot connect now will at its first use, as
-        after any fault (its part logs it and backs off)."""
+        """Connect them all now, together: otherwise a worker started under a
+        backlog makes its second claim and its first acks wait for a new
+        connection each. One that cannot connect now will at its first use,
+        as after any fault (its part logs it and backs off)."""
 
         async def open_one(conn: FlowRunner) -> None:
             with contextlib.suppress(*RETRYABLE_ERRORS):
