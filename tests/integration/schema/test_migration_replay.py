@@ -8,16 +8,23 @@ is replayed into a database of its own, upgraded by today's code, and its
 schema, read from the catalogs, compared with a fresh database's. Among
 those versions is migration 0009, which landed and was deleted later: a
 database that applied it must end where a fresh one does too.
+
+The sets are read from ``released_migrations.json``, a snapshot of the
+history, so that the replay runs in a clone of any depth. Where the whole
+history is at hand, a test checks the snapshot against it; after a commit
+that adds or changes a migration, refresh it from a full clone with::
+
+    .venv/bin/python -m tests.integration.schema.released_migrations --refresh
 """
 
 from __future__ import annotations
 
 import contextlib
-import subprocess
+import json
+import re
 import uuid
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -25,9 +32,16 @@ import pytest
 from pgqueue import migrate
 from pgqueue.db.embedded import EmbeddedPostgres
 from pgqueue.sql import QUERIES, migration_files
+from tests.integration.schema.released_migrations import (
+    REFRESH,
+    SNAPSHOT,
+    HistoryUnavailable,
+    Version,
+    digest,
+    read_snapshot,
+    released_from_history,
+)
 
-ROOT = Path(__file__).resolve().parents[3]
-MIGRATIONS = "src/pgqueue/migrations"
 WITHDRAWN = "0009_enqueue_retry"
 
 # What the schema is made of, one catalog query per kind of object: each row
@@ -135,47 +149,6 @@ KNOWN_DRIFT: dict[str, frozenset[str]] = {
 Schema = dict[str, dict[str, str]]
 
 
-@dataclass(frozen=True)
-class Version:
-    """One set of migration files the history held, named by its first commit."""
-
-    name: str
-    files: tuple[tuple[str, str], ...]  # (version, SQL), in the order they apply
-
-
-def git(*args: str) -> str:
-    return subprocess.run(
-        ["git", *args], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout
-
-
-def released_versions() -> list[Version]:
-    """Every distinct set of migration files in the history of HEAD, in the
-    order they first appeared. ``--full-history`` keeps the commits that
-    added 0009 and deleted it, which a simplified history hides (they cancel
-    out)."""
-    try:
-        if git("rev-parse", "--is-shallow-repository").strip() != "false":
-            pytest.fail("the migration replay needs the whole git history: git fetch --unshallow")
-        revs = git("rev-list", "--full-history", "--reverse", "HEAD", "--", MIGRATIONS).split()
-    except (OSError, subprocess.CalledProcessError) as error:
-        pytest.fail(f"the migration replay reads the git history of {MIGRATIONS}: {error}")
-    first_commit_of_tree: dict[str, str] = {}
-    for rev in revs:
-        if git("ls-tree", rev, f"{MIGRATIONS}/"):
-            first_commit_of_tree.setdefault(git("rev-parse", f"{rev}:{MIGRATIONS}").strip(), rev)
-    return [Version(rev[:8], files_at(rev)) for rev in first_commit_of_tree.values()]
-
-
-def files_at(rev: str) -> tuple[tuple[str, str], ...]:
-    names = sorted(git("ls-tree", "--name-only", f"{rev}:{MIGRATIONS}").split())
-    return tuple(
-        (name.removesuffix(".sql"), git("show", f"{rev}:{MIGRATIONS}/{name}"))
-        for name in names
-        if name.endswith(".sql")
-    )
-
-
 def apply_as_released(url: str, files: Iterable[tuple[str, str]]) -> None:
     """What ``migrate()`` of that version did: each file in its own
     transaction, recorded under its name in pgqueue_migrations (a record
@@ -242,7 +215,7 @@ def fresh(pg_server: EmbeddedPostgres) -> Schema:
 
 @pytest.fixture(scope="module")
 def versions() -> list[Version]:
-    return released_versions()
+    return read_snapshot()
 
 
 def test_every_migration_applied_from_empty_gives_the_schema_migrate_gives(
@@ -257,7 +230,7 @@ def test_every_migration_applied_from_empty_gives_the_schema_migrate_gives(
 def test_every_earlier_version_upgrades_to_the_fresh_schema_but_the_known_drift(
     pg_server: EmbeddedPostgres, fresh: Schema, versions: list[Version]
 ) -> None:
-    assert len(versions) > len(KNOWN_DRIFT), "the history holds too few migration sets"
+    assert len(versions) > len(KNOWN_DRIFT), "the snapshot holds too few migration sets"
     drift = {version.name: differences(fresh, upgraded(pg_server, version)) for version in versions}
     unexpected = [
         f"{name}: {what}: {how}"
@@ -273,6 +246,49 @@ def test_a_database_that_applied_the_withdrawn_0009_upgrades_to_the_fresh_schema
     pg_server: EmbeddedPostgres, fresh: Schema, versions: list[Version]
 ) -> None:
     with_0009 = [version for version in versions if WITHDRAWN in dict(version.files)]
-    assert with_0009, f"no version in the history holds {WITHDRAWN}"
+    assert with_0009, f"no version in the snapshot holds {WITHDRAWN}"
     for version in with_0009:
         assert differences(fresh, upgraded(pg_server, version)) == {}, version.name
+
+
+def test_the_snapshot_is_whole_and_agrees_with_the_git_history_where_it_is_whole() -> None:
+    """The snapshot's own integrity, in any clone: each file text under its
+    own hash and referenced, each version named once by a commit, its files
+    unique and in the order they apply, today's set left out, the withdrawn
+    0009 and every version of KNOWN_DRIFT in. The comparison with the git
+    history (every set of the history but today's, under the same names, in
+    the same order) needs a full clone: in a shallow one, or without git,
+    the integrity is all this test asserts."""
+    snapshot = json.loads(SNAPSHOT.read_text("utf-8"))
+    texts: dict[str, str] = snapshot["texts"]
+    entries: list[dict[str, Any]] = snapshot["versions"]
+    assert [key for key, text in texts.items() if digest(text) != key] == [], "texts changed"
+    referenced = {key for entry in entries for _, key in entry["files"]}
+    assert referenced - texts.keys() == set(), "files without their text"
+    assert texts.keys() - referenced == set(), "texts no version holds"
+    names = [entry["name"] for entry in entries]
+    assert [name for name in names if not re.fullmatch("[0-9a-f]{8}", name)] == []
+    assert len(set(names)) == len(names), "two versions under one name"
+    for entry in entries:
+        order = [version for version, _ in entry["files"]]
+        assert order == sorted(set(order)), entry["name"]
+    versions = read_snapshot()
+    today = tuple(migration_files())
+    releases_like_today = [version.name for version in versions if version.files == today]
+    assert releases_like_today == [], "today's set is the fresh path, not a release"
+    assert any(WITHDRAWN in dict(version.files) for version in versions)
+    assert KNOWN_DRIFT.keys() <= set(names)
+    try:
+        history = released_from_history()
+    except HistoryUnavailable:
+        return
+    assert digests(versions) == digests(history), f"a stale snapshot: {REFRESH}"
+
+
+def digests(versions: list[Version]) -> list[tuple[str, list[str]]]:
+    """Each version as its name and its files' "version hash", to compare
+    without printing whole files."""
+    return [
+        (version.name, [f"{name} {digest(text)[:12]}" for name, text in version.files])
+        for version in versions
+    ]
