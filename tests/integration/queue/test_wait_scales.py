@@ -46,7 +46,9 @@ async def test_a_thousand_concurrent_waits_on_a_server_of_100_connections_all_re
     async with AsyncQueue(small_server, settings=settings) as q:
         ids = [r.id for r in await q.enqueue_many([{"task": "noop"} for _ in range(1000)])]
         waits = [asyncio.create_task(q.wait(job_id, 60)) for job_id in ids]
-        await asyncio.sleep(0.5)
+        # (The waits start listening as they get their turn on the loop.)
+        await until(lambda: _listeners(small_server) > 0)
+        await asyncio.sleep(0.5)  # every wait has started by now, on the same listener
         assert _listeners(small_server) == 1
         worker = AsyncWorker({"noop": lambda job: None}, settings=settings, concurrency=50)
         async with running(worker):
