@@ -360,6 +360,20 @@ def test_fillfactor_smoke(bench_url: str, out_dir: Path) -> None:
     assert all(cell["wal_bytes_per_job"]["median"] > 0 for cell in cells.values())
 
 
+def test_worker_startup_smoke(bench_url: str, out_dir: Path) -> None:
+    from bench.perf import worker_startup
+
+    out = out_dir / "worker_startup.json"
+    worker_startup.main(["--jobs", "200", "--repeats", "1", "--out", str(out)])
+    cells = _read(out, "worker_startup", "bench.perf.worker_startup").results["cells"]
+    assert set(cells) == {"1_process", "2_processes"}
+    for cell in cells.values():
+        assert cell["startup_seconds"]["median"] > 0 and cell["drain_seconds"]["median"] > 0
+        assert (
+            cell["draining_jobs_per_second"]["median"] > cell["clocked_jobs_per_second"]["median"]
+        )
+
+
 def test_worker_throughput_smoke(bench_url: str, out_dir: Path) -> None:
     from bench.perf import worker_throughput
 

@@ -1,0 +1,103 @@
+"""Where a spawned worker's clocked time goes: start-up, then draining.
+
+    python -m bench.perf.worker_startup [--jobs 20000] [--repeats 5] [--out PATH]
+
+The outside harness's drain (bench.perf.outside_harness: load, VACUUM
+ANALYZE, spawn, clock to an empty queue), with one more mark: the first job
+that leaves ``queued``. From the spawn to it is the processes' start-up (the
+interpreter, imports, connections, the schema check, the first claim); from
+it to the empty queue is the drain. For 1 and 2 worker processes; medians.
+
+Writes results/worker_startup.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import psycopg
+
+from bench.common import LIVE_JOBS, bench_database, clear, summary
+from bench.perf.worker_throughput import spawn_workers, stop_workers
+from bench.record import ResultRecord, command_line, server_info, write_result
+from pgqueue import Queue, Settings
+
+CONCURRENCY = 100
+
+
+def drain(url: str, jobs: int, processes: int) -> dict[str, float]:
+    """One load, VACUUM ANALYZE and timed drain: start-up and drain seconds."""
+    clear(url)
+    with Queue(url, settings=Settings(database_url=url)) as queue:
+        queue.enqueue_many([{"task": "noop"}] * jobs)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE pgqueue_jobs")
+        conn.execute("CHECKPOINT")
+        started = time.monotonic()
+        procs = spawn_workers(url, processes, "noop", CONCURRENCY)
+        first: float | None = None
+        try:
+            while True:
+                if first is None and _one_left_queued(conn):
+                    first = time.monotonic() - started
+                if _empty(conn):
+                    break
+                time.sleep(0.005)
+            total = time.monotonic() - started
+        finally:
+            stop_workers(procs)
+    assert first is not None
+    return {
+        "startup_seconds": first,
+        "drain_seconds": total - first,
+        "clocked_jobs_per_second": jobs / total,
+        "draining_jobs_per_second": jobs / (total - first),
+    }
+
+
+def _one_left_queued(conn: psycopg.Connection[Any]) -> bool:
+    row = conn.execute("SELECT EXISTS (SELECT FROM pgqueue_jobs WHERE state <> 'queued')")
+    found = row.fetchone()
+    return bool(found and found[0])
+
+
+def _empty(conn: psycopg.Connection[Any]) -> bool:
+    found = conn.execute(f"SELECT NOT ({LIVE_JOBS})").fetchone()
+    return bool(found and found[0])
+
+
+def main(argv: list[str] | None = None) -> ResultRecord:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    cells: dict[str, dict[str, dict[str, float]]] = {}
+    with bench_database("startup") as url:
+        for processes in (1, 2):
+            runs = [drain(url, args.jobs, processes) for _ in range(args.repeats)]
+            cell = {metric: summary([run[metric] for run in runs]) for metric in runs[0]}
+            cells[f"{processes}_process{'es' if processes > 1 else ''}"] = cell
+            print(
+                f"{processes} process(es): start-up {cell['startup_seconds']['median']:.3f} s, "
+                f"draining {cell['draining_jobs_per_second']['median']:,.0f} jobs/s, "
+                f"clocked {cell['clocked_jobs_per_second']['median']:,.0f} jobs/s",
+                flush=True,
+            )
+        server = server_info(url)
+    record = ResultRecord(
+        name="worker_startup",
+        command=command_line(__spec__, argv),
+        server=server,
+        parameters={**vars(args), "concurrency": CONCURRENCY},
+        results={"cells": cells},
+    )
+    path = write_result(record, args.out)
+    print(f"-> {path}")
+    return record
+
+
+if __name__ == "__main__":
+    main()
