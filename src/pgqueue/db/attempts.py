@@ -43,7 +43,9 @@ class Attempt:
     while it waited for a synchronous standby: its replication is not
     confirmed. Once the cancel went out no further statement is sent. With
     ``per_statement``, each statement (the COMMIT included) has the whole
-    deadline of its own."""
+    deadline of its own. ``committed_write``: without a transaction, a
+    statement that writes was answered, so it committed: a call that fails
+    after it (a bulk action's later batch) was partly made."""
 
     def __init__(
         self,
@@ -62,6 +64,7 @@ class Attempt:
         self.commit_sent = False
         self.in_flight: str | None = None  # the statement sent and not answered
         self.warned_write: str | None = None
+        self.committed_write: str | None = None
 
     def committing(self) -> None:
         self.commit_sent = True
@@ -85,8 +88,11 @@ class Attempt:
                     statement = flow.throw(exc)
                     continue
                 self.in_flight = None
-                if self.cutoff.warned and statement.name not in WRITE_FREE:
-                    self.warned_write = self.warned_write or statement.name
+                if statement.name not in WRITE_FREE:
+                    if self.cutoff.warned:
+                        self.warned_write = self.warned_write or statement.name
+                    if not self.transaction:
+                        self.committed_write = self.committed_write or statement.name
                 statement = flow.send(rows)
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
@@ -108,12 +114,21 @@ class Attempt:
 
     def verdict(self, exc: Exception, seconds: float) -> Exception:
         """What a call that is not retried raises for ``exc`` (after
-        ``failed``): OutcomeUnknown if a write may have landed,
-        DatabaseUnavailable if a statement was cut at the deadline, else
-        ``exc`` itself."""
-        if self.call is not None and self.call.unsure:
+        ``failed``): OutcomeUnknown if a write may have landed or an
+        earlier one committed, DatabaseUnavailable if a statement was cut at
+        the deadline, else ``exc`` itself."""
+        unsure = self.call is not None and self.call.unsure
+        # (A flow's own error, JobNotFound say, comes after writes that
+        # changed nothing it would not have said.)
+        partly = self.committed_write is not None and isinstance(exc, (psycopg.Error, OSError))
+        if unsure or partly:
             if self.warned_write is not None:
                 reason = STANDBY_WAIT_CANCELLED
+            elif not unsure:
+                reason = (
+                    f"it failed after some of its writes had committed ({self.committed_write}): "
+                    f"it was partly made: {first_line(exc)}"
+                )
             elif self.cutoff.cancelled:
                 reason = f"a write got no answer within {seconds:g} s (call_timeout_seconds)"
             else:
