@@ -117,8 +117,12 @@ def url_from_params(params: Mapping[str, Any]) -> str:
 def check_reachable(url: str, seconds: float) -> None:
     """Connect once and hang up: a down server fails at once, with the
     driver's reason (``psycopg.OperationalError``), not after a pool's
-    timeout with a generic one."""
-    with psycopg.connect(url, connect_timeout=max(1, round(seconds))):
+    timeout with a generic one. Within ``seconds``, unless the URL or
+    PGCONNECT_TIMEOUT sets a connect timeout of its own."""
+    bound: dict[str, Any] = (
+        {"connect_timeout": max(1, round(seconds))} if connect_timeout_default(url) else {}
+    )
+    with psycopg.connect(url, **bound):
         pass
 
 

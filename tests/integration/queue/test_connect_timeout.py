@@ -19,7 +19,7 @@ from psycopg.conninfo import make_conninfo
 
 from harness.tcp_proxy import TcpProxy
 from pgqueue import AsyncQueue, Queue, Settings
-from pgqueue.db.connections import CONNECT_TIMEOUT_SECONDS
+from pgqueue.db.connections import CONNECT_TIMEOUT_SECONDS, check_reachable
 from pgqueue.db.worker_connection import Connection
 from tests.support import api_client
 
@@ -128,3 +128,20 @@ async def test_a_workers_connection_takes_the_urls_connect_timeout(
             await connection.open()
         took = time.monotonic() - started
     assert expected - 0.1 < took < expected + MARGIN, took
+
+
+async def test_the_clis_first_connection_takes_the_urls_connect_timeout(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CLI connects once before making its pool (db.connections.
+    check_reachable): bounded by the URL's timeout when it sets one, not by
+    the pool's 5 s."""
+    monkeypatch.delenv("PGCONNECT_TIMEOUT", raising=False)
+    async with TcpProxy("127.0.0.1", _port(db_url)) as proxy:
+        proxy.freeze()
+        url = _with_user_timeout("uri", proxy.url(db_url))
+        started = time.monotonic()
+        with pytest.raises(psycopg.OperationalError):
+            await asyncio.to_thread(check_reachable, url, CONNECT_TIMEOUT_SECONDS)
+        took = time.monotonic() - started
+    assert USER_TIMEOUT_SECONDS - 0.1 < took < USER_TIMEOUT_SECONDS + MARGIN, took

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -126,19 +125,6 @@ async def test_a_worker_records_a_handler_result_too_deep_and_carries_on(
 
 
 # -- HTTP, over a real socket -------------------------------------------------------------------
-
-
-@pytest.fixture
-def http(settings: Settings) -> Iterator[httpx.Client]:
-    with (
-        # Tracing off: with an SDK installed (by another test of the same
-        # process) new jobs' metadata gains pgqueue's own key, otel.
-        LiveServer(
-            create_app(settings.replace(tracing=False), url=settings.database_url)
-        ) as server,
-        httpx.Client(base_url=server.url, timeout=30) as client,
-    ):
-        yield client
 
 
 @pytest.mark.parametrize(("fields", "field", "problem"), HTTP_BAD, ids=IDS[: len(HTTP_BAD)])

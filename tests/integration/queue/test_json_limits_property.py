@@ -8,7 +8,6 @@ rule of their own, test_round_trip.py; they are left out here.)"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -17,11 +16,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from pgqueue import InvalidJob, Queue, Settings
-from pgqueue.api import create_app
+from pgqueue import InvalidJob, Queue
 from pgqueue.core.jobs import MAX_JSON_DEPTH
 from tests.input_support import count_jobs
-from tests.support import LiveServer
 
 storable_text = st.text(
     st.characters(exclude_categories=("Cs",), exclude_characters="\x00"), max_size=6
@@ -94,19 +91,6 @@ def test_the_library_accepts_exactly_what_reads_back_equal(
     [listed] = queue.list_jobs(limit=1)
     assert listed.id == job.id and listed.payload == payload
     assert count_jobs(sql) == before + 1
-
-
-@pytest.fixture
-def http(settings: Settings) -> Iterator[httpx.Client]:
-    with (
-        # Tracing off: with an SDK installed (by another test of the same
-        # process) new jobs' metadata gains pgqueue's own key, otel.
-        LiveServer(
-            create_app(settings.replace(tracing=False), url=settings.database_url)
-        ) as server,
-        httpx.Client(base_url=server.url, timeout=10) as client,
-    ):
-        yield client
 
 
 @PROPERTY

@@ -9,7 +9,6 @@ cannot read, as a string saying so; a payload that is not an object, as it is.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -18,12 +17,11 @@ import pytest
 from typer.testing import CliRunner
 
 from pgqueue import AsyncQueue, Job, JobState, Queue, Settings
-from pgqueue.api import create_app
 from pgqueue.cli import app as cli
 from pgqueue.core.json_text import MAX_READ_DEPTH, TOO_DEEP
 from pgqueue.core.workflows import chain
 from pgqueue.worker import AsyncWorker
-from tests.support import LiveServer, running
+from tests.support import running
 
 # Deeper than a job may be written; the second deeper than Python's json
 # reads (PostgreSQL stores it under its default max_stack_depth).
@@ -120,15 +118,6 @@ async def test_the_worker_runs_such_a_job_and_carries_on(
 
 
 # -- HTTP, over a real socket ------------------------------------------------------------------
-
-
-@pytest.fixture
-def http(settings: Settings) -> Iterator[httpx.Client]:
-    with (
-        LiveServer(create_app(settings, url=settings.database_url)) as server,
-        httpx.Client(base_url=server.url, timeout=10) as client,
-    ):
-        yield client
 
 
 def test_every_http_read_of_such_a_job_answers(http: httpx.Client, stored: dict[int, int]) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +17,9 @@ import pytest
 from typer.testing import CliRunner
 
 from pgqueue import AsyncQueue, Job, JobState, Queue, Settings
-from pgqueue.api import create_app
 from pgqueue.cli import app as cli
 from pgqueue.worker import AsyncWorker
 from tests.input_support import count_jobs, refusals
-from tests.support import LiveServer
 
 LONE = "\ud800"
 
@@ -103,15 +100,6 @@ async def test_a_worker_records_such_results_and_exceptions_and_carries_on(
 
 
 # -- HTTP, over a real socket -----------------------------------------------------------
-
-
-@pytest.fixture
-def http(settings: Settings) -> Iterator[httpx.Client]:
-    with (
-        LiveServer(create_app(settings, url=settings.database_url)) as server,
-        httpx.Client(base_url=server.url, timeout=10) as client,
-    ):
-        yield client
 
 
 @pytest.mark.parametrize(("fields", "field"), BAD_JOBS, ids=IDS)
