@@ -8,44 +8,23 @@ import asyncio
 import contextlib
 import multiprocessing as mp
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from multiprocessing.context import ForkProcess
 from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Barrier, Event
-from typing import Any
 
 import psycopg
 
-from pgqueue import Job, Queue, Settings
+from pgqueue import Queue, Settings
 from pgqueue.worker import AsyncWorker
 
 from .common import clear, has_live_jobs, rate
+from .handlers import HANDLERS
 
 __all__ = ["HANDLERS", "async_workers", "drain", "stop", "wait_connected", "wait_drained"]
 
 BARRIER_TIMEOUT = 120.0
 DRAIN_TIMEOUT = 1800.0
-
-
-async def noop(job: Job) -> None:
-    """Do nothing: the benchmarks measure the queue, not a workload."""
-
-
-def noop_sync(job: Job) -> None:
-    """Do nothing, on the worker's thread pool."""
-
-
-async def io_10ms(job: Job) -> None:
-    """Wait 10 ms without holding the event loop: a job that is mostly I/O
-    (a call to another service), where concurrency decides throughput."""
-    await asyncio.sleep(0.01)
-
-
-HANDLERS: dict[str, Callable[[Job], Any]] = {
-    "noop": noop,
-    "noop_sync": noop_sync,
-    "io_10ms": io_10ms,
-}
 
 
 def _async_worker(

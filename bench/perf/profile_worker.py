@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
             command = [spy, "record", "--rate", "250", "--format", args.format]
             command += ["--native"] if args.native else []
             command += ["-o", args.out, "--", sys.executable, "-m"]
-            command += ["bench.perf.worker_throughput", "--child", url, "noop", "100", "default"]
+            command += ["bench.perf.worker_child", url, "noop", "100"]
             proc = subprocess.Popen(command, cwd=ROOT, start_new_session=True)
             try:
                 with psycopg.connect(url, autocommit=True) as conn:

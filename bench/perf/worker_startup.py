@@ -8,6 +8,12 @@ that leaves ``queued``. From the spawn to it is the processes' start-up (the
 interpreter, imports, connections, the schema check, the first claim); from
 it to the empty queue is the drain. For 1 and 2 worker processes; medians.
 
+And, from the rows (database clock), the drain's end: the tail (from the last
+job's start to the last ack's commit), how long one process had nothing left
+to start while another still had (its last start before the other's), and
+the mean sizes of the claims and acks (a statement's rows share their
+``started_at`` / ``finished_at``).
+
 Writes results/worker_startup.json.
 """
 
@@ -54,6 +60,23 @@ def drain(url: str, jobs: int, processes: int) -> dict[str, float]:
         "drain_seconds": total - first,
         "clocked_jobs_per_second": jobs / total,
         "draining_jobs_per_second": jobs / (total - first),
+        **_drain_end(url),
+    }
+
+
+def _drain_end(url: str) -> dict[str, float]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT count(*), count(DISTINCT started_at), count(DISTINCT finished_at),"
+            " extract(epoch FROM max(started_at)), extract(epoch FROM max(finished_at))"
+            " FROM pgqueue_jobs GROUP BY worker"
+        ).fetchall()
+    last_starts = [float(row[3]) for row in rows]
+    return {
+        "tail_seconds": max(float(row[4]) for row in rows) - max(last_starts),
+        "idle_process_seconds": max(last_starts) - min(last_starts),
+        "jobs_per_claim": sum(row[0] for row in rows) / sum(row[1] for row in rows),
+        "jobs_per_ack": sum(row[0] for row in rows) / sum(row[2] for row in rows),
     }
 
 
@@ -83,7 +106,9 @@ def main(argv: list[str] | None = None) -> ResultRecord:
             print(
                 f"{processes} process(es): start-up {cell['startup_seconds']['median']:.3f} s, "
                 f"draining {cell['draining_jobs_per_second']['median']:,.0f} jobs/s, "
-                f"clocked {cell['clocked_jobs_per_second']['median']:,.0f} jobs/s",
+                f"clocked {cell['clocked_jobs_per_second']['median']:,.0f} jobs/s, "
+                f"tail {cell['tail_seconds']['median']:.3f} s, "
+                f"claims of {cell['jobs_per_claim']['median']:,.0f} jobs",
                 flush=True,
             )
         server = server_info(url)

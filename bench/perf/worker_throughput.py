@@ -52,7 +52,7 @@ from bench.common import (
     summary,
 )
 from bench.record import ResultRecord, command_line, server_info, write_result
-from bench.workers import HANDLERS, wait_connected
+from bench.workers import wait_connected
 from pgqueue import Queue, Settings
 from pgqueue.db.embedded import EmbeddedPostgres
 from pgqueue.sql import QUERIES
@@ -91,32 +91,17 @@ def spawn_workers(
             [
                 sys.executable,
                 "-m",
-                "bench.perf.worker_throughput",
-                "--child",
+                "bench.perf.worker_child",
                 url,
                 task,
                 str(concurrency),
-                "default" if prefetch is None else str(prefetch),
+                *([] if prefetch is None else [str(prefetch)]),
             ],
             cwd=ROOT,
             env=env,
         )
         for _ in range(processes)
     ]
-
-
-def child(url: str, task: str, concurrency: int, prefetch: str = "default") -> None:
-    """One worker process: a no-op handler, until SIGTERM (``prefetch``: a
-    number, or the setting's default)."""
-    from pgqueue.worker import TaskRegistry, Worker
-
-    settings = Settings(database_url=url, concurrency=concurrency)
-    if prefetch != "default":
-        settings = settings.replace(prefetch=int(prefetch))
-    registry = TaskRegistry()
-    isolated = task.endswith("_isolated")
-    registry.add(task, HANDLERS[task.removesuffix("_isolated")], isolated=isolated)
-    sys.exit(Worker(registry, settings=settings).run())
 
 
 def stop_workers(procs: list[subprocess.Popen[bytes]]) -> list[int]:
@@ -321,14 +306,10 @@ def main(argv: list[str] | None = None) -> ResultRecord | None:
     parser.add_argument(
         "--prefetch", type=int, default=None, help="the workers' prefetch (default: the setting's)"
     )
-    parser.add_argument("--child", nargs=4, metavar=("URL", "TASK", "CONCURRENCY", "PREFETCH"))
     args = parser.parse_args(argv)
     if args.jobs % (CLIENTS * BATCH):
         # The pgbench reference drains in whole transactions of BATCH rows per client.
         parser.error(f"--jobs must be a multiple of {CLIENTS * BATCH}")
-    if args.child:
-        child(args.child[0], args.child[1], int(args.child[2]), args.child[3])
-        return None
 
     def worker(processes: int, task: str) -> Callable[[str], float]:
         return lambda url: drain(url, args.jobs, processes, task, args.concurrency, args.prefetch)

@@ -202,8 +202,7 @@ class AsyncWorker:
             ",".join(self.queues or ["*"]),
         )
         try:
-            if await self._supervised("schema check", self._schema_ready(connections[-1])):
-                await self._open(connections)
+            if await self._supervised("schema check", self._ready(connections)):
                 self._start_parts()
                 await self._stop_requested.wait()
                 self.events(
@@ -336,6 +335,16 @@ class AsyncWorker:
             self._failure = (part, exc)
             self.events.crashed(part, exc)
             return False
+
+    async def _ready(self, connections: list[FlowRunner]) -> bool:
+        """The schema checked on the upkeep connection (the last) while the
+        others connect: a worker started under a backlog claims one
+        connection's set-up sooner than if it checked first. False if told
+        to stop while the schema was not migrated."""
+        ready, _ = await asyncio.gather(
+            self._schema_ready(connections[-1]), self._open(connections[:-1])
+        )
+        return ready
 
     async def _open(self, connections: list[FlowRunner]) -> None:
         """Connect them all now, together: otherwise a worker started under a
