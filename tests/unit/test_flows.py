@@ -281,7 +281,7 @@ def test_retry_and_delete_walk_the_finished_jobs_once_in_order() -> None:
         {"matched": 7, "affected": 7, "last_at": NOW, "last_id": 99},
     ]
     session = bulk_session("job_bulk_finished", batches)
-    assert driver.run(bulk(BulkAction.RETRY, JobFilter()), session) == 1007
+    assert driver.run(bulk(BulkAction.RETRY, JobFilter(all=True)), session) == 1007
     cursors = [(s.params["after_at"], s.params["after_id"]) for s in session.sent[1:]]
     assert cursors == [(None, None), *last]
     assert session.sent[1].params["states"] == ["dead", "cancelled"]
@@ -309,5 +309,5 @@ def test_a_batch_that_met_a_taken_key_is_sent_again() -> None:
         return [answer]
 
     session = Scripted(db_now=lambda p: [{"now": NOW}], job_bulk_finished=job_bulk_finished)
-    assert driver.run(bulk(BulkAction.RETRY, JobFilter()), session) == 5
+    assert driver.run(bulk(BulkAction.RETRY, JobFilter(all=True)), session) == 5
     assert [s.name for s in session.sent] == ["db_now"] + ["job_bulk_finished"] * 2

@@ -29,9 +29,15 @@ class _Request(BaseModel):
         strict=True,
         description="Only count the jobs that match now; change nothing.",
     )
+    all: bool = Field(
+        default=False,
+        strict=True,
+        description="Without any filter, act on every job the action applies to. Without "
+        "a filter and without this, an action is refused (422) and changes nothing.",
+    )
 
     def filters(self) -> dict[str, Any]:
-        """The filter's fields the request gave, for ``JobFilter.from_fields``."""
+        """The filter's fields the request gave and ``all``, for ``JobFilter.from_fields``."""
         return self.model_dump(exclude_unset=True, exclude={"dry_run"})
 
 
@@ -42,7 +48,7 @@ def _request_model() -> type[_Request]:
         "BulkRequest",
         __base__=_Request,
         __doc__="Which jobs: every filter given must match (none: every job the action "
-        "applies to).",
+        'applies to, which an action takes only with "all": true).',
         **fields,
     )
 

@@ -1,7 +1,8 @@
 """Bulk actions: ``jobs bulk cancel|retry|delete`` on the jobs a filter matches.
 
 Each first counts the jobs that match and asks before acting (``--yes``
-skips the question, ``--dry-run`` only counts). The work is done by
+skips the question, ``--dry-run`` only counts). Without any filter an
+action needs ``--all``. The work is done by
 ``Queue.bulk`` in batches of 1,000 jobs (pgqueue.bulk).
 """
 
@@ -82,6 +83,12 @@ def _command(action: BulkAction) -> Callable[..., None]:
             str | None,
             typer.Option("--error-contains", metavar="TEXT", help="Last error contains this text."),
         ] = None,
+        every: Annotated[
+            bool,
+            typer.Option(
+                "--all", help="Without any filter: act on every job the action applies to."
+            ),
+        ] = False,
         yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask first.")] = False,
         dry_run: Annotated[
             bool, typer.Option("--dry-run", help="Only count the jobs that match.")
@@ -96,7 +103,10 @@ def _command(action: BulkAction) -> Callable[..., None]:
                 enqueued_before=_cutoff(enqueued_before, "--enqueued-before"),
                 finished_before=_cutoff(finished_before, "--finished-before"),
                 error_contains=error_contains,
+                all=every,
             )
+            if not dry_run:
+                where.check_scope(action)
         except InvalidJob as exc:
             raise typer.BadParameter(exc.problem, param_hint=_flag(exc.field)) from None
         _run(ctx, action, where, yes=yes, dry_run=dry_run, as_json=wants_json(ctx, json_out))

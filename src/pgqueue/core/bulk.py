@@ -13,7 +13,10 @@ for long; the flow repeats it until the jobs that match are done.
 
 ``JobFilter`` is what they act on; its fields (``FILTER_FIELDS``) are checked
 by the same rules as a job's, for the library, the HTTP API and the command
-line alike.
+line alike. A filter without any field reaches every job the action applies
+to, so an action on one must say so (``all``): a body or a call that lost
+its filter on the way must not empty the queue. Counting (a dry run) needs
+no such word.
 """
 
 from __future__ import annotations
@@ -99,9 +102,10 @@ _NAMES = tuple(f.name for f in FILTER_FIELDS)
 
 @dataclass(frozen=True, slots=True)
 class JobFilter:
-    """Which jobs a bulk action applies to: every field given must match
-    (no field: every job the action applies to). Checked when made; a bad
-    field raises InvalidJob naming it."""
+    """Which jobs a bulk action applies to: every field given must match.
+    No field: every job the action applies to, which an action (not a dry
+    run) takes only with ``all=True``. Checked when made; a bad field
+    raises InvalidJob naming it."""
 
     queue: str | None = None
     task: str | None = None
@@ -109,6 +113,7 @@ class JobFilter:
     enqueued_before: datetime | timedelta | float | None = None
     finished_before: datetime | timedelta | float | None = None
     error_contains: str | None = None
+    all: bool = False
 
     def __post_init__(self) -> None:
         for job_field in FILTER_FIELDS:
@@ -117,12 +122,29 @@ class JobFilter:
                 object.__setattr__(
                     self, job_field.name, job_field.rule.check(job_field.name, value)
                 )
+        if not isinstance(self.all, bool):
+            raise InvalidJob("all", f"must be true or false, got {self.all!r}")
+
+    @property
+    def unbounded(self) -> bool:
+        """No field given: the filter matches every job an action applies to."""
+        return all(getattr(self, name) is None for name in _NAMES)
+
+    def check_scope(self, action: BulkAction) -> None:
+        """Refuse an action on every job it applies to unless ``all`` says so."""
+        if self.unbounded and not self.all:
+            raise InvalidJob(
+                "all",
+                f"no filter given: this would {action} every {' or '.join(action.states)} job; "
+                "give a filter, or all (true) to mean every one",
+            )
 
     @classmethod
     def from_fields(cls, given: Mapping[str, Any]) -> JobFilter:
-        """A filter from a mapping of its fields (HTTP bodies, keywords)."""
+        """A filter from a mapping of its fields and ``all`` (HTTP bodies,
+        keywords)."""
         for name in given:
-            if name not in _NAMES:
+            if name not in (*_NAMES, "all"):
                 raise InvalidJob(str(name), f"unknown filter (the filters are {', '.join(_NAMES)})")
         return cls(**given)
 
@@ -135,6 +157,8 @@ def bulk(
     of jobs it would apply to now, and nothing changes."""
     if not 1 <= batch <= 10_000:
         raise ValueError(f"batch must be between 1 and 10000, got {batch}")
+    if not dry_run:
+        where.check_scope(action)
     states = _states(action, where)
     started_at = yield from db_now()
     name = "job_bulk_cancel" if action is BulkAction.CANCEL else "job_bulk_finished"

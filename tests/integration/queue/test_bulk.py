@@ -162,7 +162,7 @@ def test_delete_takes_finished_jobs_only_and_keeps_the_totals(
     queue.fail(failed, "boom", retryable=False)
     queue.cancel(queue.list_jobs(state="queued")[0].id)
     totals = queue.read("counters_totals")
-    assert queue.bulk_delete() == 3
+    assert queue.bulk_delete(all=True) == 3
     assert count(sql) == 3 and queue.get(running.id).state is JobState.RUNNING
     assert queue.read("counters_totals") == totals
 
@@ -240,6 +240,9 @@ def _state(sql: psycopg.Connection[Any], job_id: int) -> JobState | None:
         (BulkAction.DELETE, {"enqueued_before": "2030-01-01T00:00:00"}, "enqueued_before", "zone"),
         (BulkAction.RETRY, {"error_contains": ""}, "error_contains", "1 to 1000"),
         (BulkAction.RETRY, {"error_contains": "\x00"}, "error_contains", "NUL"),
+        (BulkAction.CANCEL, {}, "all", "no filter given: this would cancel every waiting"),
+        (BulkAction.DELETE, {"all": False}, "all", "give a filter, or all"),
+        (BulkAction.DELETE, {"all": 1}, "all", "true or false"),
     ],
 )
 def test_a_bad_filter_names_its_field_and_writes_nothing(
@@ -269,7 +272,7 @@ async def test_the_async_queue_has_the_same_actions(aqueue: Any) -> None:
     assert await aqueue.bulk_cancel(task="t", dry_run=True) == 3
     assert await aqueue.bulk_cancel(task="t") == 3
     assert await aqueue.bulk_retry(task="t") == 3
-    await aqueue.bulk_cancel()
+    await aqueue.bulk_cancel(all=True)
     assert await aqueue.bulk_delete(state="cancelled") == 3
 
 

@@ -55,7 +55,7 @@ async def test_a_dry_run_then_the_action(
     assert done.json() == {"action": "cancel", "dry_run": False, "count": 3}
     retried = await api.post("/jobs/bulk/retry", json={"enqueued_before": 0})
     assert retried.json()["count"] == 3
-    await api.post("/jobs/bulk/cancel", json={})
+    await api.post("/jobs/bulk/cancel", json={"all": True})
     deleted = await api.post(
         "/jobs/bulk/delete", json={"state": "cancelled", "finished_before": "2999-01-01T00:00:00Z"}
     )
@@ -89,6 +89,9 @@ async def test_a_read_token_may_not_act(
         ("/jobs/bulk/delete", {"error_contains": "\u0000"}, "error_contains"),
         ("/jobs/bulk/delete", [], "body"),
         ("/jobs/bulk/nuke", {}, "action"),
+        ("/jobs/bulk/cancel", {}, "all"),
+        ("/jobs/bulk/cancel", {"all": False}, "all"),
+        ("/jobs/bulk/cancel", {"all": "yes"}, "all"),
     ],
 )
 async def test_bad_requests_are_422_naming_the_field_and_change_nothing(
@@ -103,6 +106,20 @@ async def test_bad_requests_are_422_naming_the_field_and_change_nothing(
     assert response.status_code == 422, response.text
     assert response.json()["field"] == field
     assert count(sql, "state = 'queued'") == 4
+
+
+async def test_an_action_without_a_filter_needs_all_and_a_count_does_not(
+    api: httpx.AsyncClient, three_in_a: Queue, sql: psycopg.Connection[Any]
+) -> None:
+    await api.post("/jobs/bulk/cancel", json={"queue": "a"})
+    refused = await api.post("/jobs/bulk/delete", json={})
+    assert refused.status_code == 422 and refused.json()["field"] == "all"
+    assert "no filter given" in str(refused.json())
+    assert count(sql) == 4
+    dry = await api.post("/jobs/bulk/delete", json={"dry_run": True})
+    assert dry.json() == {"action": "delete", "dry_run": True, "count": 3}
+    done = await api.post("/jobs/bulk/delete", json={"all": True})
+    assert done.json()["count"] == 3 and count(sql) == 1
 
 
 async def test_bulk_is_not_a_job_id(api: httpx.AsyncClient) -> None:
@@ -142,6 +159,18 @@ def test_yes_skips_the_question_and_json_says_what_was_done(db_url: str, three_i
     deleted = run(db_url, "delete", "--error-contains", "nothing like it", "-y")
     assert deleted.exit_code == 0 and "0 job(s) match" in deleted.stdout
     assert three_in_a.get(1).state is JobState.CANCELLED
+
+
+def test_an_action_without_a_filter_needs_all(
+    db_url: str, three_in_a: Queue, sql: psycopg.Connection[Any]
+) -> None:
+    refused = run(db_url, "cancel", "--yes")
+    assert refused.exit_code == 2 and "'--all'" in refused.stderr, refused.output
+    assert "no filter given" in refused.stderr and count(sql, "state = 'queued'") == 4
+    dry = run(db_url, "cancel", "--dry-run")
+    assert dry.exit_code == 0 and "4 job(s) match" in dry.stdout
+    done = run(db_url, "cancel", "--all", "--yes")
+    assert done.exit_code == 0 and count(sql, "state = 'cancelled'") == 4
 
 
 @pytest.mark.parametrize(

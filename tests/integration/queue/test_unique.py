@@ -273,7 +273,7 @@ def test_retry_of_a_job_whose_key_is_held_is_refused_until_it_is_free(queue: Que
         JobKeyHeld, match=f"cannot retry job {old.id}: its key 'k' is held by job {new.id}"
     ):
         queue.retry(old.id)
-    assert queue.bulk_retry() == 0 and queue.get(old.id).state is JobState.CANCELLED
+    assert queue.bulk_retry(all=True) == 0 and queue.get(old.id).state is JobState.CANCELLED
     queue.cancel(new.id)
     assert queue.retry(old.id).state is JobState.QUEUED
 
@@ -281,7 +281,7 @@ def test_retry_of_a_job_whose_key_is_held_is_refused_until_it_is_free(queue: Que
 def test_bulk_retry_of_two_jobs_with_one_key_retries_one(queue: Queue) -> None:
     for _ in range(2):
         queue.cancel(queue.enqueue("t", idempotency_key="k", unique_scope="active").id)
-    assert queue.bulk_retry() == 1
+    assert queue.bulk_retry(all=True) == 1
     assert [j.state for j in queue.list_jobs()].count(JobState.QUEUED) == 1
 
 
@@ -295,7 +295,7 @@ def test_a_key_taken_while_a_retry_waits_is_reported_not_doubled(
 
     def retry() -> None:
         try:
-            outcome.append(queue.bulk_retry() if bulk else queue.retry(old.id))
+            outcome.append(queue.bulk_retry(all=True) if bulk else queue.retry(old.id))
         except JobKeyHeld as exc:
             outcome.append(exc)
 
