@@ -386,7 +386,7 @@ def test_dead_letters_are_grouped_and_each_group_is_retried_or_deleted_after_a_c
 ) -> None:  # fmt: skip
     def dead_groups() -> dict[tuple[str, str], int]:
         found = sql.execute(
-            "SELECT task, split_part(last_error, E'\\n', 1), count(*) FROM pgqueue_jobs "
+            "SELECT task, pgqueue_error_kind(last_error), count(*) FROM pgqueue_jobs "
             "WHERE state = 'dead' GROUP BY 1, 2"
         ).fetchall()
         return {(task, error): n for task, error, n in found}
@@ -406,7 +406,7 @@ def test_dead_letters_are_grouped_and_each_group_is_retried_or_deleted_after_a_c
         assert rows(page, "dead-body", "group")["0"]["cells"][1] == "card declined"
         click(page, declined + ":nth-of-type(2)")  # Retry all
         assert answer(page, accept=False) == (
-            "Retry 2 dead charge jobs whose error contains \u201ccard declined\u201d?"
+            "Retry 2 dead charge jobs whose error is of the kind \u201ccard declined\u201d?"
         )
         assert dead_groups()[("charge", "card declined")] == 2
 

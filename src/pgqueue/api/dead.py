@@ -1,4 +1,5 @@
-"""GET /dead-letters: dead jobs grouped by task and error, the biggest group
+"""GET /dead-letters: dead jobs grouped by task and kind of error (its first
+line, ids and numbers replaced), the biggest group
 first, each with the filter that a bulk action (POST /jobs/bulk/retry or
 /delete) takes to act on the whole group. Bounded: the newest dead jobs are
 grouped (``scanned`` says how many), and ``limit`` groups returned."""
@@ -23,8 +24,9 @@ router = APIRouter(tags=["jobs"])
 class DeadGroupOut(BaseModel):
     task: str
     error: str = Field(
-        description=f"The first line of the jobs' last error, cut to {bulk.DEAD_ERROR_CHARS} "
-        "characters (empty: no error recorded)."
+        description="The kind of the jobs' last error: its first line with ids replaced "
+        f"by <id> and numbers by <n>, cut to {bulk.DEAD_ERROR_CHARS} characters (empty: no "
+        "error recorded)."
     )
     jobs: int
     queues: list[str]
@@ -33,7 +35,7 @@ class DeadGroupOut(BaseModel):
     latest_id: int = Field(description="Its latest job, to look at one.")
     filter: dict[str, Any] = Field(
         description="The body of a bulk action on the group (add dry_run: true to count "
-        "first): it may match a few more jobs, whose longer error contains this one."
+        "first): the task's dead jobs whose error is of this kind."
     )
 
 
@@ -65,6 +67,6 @@ async def dead_letters(
 def _body(where: bulk.JobFilter) -> dict[str, Any]:
     return {
         name: getattr(where, name)
-        for name in ("task", "state", "error_contains")
+        for name in ("task", "state", "error_kind")
         if getattr(where, name) is not None
     }

@@ -160,6 +160,15 @@ async def list_jobs(
             description="Only jobs whose last error contains this text (case-sensitive).",
         ),
     ] = None,
+    error_kind: Annotated[
+        str | None,
+        Query(
+            min_length=1,
+            max_length=reads.MAX_ERROR_SEARCH,
+            description="Only jobs whose last error is of this kind: its first line with ids "
+            "as <id> and numbers as <n> (a group of GET /dead-letters).",
+        ),
+    ] = None,
     cursor: Annotated[
         int | None,
         Query(
@@ -185,6 +194,7 @@ async def list_jobs(
         "queue": queue_name,
         "task": task,
         "error_contains": error_contains,
+        "error_kind": error_kind,
         "before_id": cursor,
         "limit": limit,
     }

@@ -83,6 +83,15 @@ def _command(action: BulkAction) -> Callable[..., None]:
             str | None,
             typer.Option("--error-contains", metavar="TEXT", help="Last error contains this text."),
         ] = None,
+        error_kind: Annotated[
+            str | None,
+            typer.Option(
+                "--error-kind",
+                metavar="TEXT",
+                help="Last error of this kind (a dead-letter group's error: ids as <id>, "
+                "numbers as <n>).",
+            ),
+        ] = None,
         every: Annotated[
             bool,
             typer.Option(
@@ -103,6 +112,7 @@ def _command(action: BulkAction) -> Callable[..., None]:
                 enqueued_before=_cutoff(enqueued_before, "--enqueued-before"),
                 finished_before=_cutoff(finished_before, "--finished-before"),
                 error_contains=error_contains,
+                error_kind=error_kind,
                 all=every,
             )
             if not dry_run:

@@ -96,6 +96,12 @@ FILTER_FIELDS: tuple[JobField, ...] = (
         Key(MAX_ERROR_TEXT),
         "Only jobs whose last error contains this text (case-sensitive).",
     ),
+    JobField(
+        "error_kind",
+        Key(MAX_ERROR_TEXT),
+        "Only jobs whose last error is of this kind: its first line with ids replaced by "
+        "<id> and numbers by <n> (a dead-letter group's error).",
+    ),
 )
 _NAMES = tuple(f.name for f in FILTER_FIELDS)
 
@@ -113,6 +119,7 @@ class JobFilter:
     enqueued_before: datetime | timedelta | float | None = None
     finished_before: datetime | timedelta | float | None = None
     error_contains: str | None = None
+    error_kind: str | None = None
     all: bool = False
 
     def __post_init__(self) -> None:
@@ -175,6 +182,7 @@ def bulk(
         "enqueued_before": _moment(where.enqueued_before, started_at),
         "finished_before": _moment(where.finished_before, started_at),
         "error_contains": where.error_contains,
+        "error_kind": where.error_kind,
     }
     total = 0
     while True:
@@ -208,19 +216,22 @@ def retry_dead(queue: str | None = None) -> Flow[int]:
     return (yield from bulk(BulkAction.RETRY, JobFilter(queue=queue, state=JobState.DEAD)))
 
 
-# Dead letters: groups of dead jobs by task and error, each one bulk action
-# away from being retried or deleted. Bounded twice: the newest DEAD_SCAN dead
-# jobs are grouped, and at most `limit` groups are returned.
+# Dead letters: groups of dead jobs by task and the kind of their error, each
+# one bulk action away from being retried or deleted. Bounded twice: the
+# newest DEAD_SCAN dead jobs are grouped, and at most `limit` groups are
+# returned.
 DEAD_SCAN = 100_000
+# The length of an error's kind (the cut of pgqueue_error_kind, migration 0024).
 DEAD_ERROR_CHARS = 200
 
 
 @dataclass(frozen=True, slots=True)
 class DeadGroup:
-    """Dead jobs of one task whose last error starts with the same line."""
+    """Dead jobs of one task whose last errors are of one kind: the same
+    first line but for ids and numbers."""
 
     task: str
-    error: str  # the first line of the last error, cut to DEAD_ERROR_CHARS
+    error: str  # the kind: the first line, ids as <id> and numbers as <n>, cut to DEAD_ERROR_CHARS
     jobs: int
     queues: list[str]
     first_at: datetime
@@ -229,9 +240,9 @@ class DeadGroup:
 
     def where(self) -> JobFilter:
         """The filter of a bulk action on the group: the task's dead jobs
-        whose last error contains the group's text. It may match a few more
-        than the group (a longer error that contains it): a dry run says."""
-        return JobFilter(task=self.task, state=JobState.DEAD, error_contains=self.error or None)
+        whose last error is of the group's kind (the jobs of a group without
+        an error: every dead job of the task)."""
+        return JobFilter(task=self.task, state=JobState.DEAD, error_kind=self.error or None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,9 +256,7 @@ def dead_letters(*, limit: int = 50, scan: int = DEAD_SCAN) -> Flow[DeadLetters]
     """The biggest groups of dead jobs first (then the most recent)."""
     if not 1 <= limit <= 500:
         raise InvalidJob("limit", f"must be between 1 and 500, got {limit}")
-    rows = yield Statement(
-        "job_dead_groups", {"limit": limit, "scan": scan, "error_chars": DEAD_ERROR_CHARS}
-    )
+    rows = yield Statement("job_dead_groups", {"limit": limit, "scan": scan})
     groups = [DeadGroup(**{k: row[k] for k in _GROUP_COLUMNS}) for row in rows]
     scanned = int(rows[0]["scanned"]) if rows else 0
     return DeadLetters(groups, scanned, int(rows[0]["group_count"]) if rows else 0)

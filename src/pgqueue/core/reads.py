@@ -99,6 +99,7 @@ def list_filters(
     queue: str | None = None,
     task: str | None = None,
     error_contains: str | None = None,
+    error_kind: str | None = None,
     before_id: int | None = None,
     limit: int = 50,
 ) -> dict[str, Any]:
@@ -111,6 +112,8 @@ def list_filters(
         raise InvalidJob("limit", f"must be between 1 and 1000, got {limit}")
     if error_contains is not None and not 1 <= len(error_contains) <= MAX_ERROR_SEARCH:
         raise InvalidJob("error_contains", f"must be 1 to {MAX_ERROR_SEARCH} characters")
+    if error_kind is not None and not 1 <= len(error_kind) <= MAX_ERROR_SEARCH:
+        raise InvalidJob("error_kind", f"must be 1 to {MAX_ERROR_SEARCH} characters")
     return {
         "state": JobState.QUEUED.value if state in LIST_VIEWS else state,
         "scheduled": state == "scheduled",
@@ -118,6 +121,7 @@ def list_filters(
         "queue": queue,
         "task": task,
         "error_contains": error_contains,
+        "error_kind": error_kind,
         "before_id": None if before_id is None else checked_job_id(before_id),
         "limit": limit,
     }

@@ -33,11 +33,11 @@ def _load() -> dict[str, LiteralString]:
 QUERIES = _load()
 
 # What may change data: a write, a sequence, a notification, DDL, or a call
-# of one of pgqueue's functions (some of which write). pgqueue_key_held is
-# IMMUTABLE (migration 0004).
+# of one of pgqueue's functions (some of which write). pgqueue_key_held
+# (migration 0004) and pgqueue_error_kind (0024) are IMMUTABLE.
 _WRITES = re.compile(
     r"\b(insert|update|delete|copy|nextval|setval|pg_notify|truncate|alter|create|drop)\b"
-    r"|\bpgqueue_(?!key_held\b)\w+\s*\(",
+    r"|\bpgqueue_(?!key_held\b|error_kind\b)\w+\s*\(",
     re.IGNORECASE,
 )
 

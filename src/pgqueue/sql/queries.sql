@@ -548,6 +548,7 @@ WITH candidate AS (
       AND (%(enqueued_before)s::timestamptz IS NULL
            OR enqueued_at < %(enqueued_before)s::timestamptz)
       AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
+      AND (%(error_kind)s::text IS NULL OR pgqueue_error_kind(last_error) = %(error_kind)s::text)
     LIMIT %(limit)s
 ), picked AS (
     -- Rows a worker or another statement holds are skipped, not waited for:
@@ -604,6 +605,7 @@ WITH matching AS (
       AND (%(finished_before)s::timestamptz IS NULL
            OR finished_at < %(finished_before)s::timestamptz)
       AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
+      AND (%(error_kind)s::text IS NULL OR pgqueue_error_kind(last_error) = %(error_kind)s::text)
     ORDER BY finished_at, id
     LIMIT %(limit)s
 ), picked AS (
@@ -680,6 +682,7 @@ WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(task)s::text IS NULL OR task = %(task)s::text)
   AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
+  AND (%(error_kind)s::text IS NULL OR pgqueue_error_kind(last_error) = %(error_kind)s::text)
   AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
 ORDER BY id DESC
 LIMIT %(limit)s;
@@ -698,13 +701,14 @@ WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(task)s::text IS NULL OR task = %(task)s::text)
   AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
+  AND (%(error_kind)s::text IS NULL OR pgqueue_error_kind(last_error) = %(error_kind)s::text)
   AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
 ORDER BY id DESC
 LIMIT %(limit)s;
 
 -- name: job_dead_groups
--- Dead jobs by task and the first line of their last error (cut to
--- `error_chars`), the biggest group first: the dashboard's dead letters
+-- Dead jobs by task and the kind of their last error (pgqueue_error_kind:
+-- its first line, ids and numbers replaced), the biggest group first: the dashboard's dead letters
 -- (bulk.dead_letters). Bounded: the newest `scan` dead jobs are read, through
 -- the index of finished jobs, and `limit` groups returned; `scanned` and
 -- `group_count` say how many jobs and groups there were before the limit.
@@ -714,7 +718,7 @@ SELECT task, error, count(*)::bigint AS jobs,
        sum(count(*)) OVER ()::bigint AS scanned, count(*) OVER ()::bigint AS group_count
 FROM (
     SELECT task, queue, finished_at, id,
-           left(split_part(coalesce(last_error, ''), E'\n', 1), %(error_chars)s) AS error
+           pgqueue_error_kind(last_error) AS error
     FROM pgqueue_jobs
     WHERE state = 'dead'
     ORDER BY finished_at DESC

@@ -128,13 +128,35 @@ async def test_dead_letters_group_by_task_and_first_error_line(
     assert (await api.get("/dead-letters", params={"limit": 0})).status_code == 422
 
 
+async def test_dead_letters_group_errors_that_differ_only_by_ids_and_numbers(
+    api: httpx.AsyncClient, aqueue: AsyncQueue, sql: psycopg.Connection[Any]
+) -> None:
+    for order in (1001, 1002, 73, 998877, 5, 6, 7, 8, 9, 10, 11):
+        await kill(aqueue, "ship", f"LookupError: order {order} not found\nTraceback")
+    for session in ("3f2504e0-4f89-11d3-9a0c-0305e82c3301", "7c9e6679-7425-40de-944b-e07fc1f90ae7"):
+        await kill(aqueue, "ship", f"LookupError: session {session} expired")
+    await kill(aqueue, "ship", "LookupError: warehouse closed")
+    groups = {g["error"]: g for g in (await api.get("/dead-letters")).json()["groups"]}
+    assert {error: g["jobs"] for error, g in groups.items()} == {
+        "LookupError: order <n> not found": 11,
+        "LookupError: session <id> expired": 2,
+        "LookupError: warehouse closed": 1,
+    }
+    orders = groups["LookupError: order <n> not found"]["filter"]
+    assert orders == {"task": "ship", "state": "dead", "error_kind": orders["error_kind"]}
+    deleted = await api.post("/jobs/bulk/delete", json=orders)
+    assert deleted.json()["count"] == 11
+    [[left]] = sql.execute("SELECT count(*) FROM pgqueue_jobs WHERE task = 'ship'").fetchall()
+    assert left == 3
+
+
 async def test_a_dead_letter_groups_filter_drives_a_bulk_action_on_that_group(
     api: httpx.AsyncClient, aqueue: AsyncQueue, sql: psycopg.Connection[Any]
 ) -> None:
     declined = [await kill(aqueue, "charge", f"card declined\n#{n}") for n in range(3)]
     other = await kill(aqueue, "charge", "bank offline")
     [group] = [g for g in (await api.get("/dead-letters")).json()["groups"] if g["jobs"] == 3]
-    assert group["filter"] == {"task": "charge", "state": "dead", "error_contains": "card declined"}
+    assert group["filter"] == {"task": "charge", "state": "dead", "error_kind": "card declined"}
     dry = await api.post("/jobs/bulk/retry", json={**group["filter"], "dry_run": True})
     assert dry.json()["count"] == 3
     done = await api.post("/jobs/bulk/retry", json=group["filter"])

@@ -278,7 +278,9 @@ async def test_the_async_queue_has_the_same_actions(aqueue: Any) -> None:
 
 def test_each_batch_reads_the_partial_index_of_its_states(sql: psycopg.Connection[Any]) -> None:
     params: dict[str, Any] = {
-        **dict.fromkeys(("task", "enqueued_before", "finished_before", "error_contains")),
+        **dict.fromkeys(
+            ("task", "enqueued_before", "finished_before", "error_contains", "error_kind")
+        ),
         **dict.fromkeys(("after_at", "after_id")),
         "started_at": datetime.now().astimezone(),
         "dry_run": False,

@@ -158,6 +158,8 @@ def test_yes_skips_the_question_and_json_says_what_was_done(db_url: str, three_i
     assert retried.exit_code == 0 and "0 job(s) match; nothing was retried" in retried.stdout
     deleted = run(db_url, "delete", "--error-contains", "nothing like it", "-y")
     assert deleted.exit_code == 0 and "0 job(s) match" in deleted.stdout
+    deleted = run(db_url, "delete", "--error-kind", "order <n> lost", "-y")
+    assert deleted.exit_code == 0 and "0 job(s) match" in deleted.stdout
     assert three_in_a.get(1).state is JobState.CANCELLED
 
 
