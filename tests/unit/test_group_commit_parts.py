@@ -47,7 +47,7 @@ class Writer:
     ) -> T:
         self.calls.append((what, transaction))
         await self.gate.wait()
-        return await driver.run_async(flow(), MemorySession(self.db))
+        return await driver.drive_async(flow(), MemorySession(self.db))
 
 
 def committer(db: MemoryDatabase, window: float = 0.001, max_jobs: int = 100) -> GroupCommitter:
@@ -93,7 +93,7 @@ async def test_a_group_whose_commit_answer_was_lost_tells_each_caller_its_own_jo
     async def commit_then_lose_the_answer(
         flow: Callable[[], Flow[T]], what: str, *, transaction: bool = False, call: Any = None
     ) -> T:
-        await driver.run_async(flow(), MemorySession(db))
+        await driver.drive_async(flow(), MemorySession(db))
         raise EnqueueOutcomeUnknown(what, call.ids, "no answer came back")
 
     group._write = commit_then_lose_the_answer
@@ -172,10 +172,10 @@ async def test_jobs_written_alone_after_a_committed_attempt_of_the_group_find_th
 
     async def committed_then_refused(flow: Callable[[], Flow[Any]], *args: Any, **kw: Any) -> Any:
         if not kw.get("transaction"):  # a job alone
-            return await driver.run_async(flow(), MemorySession(db))
-        await driver.run_async(flow(), MemorySession(db))
+            return await driver.drive_async(flow(), MemorySession(db))
+        await driver.drive_async(flow(), MemorySession(db))
         db.fail("job_enqueue_many", psycopg.errors.DataError("refused"))
-        return await driver.run_async(flow(), MemorySession(db))
+        return await driver.drive_async(flow(), MemorySession(db))
 
     group._write = committed_then_refused
     jobs = await enqueue_all(group, [spec(n) for n in range(3)])

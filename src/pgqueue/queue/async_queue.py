@@ -85,17 +85,17 @@ class AsyncQueue(Common):
         await self.close()
 
     async def run(self, flow: Flow[T], connection: Any = None, *, transaction: bool = False) -> T:
-        """Run a transition on the caller's connection (bounded by the
-        caller's own timeouts), or on a pooled one (each statement by
-        ``call_timeout_seconds``: retrying.Retrying.once)."""
+        """Drive a flow (a transition, a read) on the caller's connection
+        (bounded by the caller's own timeouts), or on a pooled one (each
+        statement by ``call_timeout_seconds``: retrying.Retrying.once)."""
         with errors_translated():
             if connection is not None:
                 connection = await async_caller_connection(connection)
             if connection is not None and is_asyncpg_connection(connection):
-                return await driver.run_async(flow, driver.AsyncpgSession(connection))
+                return await driver.drive_async(flow, driver.AsyncpgSession(connection))
             if connection is not None:
                 async with driver.async_tuple_cursor(connection) as cur:
-                    return await driver.run_async(flow, driver.AsyncCursorSession(cur))
+                    return await driver.drive_async(flow, driver.AsyncCursorSession(cur))
             await self.open()
             assert self._pool is not None
             return await self._retrying.once_async(self._pool, flow, call_name(flow), transaction)
@@ -113,7 +113,7 @@ class AsyncQueue(Common):
         assert self._pool is not None
         call = call or (flow.call if isinstance(flow, PerAttempt) else None)
         with errors_translated():
-            return await self._retrying.run_async(
+            return await self._retrying.drive_async(
                 self._pool, self.url, flow, what, transaction, call
             )
 
