@@ -54,9 +54,10 @@ class AsyncQueue(Common):
     ) -> None:
         super().__init__(url, settings)
         self.url = url or ""
-        self._group = GroupCommitter(self._retried, self.settings) if group_commit else None
+        self._group_commit = group_commit
         self._pool: AsyncPool | None = None
         self._waiters: AsyncWaiters | None = None
+        self._group: GroupCommitter | None = None  # the pool's, with group_commit
         self._opening = asyncio.Lock()
 
     async def open(self) -> Self:
@@ -66,6 +67,10 @@ class AsyncQueue(Common):
                     self.url = await asyncio.to_thread(resolve_url, self.settings)
                 self._pool = await open_async_pool(self.url, self.settings)
                 self._waiters = AsyncWaiters(listen_url(self.settings, self.url))
+                if self._group_commit:
+                    self._group = GroupCommitter(
+                        self._retrying, self._pool, self.url, self.settings
+                    )
         return self
 
     async def close(self) -> None:
@@ -76,7 +81,7 @@ class AsyncQueue(Common):
             self._waiters = None
         if self._pool is not None:
             await self._pool.close()
-            self._pool = None
+            self._pool, self._group = None, None
 
     async def __aenter__(self) -> Self:
         return await self.open()
@@ -125,7 +130,9 @@ class AsyncQueue(Common):
         if connection is not None or spec.depends_on:
             flow = self._enqueue_flows.enqueue(spec)
             return await self.run(flow, connection, transaction=bool(spec.depends_on))
-        if self._group is not None:
+        if self._group_commit:  # with other callers' single enqueues, in one commit
+            await self.open()
+            assert self._group is not None
             return await self._enqueue_flows.grouped(self._group.enqueue, spec)
         return await self._retried(per_attempt(self._enqueue_flows.enqueue, spec), "enqueue")
 
