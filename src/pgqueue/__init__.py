@@ -8,7 +8,7 @@ Layout (one guess finds each part; docs/architecture.md has the whole plan):
                         enqueue.py, job_spec.py (the one shape of a new job), jobs.py
                         (Job, JobState), rules.py and json_text.py, schedules.py,
                         workflows.py, bulk.py, queue_controls.py, settings.py, errors.py
-    db/                 the only code that talks to PostgreSQL: driver.py runs the
+    db/                 the only code that talks to PostgreSQL: driver.py drives the
                         flows; connections, retries, deadlines, group commit,
                         wait()'s listener, the worker's connection, migrate, the
                         embedded server

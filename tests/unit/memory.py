@@ -455,15 +455,15 @@ class MemorySession:
 
 
 class MemoryConnection:
-    """A worker connection (``FlowRunner``) over the in-memory database."""
+    """A worker connection (``FlowDriver``) over the in-memory database."""
 
     def __init__(self, db: MemoryDatabase) -> None:
         self.db = db
         self.opened = False
         self.closed = False
 
-    async def run(self, flow: Flow[T]) -> T:
-        return await driver.run_async(flow, MemorySession(self.db))
+    async def drive(self, flow: Flow[T]) -> T:
+        return await driver.drive_async(flow, MemorySession(self.db))
 
     async def open(self) -> None:
         self.opened = True

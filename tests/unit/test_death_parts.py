@@ -67,7 +67,7 @@ async def test_a_dead_worker_found_by_the_death_check_is_reaped_at_once() -> Non
     db = MemoryDatabase()
     await _register(db, "gone", SETTINGS)
     db.add()
-    [job] = driver.run(t.claim(SETTINGS, limit=1, worker="gone"), db)
+    [job] = driver.drive(t.claim(SETTINGS, limit=1, worker="gone"), db)
     maintenance = Maintenance(MemoryConnection(db), SETTINGS, EVENTS, "unit")
     async with looping(maintenance):
         await until(lambda: len(db.sent("worker_reap_dead")) >= 3)

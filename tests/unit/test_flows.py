@@ -50,7 +50,7 @@ def test_enqueue_returns_the_existing_job_when_its_key_is_taken() -> None:
             Statement("job_get", {"id": existing}, jobs=True)
         ),
     )
-    job = driver.run(enqueue.enqueue(JobSpec.build("t", idempotency_key="k")), session)
+    job = driver.drive(enqueue.enqueue(JobSpec.build("t", idempotency_key="k")), session)
     assert (job.id, job.duplicate) == (existing, True)
     assert [s.name for s in session.sent] == ["job_enqueue", "job_get_by_idempotency_key"]
 
@@ -58,7 +58,7 @@ def test_enqueue_returns_the_existing_job_when_its_key_is_taken() -> None:
 def test_enqueue_gives_up_when_a_key_keeps_changing_hands() -> None:
     session = Scripted(job_enqueue=lambda p: [], job_get_by_idempotency_key=lambda p: [])
     with pytest.raises(RuntimeError, match="kept changing hands"):
-        driver.run(enqueue.enqueue(JobSpec.build("t", idempotency_key="k")), session)
+        driver.drive(enqueue.enqueue(JobSpec.build("t", idempotency_key="k")), session)
     assert len(session.sent) == 6
 
 
@@ -71,7 +71,7 @@ def test_claim_walks_each_queues_index_with_a_share_of_the_slots(
 ) -> None:
     db = MemoryDatabase()
     db.add(queue="a"), db.add(queue="b")  # (no queue named: the queues that have jobs)
-    driver.run(t.claim(SETTINGS, limit=5, worker="w", queues=queues, turn=0), db)
+    driver.drive(t.claim(SETTINGS, limit=5, worker="w", queues=queues, turn=0), db)
     sent = db.sent("job_claim")[0]
     assert (sent.params["queues"], sent.params["shares"], sent.jobs) == (sent_queues, shares, True)
 
@@ -106,7 +106,7 @@ def test_a_sparse_queue_is_asked_for_one_job_first_and_the_others_for_all() -> N
         flow = t.claim(
             SETTINGS, limit=10, worker="w", queues=["flood", "trickle"], turn=0, sparse={"trickle"}
         )
-        jobs = driver.run(flow, db)
+        jobs = driver.drive(flow, db)
         assert Counter(job.queue for job in jobs) == expected
         assert len(db.sent("job_claim")) == before + 1
 
@@ -116,7 +116,7 @@ def test_claim_gives_what_a_short_queue_left_to_the_queues_that_filled_theirs() 
     for queue, count in (("a", 10), ("b", 1), ("c", 10)):
         for _ in range(count):
             db.add(queue=queue)
-    jobs = driver.run(t.claim(SETTINGS, limit=9, worker="w", queues=["a", "b", "c"], turn=0), db)
+    jobs = driver.drive(t.claim(SETTINGS, limit=9, worker="w", queues=["a", "b", "c"], turn=0), db)
     assert sorted(job.queue for job in jobs) == ["a"] * 4 + ["b"] + ["c"] * 4
     sent = db.sent("job_claim")
     shares = [dict(zip(s.params["queues"], s.params["shares"], strict=True)) for s in sent]
@@ -125,7 +125,7 @@ def test_claim_gives_what_a_short_queue_left_to_the_queues_that_filled_theirs() 
 
 def test_claim_of_no_queue_sends_nothing() -> None:
     db = MemoryDatabase()
-    assert driver.run(t.claim(SETTINGS, limit=9, worker="w", queues=[]), db) == []
+    assert driver.drive(t.claim(SETTINGS, limit=9, worker="w", queues=[]), db) == []
     assert db.statements == []
 
 
@@ -134,11 +134,11 @@ def test_a_claim_of_every_queue_lists_them_again_only_when_old_or_short() -> Non
     for _ in range(5):
         db.add(queue="a")
     every = EveryQueue(max_age=3600)
-    assert len(driver.run(every.claim(SETTINGS, limit=2, worker="w"), db)) == 2
-    assert len(driver.run(every.claim(SETTINGS, limit=2, worker="w"), db)) == 2
+    assert len(driver.drive(every.claim(SETTINGS, limit=2, worker="w"), db)) == 2
+    assert len(driver.drive(every.claim(SETTINGS, limit=2, worker="w"), db)) == 2
     assert len(db.sent("queue_names_queued")) == 1  # one list for both claims
     db.add(queue="b")  # a queue the list does not have
-    jobs = driver.run(every.claim(SETTINGS, limit=5, worker="w"), db)
+    jobs = driver.drive(every.claim(SETTINGS, limit=5, worker="w"), db)
     # a came back short: the queues are listed again, and b is asked at once.
     assert sorted(job.queue for job in jobs) == ["a", "b"]
     assert len(db.sent("queue_names_queued")) == 2
@@ -148,7 +148,7 @@ def test_claim_takes_the_highest_priority_first_and_only_its_queues() -> None:
     db = MemoryDatabase()
     low, high = db.add(priority=0), db.add(priority=9)
     db.add(queue="other", priority=99)
-    jobs = driver.run(t.claim(SETTINGS, limit=10, worker="w", queues=["default"]), db)
+    jobs = driver.drive(t.claim(SETTINGS, limit=10, worker="w", queues=["default"]), db)
     assert [j.id for j in jobs] == [high, low]
     assert all(j.state is JobState.RUNNING and j.lease_token for j in jobs)
 
@@ -156,17 +156,17 @@ def test_claim_takes_the_highest_priority_first_and_only_its_queues() -> None:
 def test_finish_is_fenced_by_the_token_of_the_attempt() -> None:
     db = MemoryDatabase()
     job_id = db.add()
-    [job] = driver.run(t.claim(SETTINGS, limit=1, worker="w"), db)
+    [job] = driver.drive(t.claim(SETTINGS, limit=1, worker="w"), db)
     stale = Outcome(job_id, job.lease_token - 1, True, result_json="1")  # type: ignore[operator]
-    assert driver.run(t.finish(SETTINGS, [stale]), db) == {}
+    assert driver.drive(t.finish(SETTINGS, [stale]), db) == {}
     current = Outcome.success(job, 1)
-    assert driver.run(t.finish(SETTINGS, [current]), db) == {job_id: JobState.SUCCEEDED}
+    assert driver.drive(t.finish(SETTINGS, [current]), db) == {job_id: JobState.SUCCEEDED}
 
 
 def test_an_unstorable_result_becomes_a_failed_attempt_before_any_statement() -> None:
     db = MemoryDatabase()
     db.add()
-    [job] = driver.run(t.claim(SETTINGS, limit=1, worker="w"), db)
+    [job] = driver.drive(t.claim(SETTINGS, limit=1, worker="w"), db)
     outcome = Outcome.success(job, float("nan"))
     assert not outcome.succeeded and "cannot store" in (outcome.error or "")
 
@@ -180,32 +180,32 @@ def test_cancel_and_retry_say_why_they_do_not_apply() -> None:
         job_get=lambda p: db.execute(Statement("job_get", p, jobs=True)),
     )
     with pytest.raises(JobAlreadyFinished, match="it is succeeded"):
-        driver.run(t.cancel(done), session)
+        driver.drive(t.cancel(done), session)
     with pytest.raises(JobNotRetryable, match="it is succeeded"):
-        driver.run(t.retry(done), session)
+        driver.drive(t.retry(done), session)
 
 
 def test_schema_pending_lists_every_migration_of_a_never_migrated_database() -> None:
     assert (
-        driver.run(reads.schema_pending(), MemoryDatabase(migrated=False)) == migration_versions()
+        driver.drive(reads.schema_pending(), MemoryDatabase(migrated=False)) == migration_versions()
     )
-    assert driver.run(reads.schema_pending(), MemoryDatabase()) == []
+    assert driver.drive(reads.schema_pending(), MemoryDatabase()) == []
 
 
 def test_list_jobs_refuses_a_bad_state_before_sending_anything() -> None:
     session = Scripted()
     with pytest.raises(ValueError, match="state"):
-        driver.run(reads.list_jobs(state="nope"), session)
+        driver.drive(reads.list_jobs(state="nope"), session)
     assert session.sent == []
 
 
 async def test_the_async_driver_runs_the_same_flows() -> None:
     db = MemoryDatabase()
     db.add()
-    jobs = await driver.run_async(t.claim(SETTINGS, limit=3, worker="w"), MemorySession(db))
+    jobs = await driver.drive_async(t.claim(SETTINGS, limit=3, worker="w"), MemorySession(db))
     assert len(jobs) == 1
     held = [(jobs[0].id, jobs[0].lease_token)]
-    still = await driver.run_async(t.heartbeat(held, 30), MemorySession(db))  # type: ignore[arg-type]
+    still = await driver.drive_async(t.heartbeat(held, 30), MemorySession(db))  # type: ignore[arg-type]
     assert still == {jobs[0].id}
 
 
@@ -219,10 +219,10 @@ def test_a_key_without_a_period_costs_no_extra_statement() -> None:
     session = Scripted(
         job_enqueue=lambda p: db.execute(Statement("job_get", {"id": db.add()}, jobs=True))
     )
-    driver.run(
+    driver.drive(
         enqueue.enqueue(JobSpec.build("t", idempotency_key="k", unique_scope="active")), session
     )
-    driver.run(enqueue.enqueue(JobSpec.build("t")), session)
+    driver.drive(enqueue.enqueue(JobSpec.build("t")), session)
     assert [s.name for s in session.sent] == ["job_enqueue", "job_enqueue"]
     assert session.sent[0].params["unique_scope"] == "active"
     assert session.sent[1].params["unique_scope"] is None
@@ -235,7 +235,7 @@ def test_a_period_puts_the_start_of_the_database_clocks_period_in_the_key() -> N
         job_enqueue=lambda p: db.execute(Statement("job_get", {"id": db.add()}, jobs=True)),
     )
     spec = JobSpec.build("t", idempotency_key="digest", unique_period_seconds=3600)
-    driver.run(enqueue.enqueue(spec), session)
+    driver.drive(enqueue.enqueue(spec), session)
     assert [s.name for s in session.sent] == ["db_now", "job_enqueue"]
     assert session.sent[1].params["idempotency_key"] == "digest@2030-01-01T10:00:00+00:00"
     assert session.sent[1].params["unique_scope"] == "always"
@@ -262,7 +262,7 @@ def test_a_bulk_cancel_repeats_bounded_batches_until_one_cancels_nothing() -> No
     batches = [{"matched": 1000, "affected": n} for n in (1000, 990, 37, 0)]
     session = bulk_session("job_bulk_cancel", batches)
     where = JobFilter(queue="a", enqueued_before=timedelta(hours=1))
-    assert driver.run(bulk(BulkAction.CANCEL, where), session) == 2027
+    assert driver.drive(bulk(BulkAction.CANCEL, where), session) == 2027
     sent = session.sent
     assert [s.name for s in sent] == ["db_now"] + ["job_bulk_cancel"] * 4
     assert {s.params["limit"] for s in sent[1:]} == {1000}
@@ -281,7 +281,7 @@ def test_retry_and_delete_walk_the_finished_jobs_once_in_order() -> None:
         {"matched": 7, "affected": 7, "last_at": NOW, "last_id": 99},
     ]
     session = bulk_session("job_bulk_finished", batches)
-    assert driver.run(bulk(BulkAction.RETRY, JobFilter(all=True)), session) == 1007
+    assert driver.drive(bulk(BulkAction.RETRY, JobFilter(all=True)), session) == 1007
     cursors = [(s.params["after_at"], s.params["after_id"]) for s in session.sent[1:]]
     assert cursors == [(None, None), *last]
     assert session.sent[1].params["states"] == ["dead", "cancelled"]
@@ -290,7 +290,7 @@ def test_retry_and_delete_walk_the_finished_jobs_once_in_order() -> None:
 def test_a_dry_run_is_one_count_without_a_limit() -> None:
     session = bulk_session("job_bulk_finished", [{"matched": 134_000, "affected": 0}])
     where = JobFilter(state="dead")
-    assert driver.run(bulk(BulkAction.DELETE, where, dry_run=True), session) == 134_000
+    assert driver.drive(bulk(BulkAction.DELETE, where, dry_run=True), session) == 134_000
     [_, count] = session.sent
     assert (count.params["dry_run"], count.params["limit"], count.params["states"]) == (
         True,
@@ -309,5 +309,5 @@ def test_a_batch_that_met_a_taken_key_is_sent_again() -> None:
         return [answer]
 
     session = Scripted(db_now=lambda p: [{"now": NOW}], job_bulk_finished=job_bulk_finished)
-    assert driver.run(bulk(BulkAction.RETRY, JobFilter(all=True)), session) == 5
+    assert driver.drive(bulk(BulkAction.RETRY, JobFilter(all=True)), session) == 5
     assert [s.name for s in session.sent] == ["db_now"] + ["job_bulk_finished"] * 2

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import psycopg
 import pytest
@@ -20,44 +20,63 @@ from pgqueue.core.job_spec import JobSpec
 from pgqueue.core.jobs import Job
 from pgqueue.core.settings import Settings
 from pgqueue.db import driver
+from pgqueue.db.connections import AsyncPool
 from pgqueue.db.group_commit import GroupCommitter
+from pgqueue.db.retrying import Retrying
 from tests.unit.memory import MemoryDatabase, MemorySession
 
 T = TypeVar("T")
 
 
-class Writer:
-    """``AsyncQueue._retried`` over the in-memory database: each call runs
+class Writer(Retrying):
+    """A queue's ``Retrying`` over the in-memory database: each call drives
     one attempt of the flow, after ``gate`` opens; ``calls`` records
     (what, transaction) per call."""
 
     def __init__(self, db: MemoryDatabase) -> None:
+        super().__init__(Settings())
         self.db = db
         self.calls: list[tuple[str, bool]] = []
         self.gate = asyncio.Event()
         self.gate.set()
 
-    async def __call__(
+    async def drive_async(
         self,
+        pool: AsyncPool,
+        url: str,
         flow: Callable[[], Flow[T]],
         what: str,
-        *,
-        transaction: bool = False,
+        transaction: bool,
         call: CallKey | None = None,
     ) -> T:
         self.calls.append((what, transaction))
         await self.gate.wait()
-        return await driver.run_async(flow(), MemorySession(self.db))
+        return await self.attempt(flow, what, transaction, call)
+
+    async def attempt(
+        self, flow: Callable[[], Flow[T]], what: str, transaction: bool, call: CallKey | None
+    ) -> T:
+        return await driver.drive_async(flow(), MemorySession(self.db))
 
 
-def committer(db: MemoryDatabase, window: float = 0.001, max_jobs: int = 100) -> GroupCommitter:
-    group = GroupCommitter(Writer(db), Settings(group_commit_max_jobs=max_jobs))
+# The writers over the in-memory database use no pool.
+NO_POOL = cast(AsyncPool, None)
+
+
+def committer(
+    db: MemoryDatabase,
+    window: float = 0.001,
+    max_jobs: int = 100,
+    writer: type[Writer] = Writer,
+) -> GroupCommitter:
+    settings = Settings(group_commit_max_jobs=max_jobs)
+    group = GroupCommitter(writer(db), NO_POOL, "", settings)
     group.window = window  # longer than a setting may be: a window no test outlives
     return group
 
 
 def writer(group: GroupCommitter) -> Writer:
-    return group._write  # type: ignore[return-value]
+    return group._retrying  # type: ignore[return-value]
 
 
 def spec(n: int, **fields: Any) -> JobSpec:
@@ -88,15 +107,15 @@ async def test_a_group_whose_commit_answer_was_lost_tells_each_caller_its_own_jo
     retries gave up: EnqueueOutcomeUnknown with the group's ids): each
     caller hears the outcome of its own job, under the id reserved for it."""
     db = MemoryDatabase()
-    group = committer(db)
 
-    async def commit_then_lose_the_answer(
-        flow: Callable[[], Flow[T]], what: str, *, transaction: bool = False, call: Any = None
-    ) -> T:
-        await driver.run_async(flow(), MemorySession(db))
-        raise EnqueueOutcomeUnknown(what, call.ids, "no answer came back")
+    class CommitThenLoseTheAnswer(Writer):
+        async def attempt(
+            self, flow: Callable[[], Flow[T]], what: str, transaction: bool, call: Any
+        ) -> T:
+            await driver.drive_async(flow(), MemorySession(self.db))
+            raise EnqueueOutcomeUnknown(what, call.ids, "no answer came back")
 
-    group._write = commit_then_lose_the_answer
+    group = committer(db, writer=CommitThenLoseTheAnswer)
     answers = await enqueue_all(group, [spec(n) for n in range(4)])
     assert all(isinstance(a, EnqueueOutcomeUnknown) for a in answers), answers
     ids = [a.job_ids for a in answers]
@@ -168,16 +187,18 @@ async def test_jobs_written_alone_after_a_committed_attempt_of_the_group_find_th
     was refused: each job, written alone, finds the one the group wrote
     under its id with the group's key, as its own, and adds none."""
     db = MemoryDatabase()
-    group = committer(db)
 
-    async def committed_then_refused(flow: Callable[[], Flow[Any]], *args: Any, **kw: Any) -> Any:
-        if not kw.get("transaction"):  # a job alone
-            return await driver.run_async(flow(), MemorySession(db))
-        await driver.run_async(flow(), MemorySession(db))
-        db.fail("job_enqueue_many", psycopg.errors.DataError("refused"))
-        return await driver.run_async(flow(), MemorySession(db))
+    class CommittedThenRefused(Writer):
+        async def attempt(
+            self, flow: Callable[[], Flow[T]], what: str, transaction: bool, call: Any
+        ) -> T:
+            if not transaction:  # a job alone
+                return await driver.drive_async(flow(), MemorySession(db))
+            await driver.drive_async(flow(), MemorySession(db))
+            db.fail("job_enqueue_many", psycopg.errors.DataError("refused"))
+            return await driver.drive_async(flow(), MemorySession(db))
 
-    group._write = committed_then_refused
+    group = committer(db, writer=CommittedThenRefused)
     jobs = await enqueue_all(group, [spec(n) for n in range(3)])
     assert [(job.id, job.payload, job.duplicate) for job in jobs] == [
         (n + 1, {"n": n}, False) for n in range(3)
@@ -255,21 +276,3 @@ async def test_a_caller_that_gave_up_before_its_group_left_writes_nothing() -> N
     await group.close()
     job: Job = kept.result()
     assert list(db.jobs) == [job.id] and gone.cancelled()
-
-
-def test_a_committer_closed_in_one_event_loop_serves_the_next() -> None:
-    db = MemoryDatabase()
-    # One job a group, one group at a time: groups wait for the slot, which
-    # ties it to the loop they wait in.
-    settings = Settings(group_commit_max_jobs=1, group_commit_groups=1)
-    group = GroupCommitter(Writer(db), settings)
-
-    async def use(first: int) -> list[Any]:
-        jobs = await enqueue_all(group, [spec(first), spec(first + 1)])
-        await group.close()
-        return jobs
-
-    for first in (0, 2):  # a new loop each time, as asyncio.run per call makes
-        jobs = asyncio.run(use(first))
-        assert [job.payload for job in jobs] == [{"n": first}, {"n": first + 1}]
-    assert len(db.sent("job_enqueue")) == 4  # one by one

@@ -31,7 +31,7 @@ EVENTS = EventLog("unit")
 def claimed(db: MemoryDatabase, count: int) -> list[Job]:
     for _ in range(count):
         db.add()
-    return driver.run(t.claim(SETTINGS, limit=count, worker="unit"), db)
+    return driver.drive(t.claim(SETTINGS, limit=count, worker="unit"), db)
 
 
 # -- the buffer --------------------------------------------------------------------------
@@ -104,7 +104,7 @@ class SlowClaims(MemoryConnection):
         self.out = [] if out is None else out
         self.peaks: list[tuple[int, int]] = []
 
-    async def run(self, flow: Any) -> Any:
+    async def drive(self, flow: Any) -> Any:
         db, out, peaks = self.db, self.out, self.peaks
 
         class Session:
@@ -116,7 +116,7 @@ class SlowClaims(MemoryConnection):
                     out.remove(statement.params["limit"])
                 return db.execute(statement)
 
-        return await driver.run_async(flow, Session())
+        return await driver.drive_async(flow, Session())
 
 
 async def test_a_busy_producer_claims_ahead_up_to_prefetch() -> None:
@@ -208,11 +208,11 @@ class Gated(MemoryConnection):
         self.gate = asyncio.Event()
         self.in_flight = 0
 
-    async def run(self, flow: Any) -> Any:
+    async def drive(self, flow: Any) -> Any:
         self.in_flight += 1
         await self.gate.wait()
         self.in_flight -= 1
-        return await super().run(flow)
+        return await super().drive(flow)
 
 
 async def test_a_batch_goes_out_on_the_second_connection_while_the_first_commits() -> None:

@@ -28,7 +28,7 @@ EVENTS = EventLog("unit")
 
 def claimed(db: MemoryDatabase, task: str, **fields: Any) -> Job:
     db.add(task, **fields)
-    [job] = driver.run(t.claim(SETTINGS, limit=1, worker="unit"), db)
+    [job] = driver.drive(t.claim(SETTINGS, limit=1, worker="unit"), db)
     return job
 
 
@@ -109,7 +109,7 @@ async def test_the_snooze_written_keeps_the_attempt_and_records_the_error() -> N
     db = MemoryDatabase()
     job = claimed(db, "outage")
     outcome = await executor().execute(job)
-    assert driver.run(t.finish(SETTINGS, [outcome]), db) == {job.id: "queued"}
+    assert driver.drive(t.finish(SETTINGS, [outcome]), db) == {job.id: "queued"}
     row = db.jobs[job.id]
     assert (row["attempts"], row["snoozes"]) == (0, 1)
     assert row["last_error"] == outcome.error

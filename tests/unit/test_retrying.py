@@ -46,7 +46,7 @@ def test_a_first_attempt_reserves_the_jobs_id_and_inserts_with_it() -> None:
         job_enqueue=lambda p: db.execute(Statement("job_get", {"id": db.add()}, jobs=True)),
     )
     call = CallKey()
-    driver.run(enqueue.enqueue(JobSpec.build("t"), call), session)
+    driver.drive(enqueue.enqueue(JobSpec.build("t"), call), session)
     assert [s.name for s in session.sent] == ["job_reserve_ids", "job_enqueue"]
     assert session.sent[1].params["id"] == 41 and call.ids == [41]
 
@@ -58,7 +58,7 @@ def test_a_retry_that_meets_its_own_id_returns_the_job_an_earlier_attempt_commit
     call.ids = [earlier]
     call.begin()  # the attempt whose reply was lost
     session = Scripted(job_enqueue=taken, job_get=lambda p: db.execute(Statement("job_get", p)))
-    job = driver.run(enqueue.enqueue(JobSpec.build("t", {"n": 1}), call), session)
+    job = driver.drive(enqueue.enqueue(JobSpec.build("t", {"n": 1}), call), session)
     assert (job.id, job.payload, job.duplicate) == (earlier, {"n": 1}, False)
     assert [s.name for s in session.sent] == ["job_enqueue", "job_get"]  # no new reservation
     assert session.sent[0].params["call_key"] == call.key
@@ -73,7 +73,7 @@ def test_a_retry_does_not_take_a_job_without_its_key_under_its_id(other_key: Any
     other = db.add(call_key=other_key)
     call = CallKey(ids=[other])
     call.begin()
-    job = driver.run(enqueue.enqueue(JobSpec.build("t"), call), db)
+    job = driver.drive(enqueue.enqueue(JobSpec.build("t"), call), db)
     assert job.id != other and call.ids == [job.id]
     assert [s.name for s in db.statements] == [
         "job_enqueue",
@@ -96,7 +96,7 @@ def test_a_retry_of_a_keyed_job_prefers_its_own_job_to_a_duplicate() -> None:
     call = CallKey(ids=[earlier])
     call.begin()
     db.jobs[earlier]["call_key"] = call.key
-    job = driver.run(enqueue.enqueue(JobSpec.build("t", idempotency_key="k"), call), session)
+    job = driver.drive(enqueue.enqueue(JobSpec.build("t", idempotency_key="k"), call), session)
     assert (job.id, job.duplicate) == (earlier, False)
     assert [s.name for s in session.sent] == ["job_enqueue", "job_get"]
 
@@ -106,7 +106,7 @@ def test_a_transactional_enqueue_reserves_no_id() -> None:
     session = Scripted(
         job_enqueue=lambda p: db.execute(Statement("job_get", {"id": db.add()}, jobs=True))
     )
-    driver.run(enqueue.enqueue(JobSpec.build("t")), session)
+    driver.drive(enqueue.enqueue(JobSpec.build("t")), session)
     assert [s.name for s in session.sent] == ["job_enqueue"]
     assert session.sent[0].params["id"] is session.sent[0].params["call_key"] is None
 
@@ -122,7 +122,7 @@ def test_a_bulk_retry_inserts_with_the_ids_the_first_attempt_reserved() -> None:
         job_copy=lambda p: [],
         job_copied=lambda p: [],
     )
-    assert driver.run(enqueue.enqueue_many(specs, call=call), first) == [
+    assert driver.drive(enqueue.enqueue_many(specs, call=call), first) == [
         Enqueued(7, True),
         Enqueued(8, True),
         Enqueued(9, True),
@@ -133,7 +133,7 @@ def test_a_bulk_retry_inserts_with_the_ids_the_first_attempt_reserved() -> None:
             {"id": i, "reserved": True, "holds_key": None, "call_key": call.key} for i in p["ids"]
         ],
     )
-    results = driver.run(enqueue.enqueue_many(specs, call=call), retry)
+    results = driver.drive(enqueue.enqueue_many(specs, call=call), retry)
     assert results == [Enqueued(7, True), Enqueued(8, True), Enqueued(9, True)]
     assert [s.name for s in retry.sent] == ["job_enqueue_many", "job_enqueue_found"]
     assert first.sent[1].copy_rows is not None
@@ -152,7 +152,7 @@ def test_a_bulk_enqueue_gives_a_held_key_its_holders_id() -> None:
             {"id": 50, "reserved": False, "holds_key": "k", "call_key": None}
         ],
     )
-    results = driver.run(enqueue.enqueue_many(specs), session)
+    results = driver.drive(enqueue.enqueue_many(specs), session)
     assert results == [Enqueued(50, False), Enqueued(2, True)]
     assert session.sent[2].params == {"ids": [1], "idempotency_keys": ["k"]}
 
@@ -162,13 +162,13 @@ def test_a_bulk_attempt_whose_reservation_was_lost_reserves_again_and_copies() -
     call = CallKey()
     lost = Scripted(job_reserve_ids=lambda p: (_ for _ in ()).throw(psycopg.OperationalError()))
     with pytest.raises(psycopg.OperationalError):
-        driver.run(enqueue.enqueue_many(specs, call=call), lost)
+        driver.drive(enqueue.enqueue_many(specs, call=call), lost)
     again = Scripted(
         job_reserve_ids=lambda p: [{"ids": [4]}],
         job_copy=lambda p: [],
         job_copied=lambda p: [],
     )
-    assert driver.run(enqueue.enqueue_many(specs, call=call), again) == [Enqueued(4, True)]
+    assert driver.drive(enqueue.enqueue_many(specs, call=call), again) == [Enqueued(4, True)]
     assert [s.name for s in again.sent] == ["job_reserve_ids", "job_copy", "job_copied"]
 
 

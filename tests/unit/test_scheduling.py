@@ -331,8 +331,8 @@ async def test_without_schedules_one_read_per_poll_interval() -> None:
 
 def test_the_fire_flow_moves_a_schedule_once() -> None:
     db = MemoryDatabase()
-    driver.run(s.sync([Schedule.create("a", every=60, catch_up="all")], {"a"}), db)
+    driver.drive(s.sync([Schedule.create("a", every=60, catch_up="all")], {"a"}), db)
     db.advance(3600)
-    first = driver.run(s.fire_due(5), db)
-    again = driver.run(s.fire_due(5), db)
+    first = driver.drive(s.fire_due(5), db)
+    again = driver.drive(s.fire_due(5), db)
     assert [len(f.jobs) for f in first] == [60] and again == []

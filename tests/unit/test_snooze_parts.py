@@ -34,7 +34,7 @@ EVENTS = EventLog("unit")
 
 def claimed(db: MemoryDatabase, task: str = "t", **fields: Any) -> Job:
     db.add(task, **fields)
-    [job] = driver.run(t.claim(SETTINGS, limit=1, worker="unit"), db)
+    [job] = driver.drive(t.claim(SETTINGS, limit=1, worker="unit"), db)
     return job
 
 
@@ -129,7 +129,7 @@ def test_outcomes_without_snoozes_or_cancels_are_one_job_finish_as_given() -> No
 def test_a_mixed_batch_is_one_statement_per_kind_in_one_flow() -> None:
     db = MemoryDatabase()
     ok, snooze, cancel, fail = (claimed(db) for _ in range(4))
-    states = driver.run(
+    states = driver.drive(
         t.finish(
             SETTINGS,
             [
@@ -208,7 +208,7 @@ async def test_a_job_claimed_again_before_its_snooze_reply_is_read_stays_held() 
 
     def snooze_then_claim(**params: Any) -> list[dict[str, Any]]:
         rows = snooze(**params)
-        again.extend(driver.run(t.claim(SETTINGS, limit=1, worker="unit"), db))
+        again.extend(driver.drive(t.claim(SETTINGS, limit=1, worker="unit"), db))
         held.hold(again[0])  # the producer wins the race
         return rows
 

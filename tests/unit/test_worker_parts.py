@@ -43,7 +43,7 @@ CALLER = contextvars.ContextVar("caller", default="unset")
 def claimed(db: MemoryDatabase, count: int = 1, **fields: Any) -> list[Job]:
     for _ in range(count):
         db.add(**fields)
-    return driver.run(t.claim(SETTINGS, limit=count, worker="unit"), db)
+    return driver.drive(t.claim(SETTINGS, limit=count, worker="unit"), db)
 
 
 # -- the registry ----------------------------------------------------------------------
@@ -208,7 +208,7 @@ class Meanwhile(MemoryConnection):
         super().__init__(db)
         self.meanwhile = meanwhile
 
-    async def run(self, flow: Any) -> Any:
+    async def drive(self, flow: Any) -> Any:
         outer = self
 
         class Session:
@@ -218,7 +218,7 @@ class Meanwhile(MemoryConnection):
                     outer.meanwhile = None
                 return outer.db.execute(statement)
 
-        return await driver.run_async(flow, Session())
+        return await driver.drive_async(flow, Session())
 
 
 async def test_a_heartbeat_that_finds_an_attempt_gone_leaves_the_jobs_newer_attempt_alone() -> None:
@@ -374,7 +374,7 @@ async def test_a_producer_of_every_queue_claims_from_those_it_finds_or_hears_of(
 class SlowListing(MemoryConnection):
     """Lists the queues as they were when asked, and answers 50 ms later."""
 
-    async def run(self, flow: Any) -> Any:
+    async def drive(self, flow: Any) -> Any:
         db = self.db
 
         class Session:
@@ -384,7 +384,7 @@ class SlowListing(MemoryConnection):
                     await asyncio.sleep(0.05)
                 return rows
 
-        return await driver.run_async(flow, Session())
+        return await driver.drive_async(flow, Session())
 
 
 async def test_a_queue_heard_of_while_the_queues_are_listed_is_not_forgotten() -> None:
@@ -419,7 +419,7 @@ class Recorded(MemoryConnection):
         super().__init__(db)
         self.names: list[str] = []
 
-    async def run(self, flow: Any) -> Any:
+    async def drive(self, flow: Any) -> Any:
         db, names = self.db, self.names
 
         class Session:
@@ -427,7 +427,7 @@ class Recorded(MemoryConnection):
                 names.append(statement.name)
                 return db.execute(statement)
 
-        return await driver.run_async(flow, Session())
+        return await driver.drive_async(flow, Session())
 
 
 async def test_the_claimers_connections_carry_claims_and_nothing_else() -> None:
@@ -468,7 +468,7 @@ class Gated(MemoryConnection):
         self.in_flight = 0
         self.limits: list[int] = []
 
-    async def run(self, flow: Any) -> Any:
+    async def drive(self, flow: Any) -> Any:
         gated = self
 
         class Session:
@@ -479,7 +479,7 @@ class Gated(MemoryConnection):
                 gated.in_flight -= 1
                 return gated.db.execute(statement)
 
-        return await driver.run_async(flow, Session())
+        return await driver.drive_async(flow, Session())
 
 
 async def test_a_hint_during_a_claim_starts_the_next_claim_on_the_other_connection() -> None:
@@ -690,9 +690,9 @@ async def test_the_worker_opens_every_connection_before_its_parts_start() -> Non
     opened_before_use: dict[int, bool] = {}
 
     class Watched(MemoryConnection):
-        async def run(self, flow: Any) -> Any:
+        async def drive(self, flow: Any) -> Any:
             opened_before_use.setdefault(id(self), self.opened)
-            return await super().run(flow)
+            return await super().drive(flow)
 
     def connect(url: str) -> MemoryConnection:
         made.append(Watched(db))

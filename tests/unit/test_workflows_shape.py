@@ -100,7 +100,7 @@ def test_a_claimed_job_gets_its_parents_results_in_order_from_the_claim() -> Non
     db.jobs[failed]["state"] = "dead"
     plain = db.add()
     child = db.add(depends_on=[done, failed, 99])
-    jobs = driver.run(claim(Settings(), limit=10, worker="w"), db)
+    jobs = driver.drive(claim(Settings(), limit=10, worker="w"), db)
     assert {job.id: job.parents for job in jobs} == {plain: (), child: (7, None, None)}
 
 

@@ -75,8 +75,8 @@ def _queue(request: Request) -> AsyncQueue:
     return queue
 
 
-async def _run(request: Request, flow: Flow[T]) -> T:
-    """Run a flow; an unknown name is a 404, and a timing this server cannot
+async def _drive(request: Request, flow: Flow[T]) -> T:
+    """Drive a flow; an unknown name is a 404, and a timing this server cannot
     plan (a zone its tz database lacks) a 409."""
     try:
         return await _queue(request).run(flow)
@@ -93,7 +93,7 @@ async def _run(request: Request, flow: Flow[T]) -> T:
     summary="Every schedule: next run, last run, last job, enabled",
 )
 async def list_schedules(request: Request) -> ScheduleList:
-    records = await _run(request, schedules.list_schedules())
+    records = await _drive(request, schedules.list_schedules())
     return ScheduleList(schedules=[ScheduleOut.of(r) for r in records])
 
 
@@ -110,7 +110,7 @@ def _switch_route(enabled: bool, summary: str, description: str) -> None:
         name=f"{verb}_schedule",
     )
     async def switch(request: Request, name: ScheduleName) -> ScheduleOut:
-        return ScheduleOut.of(await _run(request, schedules.set_enabled(name, enabled)))
+        return ScheduleOut.of(await _drive(request, schedules.set_enabled(name, enabled)))
 
 
 _switch_route(
@@ -135,5 +135,5 @@ _switch_route(
     "created again when that worker starts. Its jobs stay.",
 )
 async def delete_schedule(request: Request, name: ScheduleName) -> Response:
-    await _run(request, schedules.delete(name))
+    await _drive(request, schedules.delete(name))
     return Response(status_code=204)

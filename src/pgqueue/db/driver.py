@@ -1,7 +1,7 @@
 """The driver: the one place where a flow's statements meet a database.
 
 A flow (``transitions.py``) yields ``Statement(name, params)`` and is sent
-back the rows. ``run`` and ``run_async`` are the only loops that drive flows;
+back the rows. ``drive`` and ``drive_async`` are the only loops that drive flows;
 a *session* says how one statement runs on one kind of connection:
 
     CursorSession        a psycopg Cursor: Queue, and a caller's sync connection
@@ -55,10 +55,10 @@ __all__ = [
     "CursorSession",
     "Session",
     "async_tuple_cursor",
+    "drive",
+    "drive_async",
     "is_asyncpg_connection",
     "register_adapters",
-    "run",
-    "run_async",
     "tuple_cursor",
 ]
 
@@ -120,9 +120,9 @@ class AsyncSession(Protocol):
 KEY_INDEXES = ("pgqueue_jobs_key", "pgqueue_jobs_pkey")
 
 
-def run(flow: Flow[T], session: Session) -> T:
-    """Run each statement the flow yields, sending back its rows; return the
-    flow's result."""
+def drive(flow: Flow[T], session: Session) -> T:
+    """Drive ``flow``: execute each statement it yields on ``session`` and
+    send back the rows; return the flow's result."""
     try:
         statement = next(flow)
         while True:
@@ -136,8 +136,8 @@ def run(flow: Flow[T], session: Session) -> T:
         return done.value  # type: ignore[no-any-return]
 
 
-async def run_async(flow: Flow[T], session: AsyncSession) -> T:
-    """``run`` for an asyncio session."""
+async def drive_async(flow: Flow[T], session: AsyncSession) -> T:
+    """``drive`` for an asyncio session."""
     try:
         statement = next(flow)
         while True:
@@ -225,21 +225,21 @@ class AsyncCursorSession:
         return [] if names is None else _shaped(statement, names, await cur.fetchall())
 
 
-def run_on(
+def drive_on(
     connection: psycopg.Connection[Any],
     flow: Flow[T],
     *,
     transaction: bool,
     committing: Callable[[], None] | None = None,
 ) -> T:
-    """Run a flow on a pooled (or the queue's own) connection; with
+    """Drive a flow on a pooled (or the queue's own) connection; with
     ``transaction``, in one transaction, calling ``committing`` as its
     COMMIT goes out (an error after that leaves the outcome to judge). A
-    session found read-only is closed (see run_on_async)."""
+    session found read-only is closed (see drive_on_async)."""
     tx = connection.transaction() if transaction else contextlib.nullcontext()
     try:
         with tx, tuple_cursor(connection) as cur:
-            result = run(flow, CursorSession(cur))
+            result = drive(flow, CursorSession(cur))
             if committing is not None:
                 committing()
             return result
@@ -248,18 +248,18 @@ def run_on(
         raise
 
 
-async def run_on_async(
+async def drive_on_async(
     connection: psycopg.AsyncConnection[Any],
     flow: Flow[T],
     *,
     transaction: bool,
     committing: Callable[[], None] | None = None,
 ) -> T:
-    """``run_on`` for an async connection."""
+    """``drive_on`` for an async connection."""
     tx = connection.transaction() if transaction else contextlib.nullcontext()
     try:
         async with tx, async_tuple_cursor(connection) as cur:
-            result = await run_async(flow, AsyncCursorSession(cur))
+            result = await drive_async(flow, AsyncCursorSession(cur))
             if committing is not None:
                 committing()
             return result

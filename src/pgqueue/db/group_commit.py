@@ -2,16 +2,17 @@
 statement and one commit.
 
 ``POST /jobs`` (and an ``AsyncQueue(group_commit=True)``) hands each job to
-a ``GroupCommitter`` instead of writing it alone. The jobs that arrive
-within ``group_commit_window_seconds`` of the oldest one waiting (or as
-soon as ``group_commit_max_jobs`` wait) go out together: enqueue_many's
-insert and one read of the rows (``enqueue.enqueue_group``) in one
-transaction, retried across lost connections under one call key, as every
-producer's call is (retrying.py). ``group_commit_groups`` groups are written
-at once (2; half the pool at most); while they are, the next group gathers,
-so groups grow with the commit latency. One at a time makes larger groups,
-but a group whose insert waits for a key that another transaction holds
-(ON CONFLICT waits for it to end) then holds up every other job.
+the ``GroupCommitter`` of its queue's pool instead of writing it alone. The
+jobs that arrive within ``group_commit_window_seconds`` of the oldest one
+waiting (or as soon as ``group_commit_max_jobs`` wait) go out together:
+enqueue_many's insert and one read of the rows (``enqueue.enqueue_group``)
+in one transaction, driven by the queue's ``Retrying`` (retrying.py):
+retried across lost connections under one call key, as every producer's
+call is. ``group_commit_groups`` groups are written at once (2; half the
+pool at most); while they are, the next group gathers, so groups grow with
+the commit latency. One at a time makes larger groups, but a group whose
+insert waits for a key that another transaction holds (ON CONFLICT waits
+for it to end) then holds up every other job.
 
 Each caller is answered only after its group committed, with what
 ``enqueue`` alone would have answered: its job, or the job holding its key
@@ -35,9 +36,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 import psycopg
 
@@ -47,27 +48,14 @@ from ..core.flows import Flow
 from ..core.job_spec import JobSpec
 from ..core.jobs import Job
 from ..core.settings import Settings
-from .retrying import backoff_delay
+from .connections import AsyncPool, errors_translated
+from .retrying import Retrying, backoff_delay
 
 __all__ = ["GroupCommitter", "GroupLost"]
 
 T = TypeVar("T")
 
 log = logging.getLogger("pgqueue.queue")
-
-
-class Retried(Protocol):
-    """What writes a group: ``AsyncQueue._retried`` (a new flow per attempt,
-    retried across lost connections within the call's deadline)."""
-
-    def __call__(
-        self,
-        flow: Callable[[], Flow[T]],
-        what: str,
-        *,
-        transaction: bool = False,
-        call: CallKey | None = None,
-    ) -> Awaitable[T]: ...
 
 
 class GroupLost(PgQueueError, RuntimeError):
@@ -113,11 +101,14 @@ class _Group:
 
 
 class GroupCommitter:
-    """Gathers single enqueues into groups and writes each group with
-    ``write`` (``AsyncQueue._retried``); see the module's docstring."""
+    """Gathers single enqueues into groups and writes each group on ``pool``
+    through ``retrying`` (a queue's); see the module's docstring. It lives
+    as long as the pool: close it before the pool."""
 
-    def __init__(self, write: Retried, settings: Settings) -> None:
-        self._write = write
+    def __init__(self, retrying: Retrying, pool: AsyncPool, url: str, settings: Settings) -> None:
+        self._retrying = retrying
+        self._pool = pool
+        self._url = url
         self.window = settings.group_commit_window_seconds
         self.max_jobs = settings.group_commit_max_jobs
         # Half the pool at most, so that the API's other calls find connections.
@@ -149,9 +140,6 @@ class GroupCommitter:
             await self._write_next()
         while self._writing:
             await asyncio.wait(set(self._writing))
-        # Bound to this event loop once used: the queue may be used again
-        # from another (asyncio.run per call), as its pool may.
-        self._arrived, self._slots = asyncio.Event(), asyncio.Semaphore(self.flushes)
 
     async def _gather_loop(self) -> None:
         """``_gather`` for good: an unexpected error is logged and given to
@@ -222,10 +210,7 @@ class GroupCommitter:
         specs = [each.spec for each in group.waiting]
         try:
             jobs = await self._write(
-                lambda: enqueue_group(specs, group.call),
-                "enqueue",
-                transaction=True,
-                call=group.call,
+                lambda: enqueue_group(specs, group.call), transaction=True, call=group.call
             )
         except psycopg.Error:  # a job the database refused: each alone, so that it fails alone
             jobs = [None] * len(specs)
@@ -242,8 +227,16 @@ class GroupCommitter:
     async def _alone(self, group: _Group, index: int) -> None:
         each, call = group.waiting[index], group.alone(index)
         try:
-            job = await self._write(lambda: enqueue(each.spec, call), "enqueue", call=call)
+            job = await self._write(lambda: enqueue(each.spec, call), transaction=False, call=call)
         except Exception as exc:  # this caller's own error, as enqueue alone would raise it
             each.settle(error=exc)
         else:
             each.settle(job)
+
+    async def _write(self, flow: Callable[[], Flow[T]], *, transaction: bool, call: CallKey) -> T:
+        """A new ``flow()`` per attempt until one ends, retried across lost
+        connections within the call's deadline, under ``call``'s key."""
+        with errors_translated():
+            return await self._retrying.drive_async(
+                self._pool, self._url, flow, "enqueue", transaction, call
+            )

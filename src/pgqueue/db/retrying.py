@@ -161,7 +161,7 @@ class Retrying:
             kwargs["prepare_threshold"] = None
         return kwargs
 
-    def run(
+    def drive(
         self,
         pool: ConnectionPool,
         url: str,
@@ -170,7 +170,7 @@ class Retrying:
         transaction: bool,
         call: CallKey | None = None,
     ) -> T:
-        """Run a new ``flow()`` per attempt until one ends (``call``), each
+        """Drive a new ``flow()`` per attempt until one ends (``call``), each
         attempt's statements cut off at the deadline (deadlines.py).
         ``call``: the key the flows share, which records an attempt whose
         outcome is unknown."""
@@ -182,7 +182,7 @@ class Retrying:
             ):
                 one = Attempt(what, call, transaction, cutoff)
                 try:
-                    result = driver.run_on(
+                    result = driver.drive_on(
                         conn,
                         one.bounded(flow()),
                         transaction=transaction,
@@ -195,7 +195,7 @@ class Retrying:
 
         return self.call(attempt, what, call)
 
-    async def run_async(
+    async def drive_async(
         self,
         pool: AsyncConnectionPool,
         url: str,
@@ -204,7 +204,7 @@ class Retrying:
         transaction: bool,
         call: CallKey | None = None,
     ) -> T:
-        """``run`` for asyncio."""
+        """``drive`` for asyncio."""
 
         async def attempt(retries: Retries) -> T:
             async with (
@@ -213,7 +213,7 @@ class Retrying:
             ):
                 one = Attempt(what, call, transaction, cutoff)
                 try:
-                    result = await driver.run_on_async(
+                    result = await driver.drive_on_async(
                         conn,
                         one.bounded(flow()),
                         transaction=transaction,
@@ -238,7 +238,7 @@ class Retrying:
         ):
             one = Attempt(what, CallKey(), transaction, cutoff, per_statement=True)
             try:
-                result = driver.run_on(
+                result = driver.drive_on(
                     conn, one.bounded(flow), transaction=transaction, committing=one.committing
                 )
             except Exception as exc:
@@ -259,7 +259,7 @@ class Retrying:
         ):
             one = Attempt(what, CallKey(), transaction, cutoff, per_statement=True)
             try:
-                result = await driver.run_on_async(
+                result = await driver.drive_on_async(
                     conn, one.bounded(flow), transaction=transaction, committing=one.committing
                 )
             except Exception as exc:

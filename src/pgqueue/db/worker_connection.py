@@ -23,7 +23,7 @@ from . import deadlines, driver
 from .connections import connect_timeout_default
 from .driver import RETRYABLE_ERRORS
 
-__all__ = ["CONNECT_KWARGS", "Connection", "FlowRunner", "connect_kwargs", "listen_for_hints"]
+__all__ = ["CONNECT_KWARGS", "Connection", "FlowDriver", "connect_kwargs", "listen_for_hints"]
 
 T = TypeVar("T")
 
@@ -43,10 +43,11 @@ def connect_kwargs(url: str) -> dict[str, Any]:
     return CONNECT_KWARGS | connect_timeout_default(url)
 
 
-class FlowRunner(Protocol):
-    """What the parts need of a connection (the unit tests give a scripted one)."""
+class FlowDriver(Protocol):
+    """What the parts need of a connection: it drives their flows (the unit
+    tests give a scripted one)."""
 
-    async def run(self, flow: Flow[T]) -> T: ...
+    async def drive(self, flow: Flow[T]) -> T: ...
 
     async def open(self) -> None: ...
 
@@ -54,7 +55,7 @@ class FlowRunner(Protocol):
 
 
 class Connection:
-    """One long-lived psycopg connection; flows run one at a time. Its
+    """One long-lived psycopg connection; it drives flows one at a time. Its
     statements are prepared, unless ``prepare`` is False (behind a
     transaction-mode pooler, a statement prepared on one server session is
     unknown to the next). A flow that has not ended after ``bound_seconds``
@@ -89,7 +90,7 @@ class Connection:
             if self._session is None:
                 await self._connect()
 
-    async def run(self, flow: Flow[T]) -> T:
+    async def drive(self, flow: Flow[T]) -> T:
         async with self._lock:
             if self._session is None:
                 await self._connect()
@@ -97,7 +98,7 @@ class Connection:
             try:
                 async with deadlines.watched_async(self._conn, self.bound_seconds) as cutoff:
                     try:
-                        return await driver.run_async(flow, self._session)
+                        return await driver.drive_async(flow, self._session)
                     except psycopg.errors.QueryCanceled as exc:
                         if not cutoff.cancelled:
                             raise

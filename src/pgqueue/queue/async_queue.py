@@ -54,9 +54,10 @@ class AsyncQueue(Common):
     ) -> None:
         super().__init__(url, settings)
         self.url = url or ""
-        self._group = GroupCommitter(self._retried, self.settings) if group_commit else None
+        self._group_commit = group_commit
         self._pool: AsyncPool | None = None
         self._waiters: AsyncWaiters | None = None
+        self._group: GroupCommitter | None = None  # the pool's, with group_commit
         self._opening = asyncio.Lock()
 
     async def open(self) -> Self:
@@ -66,6 +67,10 @@ class AsyncQueue(Common):
                     self.url = await asyncio.to_thread(resolve_url, self.settings)
                 self._pool = await open_async_pool(self.url, self.settings)
                 self._waiters = AsyncWaiters(listen_url(self.settings, self.url))
+                if self._group_commit:
+                    self._group = GroupCommitter(
+                        self._retrying, self._pool, self.url, self.settings
+                    )
         return self
 
     async def close(self) -> None:
@@ -76,7 +81,7 @@ class AsyncQueue(Common):
             self._waiters = None
         if self._pool is not None:
             await self._pool.close()
-            self._pool = None
+            self._pool, self._group = None, None
 
     async def __aenter__(self) -> Self:
         return await self.open()
@@ -85,17 +90,17 @@ class AsyncQueue(Common):
         await self.close()
 
     async def run(self, flow: Flow[T], connection: Any = None, *, transaction: bool = False) -> T:
-        """Run a transition on the caller's connection (bounded by the
-        caller's own timeouts), or on a pooled one (each statement by
-        ``call_timeout_seconds``: retrying.Retrying.once)."""
+        """Drive a flow (a transition, a read) on the caller's connection
+        (bounded by the caller's own timeouts), or on a pooled one (each
+        statement by ``call_timeout_seconds``: retrying.Retrying.once)."""
         with errors_translated():
             if connection is not None:
                 connection = await async_caller_connection(connection)
             if connection is not None and is_asyncpg_connection(connection):
-                return await driver.run_async(flow, driver.AsyncpgSession(connection))
+                return await driver.drive_async(flow, driver.AsyncpgSession(connection))
             if connection is not None:
                 async with driver.async_tuple_cursor(connection) as cur:
-                    return await driver.run_async(flow, driver.AsyncCursorSession(cur))
+                    return await driver.drive_async(flow, driver.AsyncCursorSession(cur))
             await self.open()
             assert self._pool is not None
             return await self._retrying.once_async(self._pool, flow, call_name(flow), transaction)
@@ -113,7 +118,7 @@ class AsyncQueue(Common):
         assert self._pool is not None
         call = call or (flow.call if isinstance(flow, PerAttempt) else None)
         with errors_translated():
-            return await self._retrying.run_async(
+            return await self._retrying.drive_async(
                 self._pool, self.url, flow, what, transaction, call
             )
 
@@ -125,7 +130,9 @@ class AsyncQueue(Common):
         if connection is not None or spec.depends_on:
             flow = self._enqueue_flows.enqueue(spec)
             return await self.run(flow, connection, transaction=bool(spec.depends_on))
-        if self._group is not None:
+        if self._group_commit:  # with other callers' single enqueues, in one commit
+            await self.open()
+            assert self._group is not None
             return await self._enqueue_flows.grouped(self._group.enqueue, spec)
         return await self._retried(per_attempt(self._enqueue_flows.enqueue, spec), "enqueue")
 

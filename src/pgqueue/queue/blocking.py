@@ -57,13 +57,13 @@ class Queue(Common):
     # -- driving transitions --------------------------------------------------
 
     def run(self, flow: Flow[T], connection: Any = None, *, transaction: bool = False) -> T:
-        """Run a transition on the caller's connection (bounded by the
-        caller's own timeouts), or on a pooled one (each statement by
-        ``call_timeout_seconds``: retrying.Retrying.once)."""
+        """Drive a flow (a transition, a read) on the caller's connection
+        (bounded by the caller's own timeouts), or on a pooled one (each
+        statement by ``call_timeout_seconds``: retrying.Retrying.once)."""
         with errors_translated():
             if connection is not None:
                 with driver.tuple_cursor(caller_connection(connection)) as cur:
-                    return driver.run(flow, driver.CursorSession(cur))
+                    return driver.drive(flow, driver.CursorSession(cur))
             return self._retrying.once(self._pool, flow, call_name(flow), transaction)
 
     def _retried(
@@ -74,11 +74,11 @@ class Queue(Common):
         transaction: bool = False,
         call: CallKey | None = None,
     ) -> T:
-        """Run a new ``flow()`` until one attempt ends (retrying.py); ``call``:
+        """Drive a new ``flow()`` until one attempt ends (retrying.py); ``call``:
         the key its flows share (a PerAttempt's own, if not given)."""
         call = call or (flow.call if isinstance(flow, PerAttempt) else None)
         with errors_translated():
-            return self._retrying.run(self._pool, self.url, flow, what, transaction, call)
+            return self._retrying.drive(self._pool, self.url, flow, what, transaction, call)
 
     # -- producers ----------------------------------------------------------------
 

@@ -35,7 +35,9 @@ class Common:
         self._url = url
         self._every_queue = EveryQueue(self.settings.poll_interval_seconds)
         self._retrying = Retrying(self.settings)
-        self._enqueue_flows = tracing.EnqueueFlows(self.settings)  # traced when tracing is on
+        # core/enqueue.py's enqueue and enqueue_many, core/workflows.py's
+        # enqueue (as .workflow): each a PRODUCER span when tracing is on.
+        self._enqueue_flows = tracing.EnqueueFlows(self.settings)
 
     def _spec(self, task: Any, payload: Any, **fields: Any) -> JobSpec:
         given = {"task": task, "payload": payload, **fields}

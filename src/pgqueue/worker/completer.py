@@ -31,7 +31,7 @@ from ..core.outcomes import Outcome
 from ..core.settings import Settings
 from ..core.transitions import finish, finish_groups
 from ..db.driver import DRIVER_ERRORS, RETRYABLE_ERRORS
-from ..db.worker_connection import FlowRunner
+from ..db.worker_connection import FlowDriver
 from .held import Held, HeldJobs, Stage
 from .supervision import WAIT_OUT, Backoff, EventLog, short, together
 
@@ -54,13 +54,13 @@ class Completer:
 
     def __init__(
         self,
-        conn: FlowRunner,
+        conn: FlowDriver,
         held: HeldJobs,
         settings: Settings,
         events: EventLog,
         ended: Callable[[set[str]], None] = lambda queues: None,
         *,
-        more: Sequence[FlowRunner] = (),
+        more: Sequence[FlowDriver] = (),
     ) -> None:
         self.conns = [conn, *more]  # one writer each
         self.held = held
@@ -102,7 +102,7 @@ class Completer:
         connection; a writer's unexpected error ends them all and is raised."""
         await together(self._writer(conn) for conn in self.conns)
 
-    async def _writer(self, conn: FlowRunner) -> None:
+    async def _writer(self, conn: FlowDriver) -> None:
         backoff = Backoff(self.events, "writing outcomes")
         while True:
             groups = finish_groups(await self._next_batch())
@@ -167,10 +167,10 @@ class Completer:
         self._outbox[:0] = batch
         self._ready.set()
 
-    async def _write(self, conn: FlowRunner, batch: Sequence[Outcome]) -> dict[int, JobState]:
+    async def _write(self, conn: FlowDriver, batch: Sequence[Outcome]) -> dict[int, JobState]:
         try:
             self.stats["finishes"] += 1
-            return await conn.run(finish(self.settings, batch))
+            return await conn.drive(finish(self.settings, batch))
         except RETRYABLE_ERRORS:
             raise
         except REFUSED as exc:
@@ -185,9 +185,9 @@ class Completer:
             states.update(await self._write_one(conn, outcome))
         return states
 
-    async def _write_one(self, conn: FlowRunner, outcome: Outcome) -> dict[int, JobState]:
+    async def _write_one(self, conn: FlowDriver, outcome: Outcome) -> dict[int, JobState]:
         try:
-            return await conn.run(finish(self.settings, [outcome]))
+            return await conn.drive(finish(self.settings, [outcome]))
         except RETRYABLE_ERRORS:
             raise
         except REFUSED as exc:
@@ -198,7 +198,7 @@ class Completer:
                 held.job, f"handler returned a result PostgreSQL cannot store: {problem}"
             )
             try:
-                return await conn.run(finish(self.settings, [fallback]))
+                return await conn.drive(finish(self.settings, [fallback]))
             except RETRYABLE_ERRORS:
                 raise
             except REFUSED:

@@ -23,7 +23,7 @@ from ..core import workers
 from ..core.settings import Settings
 from ..core.transitions import heartbeat
 from ..core.workers import WorkerInfo, WorkerLoad
-from ..db.worker_connection import FlowRunner
+from ..db.worker_connection import FlowDriver
 from .held import HeldJobs, Stage
 from .supervision import WAIT_OUT, Backoff, EventLog
 
@@ -32,7 +32,7 @@ __all__ = ["LeaseKeeper"]
 
 @dataclass
 class LeaseKeeper:
-    conn: FlowRunner
+    conn: FlowDriver
     held: HeldJobs
     settings: Settings
     events: EventLog
@@ -60,14 +60,14 @@ class LeaseKeeper:
         jobs whose lease is gone."""
         interval = self.settings.heartbeat_seconds
         session = self.settings.detects_dead_sessions
-        if not await self.conn.run(
+        if not await self.conn.drive(
             workers.seen(self.info.name, self.load(), interval, session=session)
         ):
-            await self.conn.run(workers.register(self.info, interval, session=session))
+            await self.conn.drive(workers.register(self.info, interval, session=session))
         leases = self.held.leases()
         if not leases:
             return
-        still = await self.conn.run(heartbeat(leases, self.settings.lease_seconds))
+        still = await self.conn.drive(heartbeat(leases, self.settings.lease_seconds))
         self.events(logging.DEBUG, "heartbeat", "extended %d leases", len(still))
         for job_id, token in leases:
             if job_id not in still:

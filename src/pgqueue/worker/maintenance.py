@@ -24,7 +24,7 @@ from ..core import history, workers
 from ..core.reads import forget_waits
 from ..core.settings import Settings
 from ..core.transitions import prune, reap
-from ..db.worker_connection import FlowRunner
+from ..db.worker_connection import FlowDriver
 from .supervision import WAIT_OUT, Backoff, EventLog
 
 __all__ = ["Maintenance"]
@@ -38,7 +38,7 @@ SNAPSHOT_INTERVAL_SECONDS = 5.0
 
 
 class Maintenance:
-    def __init__(self, conn: FlowRunner, settings: Settings, events: EventLog, worker: str) -> None:
+    def __init__(self, conn: FlowDriver, settings: Settings, events: EventLog, worker: str) -> None:
         self.conn = conn
         self.settings = settings
         self.events = events
@@ -72,7 +72,7 @@ class Maintenance:
 
     async def reap_dead(self) -> None:
         """Find the workers whose session has ended; take their jobs back now."""
-        dead = await self.conn.run(workers.reap_dead(self.worker))
+        dead = await self.conn.drive(workers.reap_dead(self.worker))
         for name, jobs in dead.items():
             self.events(
                 logging.WARNING,
@@ -88,7 +88,7 @@ class Maintenance:
     async def reap(self) -> None:
         """Take back jobs whose lease expired: failed attempts, retried or dead."""
         for _ in range(MAX_BATCHES):
-            states = await self.conn.run(reap(self.settings))
+            states = await self.conn.drive(reap(self.settings))
             for job_id, state in states.items():
                 self.events(
                     logging.WARNING,
@@ -106,19 +106,19 @@ class Maintenance:
         """Delete finished jobs past the retention period, the registry
         rows of workers long gone, and waiters' registrations past their
         timeout."""
-        await self.conn.run(workers.prune(self.settings.worker_retention_seconds))
-        await self.conn.run(forget_waits())
+        await self.conn.drive(workers.prune(self.settings.worker_retention_seconds))
+        await self.conn.drive(forget_waits())
         total = 0
         for _ in range(MAX_BATCHES):
-            pruned = await self.conn.run(prune(self.settings))
+            pruned = await self.conn.drive(prune(self.settings))
             total += pruned
             if pruned < self.settings.prune_batch:
                 break
             await asyncio.sleep(0)
         if total:
             self.events(logging.INFO, "prune", "pruned %d finished jobs", total)
-        await self.conn.run(history.prune(self.settings.history_retention_seconds))
+        await self.conn.drive(history.prune(self.settings.history_retention_seconds))
 
     async def snapshot(self) -> None:
         """The current minute's history snapshot, unless another worker took it."""
-        await self.conn.run(history.snapshot())
+        await self.conn.drive(history.snapshot())

@@ -51,7 +51,7 @@ from ..core.reads import next_wake, queues_with_jobs
 from ..core.settings import Settings
 from ..core.transitions import claim, release
 from ..db.driver import DRIVER_ERRORS
-from ..db.worker_connection import FlowRunner
+from ..db.worker_connection import FlowDriver
 from .held import Held, HeldJobs
 from .supervision import WAIT_OUT, Backoff, EventLog, short, together
 
@@ -72,15 +72,15 @@ DUE_TOLERANCE_SECONDS = 0.01
 class Producer:
     def __init__(
         self,
-        conn: FlowRunner,
+        conn: FlowDriver,
         held: HeldJobs,
         settings: Settings,
         events: EventLog,
         *,
         queues: Sequence[str] | None,
         start: Callable[[list[Job]], None],
-        more: Sequence[FlowRunner] = (),
-        lookout: FlowRunner | None = None,
+        more: Sequence[FlowDriver] = (),
+        lookout: FlowDriver | None = None,
     ) -> None:
         self.conns = [conn, *more]  # one claimer each
         self.lookout = lookout or conn  # the lookout's (the worker's upkeep connection)
@@ -130,7 +130,7 @@ class Producer:
         have not asked for)."""
         await together(self._claimer(conn) for conn in self.conns)
 
-    async def _claimer(self, conn: FlowRunner) -> None:
+    async def _claimer(self, conn: FlowDriver) -> None:
         backoff = Backoff(self.events, "claim")
         while not self.stopping:
             free = self.held.free_slots() - self._claiming
@@ -158,7 +158,7 @@ class Producer:
             sent_at = time.monotonic()
             self._claiming += free
             try:
-                jobs = await conn.run(
+                jobs = await conn.drive(
                     tracing.claims(self.settings, claim)(
                         self.settings,
                         limit=free,
@@ -216,7 +216,7 @@ class Producer:
         (not after their leases expire); after a fault, the leases will."""
         leases = [(h.job.id, h.job.lease_token or 0) for h in waiting if not h.lost]
         try:
-            await self.conns[0].run(release(leases))
+            await self.conns[0].drive(release(leases))
         # A claim cut short by the shutdown's deadline may leave its
         # connection unusable: the leases are the backstop either way.
         except (*WAIT_OUT, *DRIVER_ERRORS) as exc:
@@ -264,14 +264,14 @@ class Producer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._look.wait(), self.settings.poll_interval_seconds)
 
-    async def _list_queues(self, conn: FlowRunner) -> None:
+    async def _list_queues(self, conn: FlowDriver) -> None:
         """A worker of every queue: list the queues that have jobs (hints
         add new ones in between); wake the claimers for a queue they did not
         know."""
         if self.queues is not None:
             return
         self._heard.clear()
-        listed = await conn.run(queues_with_jobs())
+        listed = await conn.drive(queues_with_jobs())
         # A queue heard of while the list was read may have jobs it missed.
         known = [*listed, *(name for name in self._heard if name not in listed)]
         if not set(known).issubset(self.known):
@@ -308,10 +308,10 @@ class Producer:
             self._next_due = None
             self._look.set()  # the next due time is another one
 
-    async def _refresh_next_due(self, conn: FlowRunner) -> None:
+    async def _refresh_next_due(self, conn: FlowDriver) -> None:
         """Ask when a job is next due (a delayed job, a rate window) and
         which queues are concurrency-limited."""
-        wake = await conn.run(next_wake(self.queues))
+        wake = await conn.drive(next_wake(self.queues))
         self._limited = wake.limited
         seconds = wake.seconds
         due = time.monotonic() + seconds if seconds is not None and seconds > 0 else None

@@ -47,7 +47,7 @@ from ..core.settings import Settings
 from ..core.workers import WorkerInfo, WorkerLoad
 from ..db.connections import listen_url, resolve_url
 from ..db.driver import RETRYABLE_ERRORS
-from ..db.worker_connection import Connection, FlowRunner, listen_for_hints
+from ..db.worker_connection import Connection, FlowDriver, listen_for_hints
 from .completer import Completer
 from .executor import Executor
 from .handlers import Task, TaskRegistry, resolve_schedules, resolve_tasks
@@ -107,7 +107,7 @@ class AsyncWorker:
         concurrency: int | None = None,
         name: str | None = None,
         listen: bool = True,
-        connect: Callable[[str], FlowRunner] | None = None,
+        connect: Callable[[str], FlowDriver] | None = None,
         hints: Hints = listen_for_hints,
     ) -> None:
         self.settings = settings or Settings.load()
@@ -260,7 +260,7 @@ class AsyncWorker:
 
     # -- wiring and supervision ----------------------------------------------------
 
-    def _build(self, *conns: FlowRunner) -> None:
+    def _build(self, *conns: FlowDriver) -> None:
         s, events = self.settings, self.events
         claims, claims2, outcomes, outcomes2, upkeep = conns
         self.producer = Producer(
@@ -336,7 +336,7 @@ class AsyncWorker:
             self.events.crashed(part, exc)
             return False
 
-    async def _ready(self, connections: list[FlowRunner]) -> bool:
+    async def _ready(self, connections: list[FlowDriver]) -> bool:
         """The schema checked on the upkeep connection (the last) while the
         others connect: a worker started under a backlog claims one
         connection's set-up sooner than if it checked first. False if told
@@ -346,26 +346,26 @@ class AsyncWorker:
         )
         return ready
 
-    async def _open(self, connections: list[FlowRunner]) -> None:
+    async def _open(self, connections: list[FlowDriver]) -> None:
         """Connect them all now, together: otherwise a worker started under a
         backlog makes its second claim and its first acks wait for a new
         connection each. One that cannot connect now will at its first use,
         as after any fault (its part logs it and backs off)."""
 
-        async def open_one(conn: FlowRunner) -> None:
+        async def open_one(conn: FlowDriver) -> None:
             with contextlib.suppress(*RETRYABLE_ERRORS):
                 await conn.open()
 
         await asyncio.gather(*(open_one(conn) for conn in connections))
 
-    async def _schema_ready(self, conn: FlowRunner) -> bool:
+    async def _schema_ready(self, conn: FlowDriver) -> bool:
         """Wait until the schema is migrated (saying so once); False if told
         to stop meanwhile."""
         backoff = Backoff(self.events, "schema check")
         waiting = False
         while not self._stopping:
             try:
-                pending = await conn.run(schema_pending())
+                pending = await conn.drive(schema_pending())
             except RETRYABLE_ERRORS as exc:
                 await self._sleep(backoff.note(exc))
                 continue
@@ -448,7 +448,7 @@ class AsyncWorker:
             )
             await asyncio.wait([h.task for h in late if h.task], timeout=1.0)
 
-    async def _teardown(self, connections: list[FlowRunner]) -> None:
+    async def _teardown(self, connections: list[FlowDriver]) -> None:
         parts = list(self._parts.values())
         for task in parts:
             task.cancel()
@@ -457,7 +457,7 @@ class AsyncWorker:
             if held.task is not None and not held.task.done():
                 held.task.cancel()
         with contextlib.suppress(Exception):  # else its row expires, as a killed worker's
-            await asyncio.wait_for(connections[-1].run(workers.leave(self.name)), 2.0)
+            await asyncio.wait_for(connections[-1].drive(workers.leave(self.name)), 2.0)
         for conn in connections:
             await conn.close()
         self.threads.shutdown()

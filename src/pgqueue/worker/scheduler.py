@@ -22,7 +22,7 @@ from collections.abc import Collection, Sequence
 from ..core import schedules
 from ..core.schedules import Fired, Schedule
 from ..core.settings import Settings
-from ..db.worker_connection import FlowRunner
+from ..db.worker_connection import FlowDriver
 from .supervision import WAIT_OUT, Backoff, EventLog
 
 __all__ = ["Scheduler"]
@@ -38,7 +38,7 @@ class Scheduler:
 
     def __init__(
         self,
-        conn: FlowRunner,
+        conn: FlowDriver,
         settings: Settings,
         events: EventLog,
         *,
@@ -69,7 +69,7 @@ class Scheduler:
 
     async def sync(self) -> None:
         assert self.declared is not None
-        done = await self.conn.run(schedules.sync(self.declared, self.tasks))
+        done = await self.conn.drive(schedules.sync(self.declared, self.tasks))
         if done.written:
             self.events(
                 logging.INFO,
@@ -92,11 +92,11 @@ class Scheduler:
 
     async def step(self) -> float:
         """Fire what is due; return how long to sleep before the next step."""
-        seconds = await self.conn.run(schedules.next_due())
+        seconds = await self.conn.drive(schedules.next_due())
         if seconds is None or seconds > 0:
             cap = self.settings.poll_interval_seconds
             return cap if seconds is None else max(MIN_SLEEP_SECONDS, min(seconds, cap))
-        fired = await self.conn.run(schedules.fire_due(self.settings.default_max_attempts))
+        fired = await self.conn.drive(schedules.fire_due(self.settings.default_max_attempts))
         for one in fired:
             self._report(one)
         return 0.0

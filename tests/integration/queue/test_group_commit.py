@@ -161,6 +161,28 @@ async def test_an_async_queue_groups_only_when_asked_and_never_a_callers_transac
     assert commits(sql) == grouped_commits + 20  # not asked: one commit each
 
 
+def test_a_grouping_queue_closed_in_one_event_loop_serves_the_next(
+    settings: Settings, sql: psycopg.Connection[Any]
+) -> None:
+    """The group committer lives as long as the queue's pool: closed with
+    it, and made again in the next event loop that opens the queue
+    (asyncio.run per call). One job a group, one group at a time: the
+    groups wait for the slot, which ties it to the loop they wait in."""
+    one_by_one = settings.replace(group_commit_max_jobs=1, group_commit_groups=1)
+    queue = AsyncQueue(settings=one_by_one, group_commit=True)
+
+    async def enqueue_two(first: int) -> list[Any]:
+        try:
+            jobs = await asyncio.gather(*(queue.enqueue("t", {"n": n}) for n in (first, first + 1)))
+        finally:
+            await queue.close()
+        return [job.payload for job in jobs]
+
+    for first in (0, 2):
+        assert asyncio.run(enqueue_two(first)) == [{"n": first}, {"n": first + 1}]
+    assert sorted(payload_ns(sql)) == [0, 1, 2, 3] and commits(sql) == 4
+
+
 async def test_a_connection_broken_while_idle_costs_a_retried_attempt_not_an_error(
     db_url: str, sql: psycopg.Connection[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
