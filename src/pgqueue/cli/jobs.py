@@ -76,7 +76,7 @@ def jobs_list(
     if not jobs:
         state.out.print("no jobs")
         return
-    state.out.print(output.jobs_table(jobs, datetime.now(UTC)))
+    state.out.print(output.jobs_table(jobs, datetime.now(UTC), state.out.width))
     if len(jobs) == limit:
         state.err.print(f"[dim]more may follow: --before {jobs[-1].id}[/]")
 

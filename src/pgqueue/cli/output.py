@@ -10,13 +10,15 @@ from __future__ import annotations
 import io
 import json
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from ..core.jobs import Job, JobState
 from ..core.queue_controls import QueueControls
@@ -24,10 +26,12 @@ from ..core.stats import QueueStats
 
 __all__ = [
     "STATE_STYLES",
+    "Column",
     "age",
     "controls_text",
     "emit_json",
     "error_line",
+    "fitted_table",
     "jobs_table",
     "queues_table",
     "stderr_console",
@@ -94,38 +98,113 @@ def state_text(state: JobState) -> str:
     return f"[{STATE_STYLES[state]}]{state}[/]"
 
 
-def jobs_table(jobs: Iterable[Job], now: datetime) -> Table:
+@dataclass(frozen=True, slots=True)
+class Column:
+    """A column of a ``fitted_table``. ``flexible``: cut with an ellipsis
+    when the terminal is narrow (names, texts); otherwise the column always
+    shows its whole values (ids, states, times). ``optional``: left out when
+    even the cut table would not fit (the last optional column first)."""
+
+    name: str
+    justify: Literal["left", "right"] = "left"
+    flexible: bool = False
+    optional: bool = False
+
+
+# A cut column keeps at least this many characters: a 2-character column
+# says nothing.
+MIN_CUT_WIDTH = 8
+GAP = 2  # between two columns (box=None, padding 1 on each side)
+
+
+def fitted_table(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int) -> Table:
+    """A table of Rich-markup cells that fits ``width`` characters: the
+    flexible columns share the room the others leave, each cut with an
+    ellipsis (never below MIN_CUT_WIDTH), and optional columns are left out
+    when that is not enough. One line per row: nothing wraps mid-word."""
+    natural = [
+        max([len(c.name)] + [Text.from_markup(row[i]).cell_len for row in rows])
+        for i, c in enumerate(columns)
+    ]
+    kept = list(range(len(columns)))
+
+    def least(indexes: list[int]) -> int:
+        widths = (
+            min(natural[i], MIN_CUT_WIDTH) if columns[i].flexible else natural[i] for i in indexes
+        )
+        return sum(widths) + GAP * (len(indexes) - 1)
+
+    while least(kept) > width and any(columns[i].optional for i in kept):
+        kept.remove(max(i for i in kept if columns[i].optional))
+    flexible = [i for i in kept if columns[i].flexible]
+    room = width - sum(natural[i] for i in kept if i not in flexible) - GAP * (len(kept) - 1)
+    widths = _shared(room, [natural[i] for i in flexible])
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for name, justify in (
-        ("id", "right"),
-        ("queue", "left"),
-        ("task", "left"),
-        ("state", "left"),
-        ("tries", "right"),
-        ("prio", "right"),
-        ("enqueued", "right"),
-        ("run at", "right"),
-        ("last error", "left"),
-    ):
-        table.add_column(name, justify=justify, no_wrap=name != "last error")  # type: ignore[arg-type]
+    for i in kept:
+        cut = widths[flexible.index(i)] if i in flexible else None
+        table.add_column(
+            columns[i].name,
+            justify=columns[i].justify,
+            no_wrap=True,
+            overflow="ellipsis",
+            width=cut,
+            min_width=None if cut is not None else natural[i],
+        )
+    for row in rows:
+        table.add_row(*(row[i] for i in kept))
+    return table
+
+
+def _shared(room: int, wanted: list[int]) -> list[int]:
+    """Widths for columns that want ``wanted``, within ``room``: the
+    narrowest get all they want, the rest share what is left evenly (never
+    below MIN_CUT_WIDTH or above what they want)."""
+    widths = [0] * len(wanted)
+    left = list(range(len(wanted)))
+    for i in sorted(left, key=lambda i: wanted[i]):
+        share = room // len(left)
+        widths[i] = max(min(wanted[i], share), min(wanted[i], MIN_CUT_WIDTH))
+        room -= widths[i]
+        left.remove(i)
+    return widths
+
+
+_JOB_COLUMNS = (
+    Column("id", "right"),
+    Column("queue", flexible=True),
+    Column("task", flexible=True),
+    Column("state"),
+    Column("tries", "right"),
+    Column("prio", "right", optional=True),
+    Column("enqueued", "right", optional=True),
+    Column("run at", "right"),
+    Column("last error", flexible=True, optional=True),
+)
+
+
+def jobs_table(jobs: Iterable[Job], now: datetime, width: int) -> Table:
+    """The jobs, one line each, fitted to a terminal ``width`` wide."""
+    rows = []
     for job in jobs:
         run_in = (job.run_at - now).total_seconds()
-        table.add_row(
-            str(job.id),
-            escape(job.queue),
-            escape(job.task),
-            state_text(job.state),
-            f"{job.attempts}/{job.max_attempts}",
-            str(job.priority),
-            age((now - job.enqueued_at).total_seconds()) + " ago",
-            ("in " + age(run_in))
-            if job.state is JobState.QUEUED and run_in > 0
-            else "now"
-            if job.state is JobState.QUEUED
-            else "-",
-            escape((job.last_error or "").splitlines()[0][:80]) if job.last_error else "",
+        rows.append(
+            (
+                str(job.id),
+                escape(job.queue),
+                escape(job.task),
+                state_text(job.state),
+                f"{job.attempts}/{job.max_attempts}",
+                str(job.priority),
+                age((now - job.enqueued_at).total_seconds()) + " ago",
+                ("in " + age(run_in))
+                if job.state is JobState.QUEUED and run_in > 0
+                else "now"
+                if job.state is JobState.QUEUED
+                else "-",
+                escape((job.last_error or "").splitlines()[0][:80]) if job.last_error else "",
+            )
         )
-    return table
+    return fitted_table(_JOB_COLUMNS, rows, width)
 
 
 QUEUE_COLUMNS = (

@@ -45,32 +45,43 @@ def schedules_list(ctx: typer.Context, json_out: JsonFlag = False) -> None:
     elif not records:
         state.out.print("no schedules (a worker writes those its code declares when it starts)")
     else:
-        state.out.print(_table(records, datetime.now(UTC)))
+        state.out.print(_table(records, datetime.now(UTC), state.out.width))
 
 
-def _table(records: list[ScheduleRecord], now: datetime) -> Table:
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for name in ("name", "status", "timing", "task", "queue", "next run", "last run", "last job"):
-        # Long names and timings fold onto more lines rather than lose their end.
-        wraps = name in ("name", "timing")
-        table.add_column(name, no_wrap=not wraps, overflow="fold" if wraps else "ellipsis")
+_COLUMNS = (
+    output.Column("name", flexible=True),
+    output.Column("status"),
+    output.Column("timing", flexible=True),
+    output.Column("task", flexible=True),
+    output.Column("queue", flexible=True, optional=True),
+    output.Column("next run"),
+    output.Column("last run", optional=True),
+    output.Column("last job", optional=True),
+)
+
+
+def _table(records: list[ScheduleRecord], now: datetime, width: int) -> Table:
+    """The schedules, one line each, fitted to a terminal ``width`` wide."""
+    rows = []
     for r in records:
         timing = r.spec if r.cron is None or r.tz == "UTC" else f"{r.spec} ({r.tz})"
         job = "-"
         if r.last_job_id is not None:
             state = output.state_text(JobState(r.last_job_state)) if r.last_job_state else "pruned"
             job = f"{r.last_job_id} {state}"
-        table.add_row(
-            escape(r.name),
-            f"[{_STATUS_STYLES[r.status]}]{r.status}[/]",
-            escape(timing),
-            escape(r.task),
-            escape(r.queue),
-            _when(r.next_run_at, now) if r.status == "enabled" else "-",
-            _when(r.last_run_at, now),
-            job,
+        rows.append(
+            (
+                escape(r.name),
+                f"[{_STATUS_STYLES[r.status]}]{r.status}[/]",
+                escape(timing),
+                escape(r.task),
+                escape(r.queue),
+                _when(r.next_run_at, now) if r.status == "enabled" else "-",
+                _when(r.last_run_at, now),
+                job,
+            )
         )
-    return table
+    return output.fitted_table(_COLUMNS, rows, width)
 
 
 def _when(moment: datetime | None, now: datetime) -> str:

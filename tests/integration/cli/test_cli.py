@@ -178,6 +178,20 @@ def test_jobs_list_filters_and_pages(db_url: str, queue: Queue) -> None:
     assert f"--before {ids[4]}" in table.stderr
 
 
+def test_jobs_list_fits_80_columns_one_line_per_job(db_url: str, queue: Queue) -> None:
+    long = queue.enqueue(
+        "send_welcome_email_to_new_customer", queue="emails-transactional-high-priority"
+    )
+    short = queue.enqueue("charge", queue="pay")
+    queue.fail(queue.claim(2, worker="w")[0], "SMTPRecipientsRefused: " + "x" * 100)
+    result = runner.invoke(app, ["--database-url", db_url, "jobs", "list"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert len(lines) == 3 and all(len(line) <= 80 for line in lines), lines
+    assert [line.split()[0] for line in lines[1:]] == [str(short.id), str(long.id)]
+    assert "…" in lines[2] and "send_welcome_email_to_new_customer" not in lines[2]
+
+
 def test_jobs_list_views_of_queued_jobs_and_error_text(db_url: str, queue: Queue) -> None:
     later = queue.enqueue("a", delay_seconds=3600).id
     queue.enqueue("a")  # runnable now: in neither view

@@ -149,6 +149,15 @@ def test_schedules_lists_them(declared: list[s.Schedule], db_url: str) -> None:
     assert listed[1]["last_job_state"] == "queued" and listed[0]["status"] == "enabled"
 
 
+def test_schedules_fit_80_columns_one_line_each(declared: list[s.Schedule], db_url: str) -> None:
+    result = runner.invoke(app, ["--database-url", db_url, "schedules"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert len(lines) == 3 and all(len(line) <= 80 for line in lines), lines
+    assert [line.split()[0] for line in lines[1:]] == ["beat", "nightly"]
+    assert "enabled" in lines[1] and "enabled" in lines[2]
+
+
 def test_schedules_when_none(db_url: str) -> None:
     assert "no schedules" in cli(db_url, "schedules").stdout
     assert json.loads(cli(db_url, "schedules", "--json").stdout) == {"schedules": []}
