@@ -298,6 +298,7 @@ FILTERS: list[tuple[dict[str, str], str]] = [
     ),
     ({"error-filter": "declined"}, "strpos(last_error, 'declined') > 0"),
     ({"state-filter": "running", "queue-filter": "reports"}, "state = 'running'"),
+    ({"payload-filter": '{"to": "b@example.com"}'}, """payload @> '{"to": "b@example.com"}'"""),
 ]
 
 
@@ -310,7 +311,13 @@ def test_every_jobs_filter_lists_what_sql_finds(
             query = f"SELECT id FROM pgqueue_jobs WHERE {where} ORDER BY id DESC"
             expected = [str(i) for (i,) in sql.execute(query).fetchall()]
             assert expected, where
-            script = ["queue-filter", "state-filter", "task-filter", "error-filter"]
+            script = [
+                "queue-filter",
+                "state-filter",
+                "task-filter",
+                "error-filter",
+                "payload-filter",
+            ]
             values = {name: given.get(name, "") for name in script}
             page.run(f"""(() => {{
               for (const [id, v] of Object.entries({json.dumps(values)}))

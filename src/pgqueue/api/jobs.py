@@ -169,6 +169,22 @@ async def list_jobs(
             "as <id> and numbers as <n> (a group of GET /dead-letters).",
         ),
     ] = None,
+    payload_contains: Annotated[
+        str | None,
+        Query(
+            max_length=reads.MAX_SEARCH_BYTES,
+            description="Only jobs whose payload contains this JSON object (jsonb @>): "
+            '{"order": 42} finds every job whose payload has "order": 42 among its keys. '
+            "See docs/api.md for an index that makes it fast on a large table.",
+        ),
+    ] = None,
+    metadata_contains: Annotated[
+        str | None,
+        Query(
+            max_length=reads.MAX_SEARCH_BYTES,
+            description="Only jobs whose metadata contains this JSON object (jsonb @>).",
+        ),
+    ] = None,
     cursor: Annotated[
         int | None,
         Query(
@@ -195,6 +211,8 @@ async def list_jobs(
         "task": task,
         "error_contains": error_contains,
         "error_kind": error_kind,
+        "payload_contains": payload_contains,
+        "metadata_contains": metadata_contains,
         "before_id": cursor,
         "limit": limit,
     }

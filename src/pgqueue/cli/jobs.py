@@ -14,6 +14,7 @@ from rich.panel import Panel
 from rich.syntax import Syntax
 from rich.table import Table
 
+from ..core.errors import InvalidJob
 from ..core.jobs import Job, JobState
 from ..core.reads import LIST_VIEWS, MAX_ERROR_SEARCH
 from ..queue import Queue
@@ -47,6 +48,17 @@ def jobs_list(
         str | None,
         typer.Option(help="Only jobs whose last error contains this text (case-sensitive)."),
     ] = None,
+    payload_contains: Annotated[
+        str | None,
+        typer.Option(
+            metavar="JSON",
+            help="Only jobs whose payload contains this JSON object: '{\"order\": 42}'.",
+        ),
+    ] = None,
+    metadata_contains: Annotated[
+        str | None,
+        typer.Option(metavar="JSON", help="Only jobs whose metadata contains this JSON object."),
+    ] = None,
     limit: Annotated[int, typer.Option(min=1, max=1000, help="At most this many.")] = 50,
     before: Annotated[
         int | None, typer.Option(help="Only ids below this one (the next page: the last id shown).")
@@ -62,14 +74,20 @@ def jobs_list(
             f"must be 1 to {MAX_ERROR_SEARCH} characters", param_hint="'--error-contains'"
         )
     with state.queue() as q:
-        jobs = q.list_jobs(
-            state=state_filter,
-            queue=queue,
-            task=task,
-            error_contains=error_contains,
-            before_id=before,
-            limit=limit,
-        )
+        try:
+            jobs = q.list_jobs(
+                state=state_filter,
+                queue=queue,
+                task=task,
+                error_contains=error_contains,
+                payload_contains=payload_contains,
+                metadata_contains=metadata_contains,
+                before_id=before,
+                limit=limit,
+            )
+        except InvalidJob as exc:  # a search that is not a JSON object
+            flag = f"'--{exc.field.replace('_', '-')}'"
+            raise typer.BadParameter(exc.problem, param_hint=flag) from None
     if wants_json(ctx, json_out):
         output.emit_json([job.to_dict() for job in jobs])
         return

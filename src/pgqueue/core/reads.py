@@ -4,6 +4,7 @@ a queue or the worker runs."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -12,6 +13,7 @@ from ..sql import migration_versions
 from .errors import InvalidJob, JobNotFound
 from .flows import Flow, Row, Statement
 from .jobs import Job, JobState
+from .rules import Payload
 
 __all__ = [
     "LIST_VIEWS",
@@ -91,6 +93,22 @@ def forget_waits() -> Flow[None]:
 # a future run_at, and queued jobs that failed before (in backoff or due).
 LIST_VIEWS = ("scheduled", "retrying")
 MAX_ERROR_SEARCH = 1000
+# A containment search's JSON object (payload_contains, metadata_contains).
+MAX_SEARCH_BYTES = 4096
+_SEARCH = Payload(MAX_SEARCH_BYTES)
+
+
+def search_object(field: str, value: Any) -> str | None:
+    """A containment search as JSON text: a dict, or JSON text of an object
+    (from a URL or a command line); InvalidJob naming ``field`` otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except (ValueError, RecursionError) as exc:
+            raise InvalidJob(field, f"must be a JSON object, as text: {exc}") from None
+    return _SEARCH.check(field, value)
 
 
 def list_filters(
@@ -100,6 +118,8 @@ def list_filters(
     task: str | None = None,
     error_contains: str | None = None,
     error_kind: str | None = None,
+    payload_contains: Any = None,
+    metadata_contains: Any = None,
     before_id: int | None = None,
     limit: int = 50,
 ) -> dict[str, Any]:
@@ -122,6 +142,8 @@ def list_filters(
         "task": task,
         "error_contains": error_contains,
         "error_kind": error_kind,
+        "payload_contains": search_object("payload_contains", payload_contains),
+        "metadata_contains": search_object("metadata_contains", metadata_contains),
         "before_id": None if before_id is None else checked_job_id(before_id),
         "limit": limit,
     }

@@ -683,6 +683,8 @@ WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
   AND (%(task)s::text IS NULL OR task = %(task)s::text)
   AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
   AND (%(error_kind)s::text IS NULL OR pgqueue_error_kind(last_error) = %(error_kind)s::text)
+  AND (%(payload_contains)s::jsonb IS NULL OR payload @> %(payload_contains)s::jsonb)
+  AND (%(metadata_contains)s::jsonb IS NULL OR metadata @> %(metadata_contains)s::jsonb)
   AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
 ORDER BY id DESC
 LIMIT %(limit)s;
@@ -702,6 +704,8 @@ WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
   AND (%(task)s::text IS NULL OR task = %(task)s::text)
   AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
   AND (%(error_kind)s::text IS NULL OR pgqueue_error_kind(last_error) = %(error_kind)s::text)
+  AND (%(payload_contains)s::jsonb IS NULL OR payload @> %(payload_contains)s::jsonb)
+  AND (%(metadata_contains)s::jsonb IS NULL OR metadata @> %(metadata_contains)s::jsonb)
   AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
 ORDER BY id DESC
 LIMIT %(limit)s;

@@ -4,6 +4,7 @@ task and error (and a bulk action on one group), and GET /access."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -77,9 +78,29 @@ async def test_error_contains_finds_jobs_by_their_last_error(
     assert await ids(api, error_contains="declined", state="queued") == []
 
 
+async def test_payload_and_metadata_contains_find_jobs_by_json_containment(
+    api: httpx.AsyncClient, aqueue: AsyncQueue
+) -> None:
+    order = await aqueue.enqueue("ship", {"order": 42, "customer": {"id": "c1", "vip": True}})
+    other = await aqueue.enqueue("ship", {"order": 7, "customer": {"id": "c2"}})
+    tagged = await aqueue.enqueue("mail", {"order": 42}, metadata={"tenant": "acme"})
+    search = json.dumps
+    assert await ids(api, payload_contains=search({"order": 42})) == [tagged.id, order.id]
+    assert await ids(api, payload_contains=search({"customer": {"vip": True}})) == [order.id]
+    assert await ids(api, payload_contains=search({"order": 42}), task="ship") == [order.id]
+    assert await ids(api, payload_contains=search({"order": 7}), fields="summary") == [other.id]
+    assert await ids(api, metadata_contains=search({"tenant": "acme"})) == [tagged.id]
+    assert await ids(api, payload_contains=search({"order": 1})) == []
+
+
 @pytest.mark.parametrize(
     ("params", "field"),
     [
+        ({"payload_contains": "{order: 42}"}, "payload_contains"),
+        ({"payload_contains": "[42]"}, "payload_contains"),
+        ({"metadata_contains": "42"}, "metadata_contains"),
+        ({"payload_contains": "[" * 2000 + "]" * 2000}, "payload_contains"),
+        ({"payload_contains": json.dumps({"k": "x" * 5000})}, "payload_contains"),
         ({"state": "later"}, "state"),
         ({"error_contains": ""}, "error_contains"),
         ({"error_contains": "x" * 1001}, "error_contains"),

@@ -178,6 +178,18 @@ def test_jobs_list_filters_and_pages(db_url: str, queue: Queue) -> None:
     assert f"--before {ids[4]}" in table.stderr
 
 
+def test_jobs_list_searches_payload_and_metadata_by_containment(db_url: str, queue: Queue) -> None:
+    order = queue.enqueue("ship", {"order": 42, "lines": [1, 2]}, metadata={"tenant": "acme"})
+    queue.enqueue("ship", {"order": 7})
+    found = run_json(db_url, "jobs", "list", "--payload-contains", '{"order": 42}')
+    assert [j["id"] for j in found] == [order.id]
+    found = run_json(db_url, "jobs", "list", "--metadata-contains", '{"tenant": "acme"}')
+    assert [j["id"] for j in found] == [order.id]
+    bad = run(db_url, "jobs", "list", "--payload-contains", "order=42")
+    assert bad.exit_code == 2 and "'--payload-contains'" in bad.stderr
+    assert "must be a JSON object" in bad.stderr and "Traceback" not in bad.output
+
+
 def test_jobs_list_fits_80_columns_one_line_per_job(db_url: str, queue: Queue) -> None:
     long = queue.enqueue(
         "send_welcome_email_to_new_customer", queue="emails-transactional-high-priority"
