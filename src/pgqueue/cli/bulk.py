@@ -92,6 +92,10 @@ def _command(action: BulkAction) -> Callable[..., None]:
                 "numbers as <n>).",
             ),
         ] = None,
+        ids: Annotated[
+            list[int] | None,
+            typer.Option("--id", metavar="ID", help="Only this job (repeat it: a selection)."),
+        ] = None,
         every: Annotated[
             bool,
             typer.Option(
@@ -113,6 +117,7 @@ def _command(action: BulkAction) -> Callable[..., None]:
                 finished_before=_cutoff(finished_before, "--finished-before"),
                 error_contains=error_contains,
                 error_kind=error_kind,
+                ids=ids or None,
                 all=every,
             )
             if not dry_run:
@@ -126,7 +131,8 @@ def _command(action: BulkAction) -> Callable[..., None]:
 
 
 def _flag(field: str) -> str:
-    return "'--state'" if field == "state" else f"'--{field.replace('_', '-')}'"
+    flags = {"state": "'--state'", "ids": "'--id'"}
+    return flags.get(field, f"'--{field.replace('_', '-')}'")
 
 
 def _run(

@@ -31,7 +31,7 @@ from .errors import InvalidJob, KeyTaken
 from .flows import Flow, Statement, db_now
 from .job_spec import JobField
 from .jobs import MAX_DELAY_SECONDS, QUEUE_NAME, TASK_NAME, JobState
-from .rules import Cutoff, Key, Name, OneOf
+from .rules import Cutoff, JobIds, Key, Name, OneOf
 
 __all__ = [
     "BULK_BATCH",
@@ -102,6 +102,11 @@ FILTER_FIELDS: tuple[JobField, ...] = (
         "Only jobs whose last error is of this kind: its first line with ids replaced by "
         "<id> and numbers by <n> (a dead-letter group's error).",
     ),
+    JobField(
+        "ids",
+        JobIds(BULK_BATCH),
+        f"Only these jobs (a selection of at most {BULK_BATCH}).",
+    ),
 )
 _NAMES = tuple(f.name for f in FILTER_FIELDS)
 
@@ -120,6 +125,7 @@ class JobFilter:
     finished_before: datetime | timedelta | float | None = None
     error_contains: str | None = None
     error_kind: str | None = None
+    ids: tuple[int, ...] | list[int] | None = None
     all: bool = False
 
     def __post_init__(self) -> None:
@@ -183,6 +189,7 @@ def bulk(
         "finished_before": _moment(where.finished_before, started_at),
         "error_contains": where.error_contains,
         "error_kind": where.error_kind,
+        "ids": None if where.ids is None else list(where.ids),
     }
     total = 0
     while True:

@@ -549,6 +549,7 @@ WITH candidate AS (
            OR enqueued_at < %(enqueued_before)s::timestamptz)
       AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
       AND (%(error_kind)s::text IS NULL OR pgqueue_error_kind(last_error) = %(error_kind)s::text)
+      AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
     LIMIT %(limit)s
 ), picked AS (
     -- Rows a worker or another statement holds are skipped, not waited for:
@@ -606,6 +607,7 @@ WITH matching AS (
            OR finished_at < %(finished_before)s::timestamptz)
       AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
       AND (%(error_kind)s::text IS NULL OR pgqueue_error_kind(last_error) = %(error_kind)s::text)
+      AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
     ORDER BY finished_at, id
     LIMIT %(limit)s
 ), picked AS (

@@ -215,6 +215,25 @@ def test_each_filter_picks_its_jobs(
     assert changed == set(expected)
 
 
+def test_a_selection_of_ids_takes_those_of_them_the_action_applies_to(
+    queue: Queue, sql: psycopg.Connection[Any]
+) -> None:
+    queue.enqueue_many([{"task": "t"}] * 4)
+    first, second = queue.claim(2, worker="w", queues=["default"])
+    queue.ack(first)
+    queue.fail(second, "boom", retryable=False)
+    done, dead = first.id, second.id
+    queued, other = (j.id for j in queue.list_jobs(state="queued"))
+    selection = [queued, done, dead]
+    assert queue.bulk_cancel(ids=selection, dry_run=True) == 1
+    assert queue.bulk_cancel(ids=selection) == 1
+    assert _state(sql, queued) is JobState.CANCELLED and _state(sql, other) is JobState.QUEUED
+    assert queue.bulk_delete(ids=[done, other]) == 1
+    assert _state(sql, done) is None and _state(sql, other) is JobState.QUEUED
+    assert queue.bulk_retry(JobFilter(ids=(dead, dead))) == 1
+    assert _state(sql, dead) is JobState.QUEUED
+
+
 def _state(sql: psycopg.Connection[Any], job_id: int) -> JobState | None:
     row = sql.execute("SELECT state FROM pgqueue_jobs WHERE id = %s", (job_id,)).fetchone()
     return None if row is None else JobState(row[0])
@@ -243,6 +262,8 @@ def _state(sql: psycopg.Connection[Any], job_id: int) -> JobState | None:
         (BulkAction.CANCEL, {}, "all", "no filter given: this would cancel every waiting"),
         (BulkAction.DELETE, {"all": False}, "all", "give a filter, or all"),
         (BulkAction.DELETE, {"all": 1}, "all", "true or false"),
+        (BulkAction.CANCEL, {"ids": []}, "ids", "list of 1 to 1000 job ids"),
+        (BulkAction.CANCEL, {"ids": [1, "2"]}, "ids", "positive integers"),
     ],
 )
 def test_a_bad_filter_names_its_field_and_writes_nothing(
@@ -279,7 +300,7 @@ async def test_the_async_queue_has_the_same_actions(aqueue: Any) -> None:
 def test_each_batch_reads_the_partial_index_of_its_states(sql: psycopg.Connection[Any]) -> None:
     params: dict[str, Any] = {
         **dict.fromkeys(
-            ("task", "enqueued_before", "finished_before", "error_contains", "error_kind")
+            ("task", "enqueued_before", "finished_before", "error_contains", "error_kind", "ids")
         ),
         **dict.fromkeys(("after_at", "after_id")),
         "started_at": datetime.now().astimezone(),

@@ -161,6 +161,9 @@ def test_yes_skips_the_question_and_json_says_what_was_done(db_url: str, three_i
     deleted = run(db_url, "delete", "--error-kind", "order <n> lost", "-y")
     assert deleted.exit_code == 0 and "0 job(s) match" in deleted.stdout
     assert three_in_a.get(1).state is JobState.CANCELLED
+    retried = run(db_url, "retry", "--id", "1", "--id", "2", "-y")
+    assert retried.exit_code == 0 and "retried 2 job(s)" in retried.stdout
+    assert three_in_a.get(2).state is JobState.QUEUED
 
 
 def test_an_action_without_a_filter_needs_all(
