@@ -331,6 +331,55 @@ def test_every_jobs_filter_lists_what_sql_finds(
             assert shown == expected, (given, where)
 
 
+def search(page: DevTools, state: str) -> None:
+    page.run(f"""(() => {{
+      document.getElementById("state-filter").value = {json.dumps(state)};
+      document.getElementById("jobs-body").replaceChildren();
+      document.getElementById("jobs-refresh").click();
+      return true;
+    }})()""")
+    until(page, 'document.querySelector("#jobs-body tr[data-job-id]")')
+
+
+def test_ticked_jobs_or_all_matching_a_filter_are_acted_on_after_a_count_and_a_question(
+    settings: Settings, stack: dict[str, int], sql: psycopg.Connection[Any], page: DevTools
+) -> None:
+    queued = [i for (i,) in sql.execute(
+        "SELECT id FROM pgqueue_jobs WHERE state = 'queued' AND run_at <= now() ORDER BY id"
+    ).fetchall()][:2]  # fmt: skip
+    assert len(queued) == 2
+    message = 'document.getElementById("bulk-message").textContent'
+    with LiveServer(create_app(settings)) as server:
+        open_page(page, server, "#view=jobs")
+        search(page, "queued")
+        for job_id in queued:
+            click(page, f'#jobs-body tr[data-job-id="{job_id}"] input[type=checkbox]')
+        assert page.run('document.getElementById("jobs-chosen").textContent') == "2 selected"
+        click(page, '#jobs-bulk button[data-bulk="cancel"][data-scope="selected"]')
+        assert answer(page, accept=False) == "Cancel 2 of the 2 selected jobs?"
+        assert scalar(sql, "SELECT count(*) FROM pgqueue_jobs WHERE id = ANY(%s) "
+                      "AND state = 'cancelled'", queued) == 0  # fmt: skip
+        click(page, '#jobs-bulk button[data-bulk="cancel"][data-scope="selected"]')
+        answer(page, accept=True)
+        until(page, f"{message} === 'Cancelled 2 jobs.'")
+        assert scalar(sql, "SELECT count(*) FROM pgqueue_jobs WHERE id = ANY(%s) "
+                      "AND state = 'cancelled'", queued) == 2  # fmt: skip
+
+        search(page, "cancelled")
+        cancelled = scalar(sql, "SELECT count(*) FROM pgqueue_jobs WHERE state = 'cancelled'")
+        click(page, '#jobs-bulk button[data-bulk="retry"][data-scope="matching"]')
+        assert answer(page, accept=True) == f"Retry {cancelled} jobs matching this filter?"
+        until(page, f"{message} === 'Retried {cancelled} jobs.'")
+        assert scalar(sql, "SELECT count(*) FROM pgqueue_jobs WHERE state = 'cancelled'") == 0
+
+        search(page, "scheduled")
+        before = scalar(sql, "SELECT count(*) FROM pgqueue_jobs WHERE state = 'cancelled'")
+        click(page, '#jobs-bulk button[data-bulk="cancel"][data-scope="matching"]')
+        until(page, f"{message}.startsWith('A bulk action takes')")
+        assert not page.run('document.getElementById("confirm").open')
+        assert scalar(sql, "SELECT count(*) FROM pgqueue_jobs WHERE state = 'cancelled'") == before
+
+
 DISABLED = '["job-cancel", "job-retry"].map((id) => document.getElementById(id).disabled)'
 
 
@@ -502,6 +551,8 @@ def test_a_read_token_sees_no_action_button_and_an_admin_token_does(
         until(page, 'document.getElementById("status").textContent.startsWith("Updated")')
         buttons = page.run(ACTION_BUTTONS)
         badge = page.run('!document.getElementById("access-badge").hidden')
+        bulk = page.run('getComputedStyle(document.getElementById("jobs-bulk")).display !== "none"')
+    assert bulk is sees
     if sees:
         assert {"Pause", "Resume", "Retry all", "Delete all", "Cancel", "Retry"} <= set(buttons)  # type: ignore[arg-type]
         assert badge is False
