@@ -110,6 +110,11 @@ class DevTools:
             {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": mobile},
         )
 
+    def color_scheme(self, scheme: str) -> None:
+        """Emulate the system's light or dark preference ("": the default)."""
+        features = [{"name": "prefers-color-scheme", "value": scheme}]
+        self.call("Emulation.setEmulatedMedia", {"features": features})
+
     def screenshot(self, path: Path) -> Path:
         """A PNG of the whole page, written to ``path``."""
         shot = self.call("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True})

@@ -561,6 +561,49 @@ def test_a_read_token_sees_no_action_button_and_an_admin_token_does(
         assert badge is True
 
 
+def test_a_token_link_opened_in_a_tab_already_showing_the_page_is_taken(
+    settings: Settings, stack: dict[str, int], page: DevTools
+) -> None:
+    app = create_app(settings.replace(api_tokens=(ADMIN,), api_read_tokens=(READER,)))
+    with LiveServer(app) as server:
+        page.goto(f"{server.url}/dashboard")
+        until(page, '!document.getElementById("token-prompt").hidden')
+        page.run(f'location.hash = "#token={ADMIN}&view=dead"; true')
+        until(page, 'document.querySelector("#dead-body tr[data-group]")')
+        assert page.run('document.getElementById("token-prompt").hidden') is True
+        assert page.run('sessionStorage.getItem("pgqueue.dashboard.token")') == ADMIN
+        assert ADMIN not in str(page.run("location.href"))
+        page.run(f'location.hash = "#job={stack["dead"]}"; true')
+        until(page, f'document.getElementById("detail-id").textContent === "#{stack["dead"]}"')
+        assert page.run('!document.querySelector("[data-in=jobs]").hidden') is True
+
+
+BACKGROUND = "getComputedStyle(document.body).backgroundColor"
+
+
+def test_dark_follows_the_system_until_the_switch_says_otherwise(
+    settings: Settings, stack: dict[str, int], page: DevTools, shots: Path
+) -> None:
+    page.color_scheme("dark")
+    try:
+        with LiveServer(create_app(settings)) as server:
+            open_page(page, server)
+            page.run('localStorage.removeItem("pgqueue.dashboard.theme"); true')
+            open_page(page, server)
+            assert page.run("document.documentElement.dataset.theme") == "dark"
+            assert page.run(BACKGROUND) == "rgb(20, 23, 29)"
+            assert page.run('document.getElementById("theme").textContent') == "Light"
+            page.screenshot(shots / "overview-dark.png")
+            click(page, "#theme")
+            assert page.run("document.documentElement.dataset.theme") == "light"
+            assert page.run(BACKGROUND) == "rgb(246, 247, 249)"
+            open_page(page, server)  # the choice is kept in this browser
+            assert page.run("document.documentElement.dataset.theme") == "light"
+    finally:
+        page.run('localStorage.removeItem("pgqueue.dashboard.theme"); true')
+        page.color_scheme("")
+
+
 def test_every_view_fits_a_400_px_phone_screen(
     settings: Settings, stack: dict[str, int], page: DevTools, shots: Path
 ) -> None:
