@@ -177,6 +177,11 @@ def open_page(page: DevTools, server: LiveServer, fragment: str = "") -> None:
 # -- overview -------------------------------------------------------------------------------------
 
 
+SWATCHES = """["throughput", "latency"].map((chart) => Object.fromEntries(
+  [...document.querySelectorAll("#legend-" + chart + " span")]
+    .map((s) => [s.textContent, s.style.getPropertyValue("--swatch")])))"""
+
+
 def test_overview_numbers_are_the_databases(
     settings: Settings, stack: dict[str, int], sql: psycopg.Connection[Any], page: DevTools,
     shots: Path,
@@ -186,13 +191,14 @@ def test_overview_numbers_are_the_databases(
         until(page, '!document.getElementById("charts").hidden')
         queues = rows(page, "queues-body", "queue")
         workers_alive = page.run('document.getElementById("workers-alive").textContent')
-        cards = page.run('["total-queued", "total-running", "total-dead"]'
+        cards = page.run('["total-queued", "total-scheduled", "total-running", "total-dead"]'
                          '.map((id) => document.getElementById(id).textContent)')  # fmt: skip
         history = page.run('[document.getElementById("history-status").textContent, '
                            '[...document.querySelectorAll("#legend-throughput span")]'
                            '.map((s) => s.textContent), '
                            'document.querySelectorAll("#chart-throughput svg, #chart-latency svg")'
                            '.length]')  # fmt: skip
+        swatches = page.run(SWATCHES)
         path = page.screenshot(shots / "overview-laptop.png")
         if target := os.environ.get("PGQUEUE_SCREENSHOT_TO"):
             page.screenshot(Path(target))
@@ -224,13 +230,20 @@ def test_overview_numbers_are_the_databases(
 
     alive = scalar(sql, "SELECT count(*) FROM pgqueue_workers WHERE expires_at > now()")
     assert workers_alive == str(alive) == "2"
+    queued = "SELECT count(*) FROM pgqueue_jobs WHERE state = 'queued' AND run_at"
     assert cards == [
-        str(scalar(sql, "SELECT count(*) FROM pgqueue_jobs WHERE state = 'queued'")),
+        str(scalar(sql, f"{queued} <= now()")),
+        str(scalar(sql, f"{queued} > now()")),
         str(scalar(sql, "SELECT count(*) FROM pgqueue_jobs WHERE state = 'running'")),
         str(sum(dead.values())),
     ]
     # The per-minute history drawn: a throughput line per queue and the total.
     assert history[0] == "" and history[2] == 2
+    # A queue has one colour in both charts, and no two queues share one.
+    throughput, latency = swatches
+    assert latency and all(throughput[name] == colour for name, colour in latency.items())
+    queue_colours = [c for name, c in throughput.items() if name != "total"]
+    assert len(set(queue_colours)) == len(queue_colours)
     assert sorted(history[1]) == sorted(["total", *live])
     assert path.stat().st_size > 10_000
 
