@@ -226,7 +226,8 @@ def test_overview_numbers_are_the_databases(
     assert (
         {name for name, row in queues.items() if row["paused"] == "true"} == paused == {"archive"}
     )
-    assert queues["archive"]["buttons"] == ["Resume"] and queues["emails"]["buttons"] == ["Pause"]
+    assert queues["archive"]["buttons"] == ["Resume", "Limits"]
+    assert queues["emails"]["buttons"] == ["Pause", "Limits"]
 
     alive = scalar(sql, "SELECT count(*) FROM pgqueue_workers WHERE expires_at > now()")
     assert workers_alive == str(alive) == "2"
@@ -246,6 +247,56 @@ def test_overview_numbers_are_the_databases(
     assert len(set(queue_colours)) == len(queue_colours)
     assert sorted(history[1]) == sorted(["total", *live])
     assert path.stat().st_size > 10_000
+
+
+def limits_of(sql: psycopg.Connection[Any], name: str) -> tuple[Any, ...] | None:
+    return sql.execute(
+        "SELECT concurrency_limit, rate_limit, rate_period_seconds FROM pgqueue_queues "
+        "WHERE name = %s", (name,)
+    ).fetchone()  # fmt: skip
+
+
+def edit_limits(page: DevTools, name: str, values: dict[str, str]) -> None:
+    click(page, f'#queues-body tr[data-queue="{name}"] button.limits-button')
+    until(page, 'document.getElementById("limits").open')
+    page.run(f"""(() => {{
+      for (const [id, v] of Object.entries({json.dumps(values)}))
+        document.getElementById(id).value = v;
+      document.getElementById("limits-save").click();
+      return true;
+    }})()""")
+
+
+def test_a_queues_limits_are_edited_and_set_after_a_question(
+    settings: Settings, stack: dict[str, int], sql: psycopg.Connection[Any], page: DevTools
+) -> None:
+    message = 'document.getElementById("queues-message").textContent'
+    wanted = {"limit-concurrency": "3", "limit-rate": "10", "limit-period": "60"}
+    with LiveServer(create_app(settings)) as server:
+        open_page(page, server)
+        edit_limits(page, "emails", wanted)
+        question = "Set the limits of queue emails to: at most 3 running, 10 started per 60 s?"
+        assert answer(page, accept=False) == question
+        assert limits_of(sql, "emails") in (None, (None, None, None))
+        edit_limits(page, "emails", wanted)
+        answer(page, accept=True)
+        until(page, f"{message}.startsWith('Limits of emails')")
+        assert limits_of(sql, "emails") == (3, 10, 60.0)
+        until(page, 'document.querySelector(\'#queues-body tr[data-queue="emails"] '
+                    'td[data-col="limits"]\').textContent.startsWith("at most 3")')  # fmt: skip
+
+        # The rate emptied: no rate limit any more; the concurrency stays.
+        edit_limits(page, "emails", {"limit-rate": "", "limit-period": ""})
+        assert answer(page, accept=True).endswith("to: at most 3 running?")
+        until(page, f"{message} === 'Limits of emails: at most 3 running.'")
+        assert limits_of(sql, "emails") == (3, None, None)
+
+        # What the API refuses is said, and nothing changes.
+        edit_limits(page, "emails", {"limit-rate": "5"})
+        answer(page, accept=True)
+        until(page, 'document.getElementById("queues-message").className.includes("error")')
+        assert "rate_period_seconds" in str(page.run(message))
+        assert limits_of(sql, "emails") == (3, None, None)
 
 
 def test_pause_and_resume_ask_first(
