@@ -668,6 +668,24 @@ def test_dark_follows_the_system_until_the_switch_says_otherwise(
         page.color_scheme("")
 
 
+def test_on_a_phone_a_tapped_jobs_detail_comes_into_view(
+    settings: Settings, stack: dict[str, int], page: DevTools
+) -> None:
+    page.viewport(PHONE, 800, mobile=True)
+    with LiveServer(create_app(settings)) as server:
+        open_page(page, server, "#view=jobs")
+        until(page, 'document.querySelector("#jobs-body tr[data-job-id]")')
+        assert page.run('document.getElementById("detail").getBoundingClientRect().top') > 800
+        click(page, f'#jobs-body tr[data-job-id="{stack["dead"]}"] td:nth-child(3)')
+        until(page, f'document.getElementById("detail-id").textContent === "#{stack["dead"]}"')
+        top = until(
+            page,
+            '(() => { const t = document.getElementById("detail")'
+            ".getBoundingClientRect().top; return t >= 0 && t < 100 && t + 1; })()",
+        )
+        assert 1 <= top <= 100
+
+
 def test_every_view_fits_a_400_px_phone_screen(
     settings: Settings, stack: dict[str, int], page: DevTools, shots: Path
 ) -> None:
