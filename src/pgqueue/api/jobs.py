@@ -23,6 +23,7 @@ from starlette.convertors import StringConvertor, register_url_convertor
 
 from ..core import reads
 from ..core.jobs import JobState
+from ..core.redaction import Redaction
 from ..queue import AsyncQueue
 from .http_errors import documented_errors
 from .models import (
@@ -62,6 +63,11 @@ def _queue(request: Request) -> AsyncQueue:
     return queue
 
 
+def _redaction(request: Request) -> Redaction:
+    redaction: Redaction = request.app.state.redaction
+    return redaction
+
+
 # -- producers ---------------------------------------------------------------
 
 
@@ -82,7 +88,7 @@ async def enqueue(body: EnqueueRequest, request: Request, response: Response) ->
     job = await _queue(request).enqueue(**body.fields())
     if job.duplicate:
         response.status_code = 200
-    return JobOut.of(job)
+    return JobOut.of(job, _redaction(request))
 
 
 def batch_router(max_batch: int) -> APIRouter:
@@ -131,7 +137,7 @@ def batch_router(max_batch: int) -> APIRouter:
     summary="One job",
 )
 async def get_job(job_id: JobId, request: Request) -> JobOut:
-    return JobOut.of(await _queue(request).get(job_id))
+    return JobOut.of(await _queue(request).get(job_id), _redaction(request))
 
 
 @router.get(
@@ -221,7 +227,7 @@ async def list_jobs(
         rows = await queue.run(reads.list_summaries(**filters))
         jobs = [JobSummary.model_validate(row) for row in rows]
     else:
-        jobs = [JobOut.of(job) for job in await queue.list_jobs(**filters)]
+        jobs = [JobOut.of(job, _redaction(request)) for job in await queue.list_jobs(**filters)]
     next_cursor = jobs[-1].id if len(jobs) == limit else None
     return JobList(jobs=jobs, next_cursor=next_cursor)
 
@@ -235,7 +241,7 @@ async def list_jobs(
     "409 if the job already finished.",
 )
 async def cancel_job(job_id: JobId, request: Request) -> JobOut:
-    return JobOut.of(await _queue(request).cancel(job_id))
+    return JobOut.of(await _queue(request).cancel(job_id), _redaction(request))
 
 
 @router.post(
@@ -246,4 +252,4 @@ async def cancel_job(job_id: JobId, request: Request) -> JobOut:
     description="Back to queued with a fresh attempt budget; 409 for any other state.",
 )
 async def retry_job(job_id: JobId, request: Request) -> JobOut:
-    return JobOut.of(await _queue(request).retry(job_id))
+    return JobOut.of(await _queue(request).retry(job_id), _redaction(request))

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from ..core.job_spec import JOB_FIELDS, JobField
 from ..core.jobs import MAX_ATTEMPT_ERRORS, QUEUE_NAME, TASK_NAME, Job, JobState
 from ..core.queue_controls import LIMITS, QueueControls
+from ..core.redaction import Redaction
 
 __all__ = [
     "BatchEnqueued",
@@ -156,13 +157,14 @@ class JobOut(JobSummary):
     )
 
     @classmethod
-    def of(cls, job: Job) -> JobOut:
+    def of(cls, job: Job, redaction: Redaction) -> JobOut:
+        """The job as people may see it: its payload's redacted fields hidden."""
         return cls(
             id=job.id,
             queue=job.queue,
             task=job.task,
             state=job.state,
-            payload=job.payload,
+            payload=redaction.payload(job.task, job.payload),
             priority=job.priority,
             attempts=job.attempts,
             max_attempts=job.max_attempts,

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from ..core.dependencies import WorkflowJobs
 from ..core.job_spec import JOB_FIELDS
 from ..core.jobs import JobState
+from ..core.redaction import Redaction
 from ..core.workflows import MAX_WORKFLOW_JOBS
 from ..queue import AsyncQueue
 from .http_errors import documented_errors
@@ -78,11 +79,11 @@ class WorkflowOut(BaseModel):
     edges: list[Edge]
 
     @classmethod
-    def of(cls, workflow: WorkflowJobs) -> "WorkflowOut":
+    def of(cls, workflow: WorkflowJobs, redaction: Redaction) -> "WorkflowOut":
         return cls(
             workflow_id=workflow.id,
             counts={JobState(state): n for state, n in workflow.counts().items()},
-            jobs=[JobOut.of(job) for job in workflow.jobs],
+            jobs=[JobOut.of(job, redaction) for job in workflow.jobs],
             edges=[Edge(parent=p, child=c) for p, c in workflow.edges()],
         )
 
@@ -129,7 +130,7 @@ async def create_workflow(body: WorkflowRequest, request: Request) -> WorkflowCr
 )
 async def get_workflow(workflow_id: str, request: Request) -> WorkflowOut:
     queue: AsyncQueue = request.app.state.queue
-    return WorkflowOut.of(await queue.workflow(workflow_id))
+    return WorkflowOut.of(await queue.workflow(workflow_id), request.app.state.redaction)
 
 
 @router.post(
@@ -145,4 +146,4 @@ async def act_on_workflow(
     workflow_id: str, action: Literal["cancel", "retry"], request: Request
 ) -> WorkflowOut:
     queue: AsyncQueue = request.app.state.queue
-    return WorkflowOut.of(await queue.workflow(workflow_id, action))
+    return WorkflowOut.of(await queue.workflow(workflow_id, action), request.app.state.redaction)

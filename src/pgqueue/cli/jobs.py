@@ -88,6 +88,7 @@ def jobs_list(
         except InvalidJob as exc:  # a search that is not a JSON object
             flag = f"'--{exc.field.replace('_', '-')}'"
             raise typer.BadParameter(exc.problem, param_hint=flag) from None
+        jobs = [output.shown(job, q.settings.redaction) for job in jobs]
     if wants_json(ctx, json_out):
         output.emit_json([job.to_dict() for job in jobs])
         return
@@ -114,7 +115,7 @@ def _on_one_job(
     """Act on one job; print it as JSON, or say what happened."""
     state = state_of(ctx)
     with state.queue() as q:
-        job = act(q)
+        job = output.shown(act(q), q.settings.redaction)
     if wants_json(ctx, json_out):
         output.emit_json(job.to_dict())
     else:

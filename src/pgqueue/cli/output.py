@@ -7,6 +7,7 @@ output is piped, and NO_COLOR is honoured (Rich does both).
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import sys
@@ -22,6 +23,7 @@ from rich.text import Text
 
 from ..core.jobs import Job, JobState
 from ..core.queue_controls import QueueControls
+from ..core.redaction import Redaction
 from ..core.stats import QueueStats
 
 __all__ = [
@@ -34,6 +36,7 @@ __all__ = [
     "fitted_table",
     "jobs_table",
     "queues_table",
+    "shown",
     "stderr_console",
     "stdout_console",
 ]
@@ -92,6 +95,13 @@ def age(seconds: float | None) -> str:
         return f"{hours}h{minutes:02d}m"
     days, hours = divmod(hours, 24)
     return f"{days}d{hours:02d}h"
+
+
+def shown(job: Job, redaction: Redaction) -> Job:
+    """The job as people may see it: its payload's redacted fields hidden
+    (Settings.redacted_fields)."""
+    payload = redaction.payload(job.task, job.payload)
+    return job if payload is job.payload else dataclasses.replace(job, payload=payload)
 
 
 def state_text(state: JobState) -> str:

@@ -45,12 +45,13 @@ def _act(ctx: typer.Context, workflow_id: str, action: str, json_out: bool) -> N
     state = state_of(ctx)
     with state.queue() as q:
         workflow = q.workflow(workflow_id, action)
+        redaction = q.settings.redaction
     if wants_json(ctx, json_out):
         output.emit_json(
             {
                 "workflow_id": str(workflow.id),
                 "counts": workflow.counts(),
-                "jobs": [job.to_dict() for job in workflow.jobs],
+                "jobs": [output.shown(job, redaction).to_dict() for job in workflow.jobs],
                 "edges": [{"parent": p, "child": c} for p, c in workflow.edges()],
             }
         )

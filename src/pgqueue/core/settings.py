@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from .errors import InvalidSettings
+from .redaction import Redaction
 
 __all__ = ["Settings"]
 
@@ -127,6 +128,9 @@ class Settings:
     # Without tokens, Host names the API answers to besides IP addresses,
     # localhost and api_host (a page on any other name is DNS rebinding).
     api_allowed_hosts: tuple[str, ...] = ()
+    # Payload fields the dashboard, the API and the command line show as
+    # "[redacted]": "key", "key.inner" or "task:key" (core/redaction.py).
+    redacted_fields: tuple[str, ...] = ()
     # OpenTelemetry spans (enqueue, claim, each attempt) and the enqueuer's
     # trace context carried in each job's metadata, when opentelemetry-api
     # is installed (pgqueue[otel]); they record nothing until the
@@ -203,6 +207,7 @@ class Settings:
             )
         if list(self.latency_buckets) != sorted(set(self.latency_buckets)):
             raise InvalidSettings("latency_buckets must be strictly increasing")
+        Redaction.of(self.redacted_fields)  # refused here, not at the first job shown
         if not all(
             isinstance(k, str) and k and isinstance(v, str) and v for k, v in self.clusters.items()
         ):
@@ -226,6 +231,11 @@ class Settings:
         values.update(_read_environment(os.environ if environ is None else environ))
         values.update({name: value for name, value in flags.items() if value is not None})
         return cls(**values)
+
+    @property
+    def redaction(self) -> Redaction:
+        """What of a payload the dashboard, the API and the command line show."""
+        return Redaction.of(self.redacted_fields)
 
     @property
     def detects_dead_sessions(self) -> bool:
