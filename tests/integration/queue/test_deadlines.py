@@ -30,6 +30,7 @@ from pgqueue import (
     DatabaseUnavailable,
     EnqueueOutcomeUnknown,
     Job,
+    JobFilter,
     OutcomeUnknown,
     Queue,
     Settings,
@@ -481,7 +482,10 @@ async def a_call(face: str, queue: Any, name: str, *args: Any) -> Any:
 # A change of each kind, by its arguments (a job's id), and what shows it was done.
 CHANGES = {
     "cancel": (lambda job_id: ("cancel", job_id), lambda url, job_id: _state(url, job_id)),
-    "bulk_cancel": (lambda job_id: ("bulk_cancel",), lambda url, job_id: _state(url, job_id)),
+    "bulk_cancel": (
+        lambda job_id: ("bulk_cancel", JobFilter(all=True)),
+        lambda url, job_id: _state(url, job_id),
+    ),
     "pause": (
         lambda job_id: ("pause", "default"),
         lambda url, job_id: "cancelled" if _paused(url) else "queued",
