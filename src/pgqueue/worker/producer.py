@@ -333,16 +333,16 @@ class Producer:
         ours = set(self.queues or ())
         while True:
             try:
-                async for queue in hints():
-                    if queue is None:  # listening (again): look, hints were missed
+                async for hint in hints():
+                    if hint is None:  # listening (again): look, hints were missed
                         backoff.succeeded()
                         self._wake.set()
-                    elif isinstance(queue, CancelNotice):
-                        self.cancelled(queue)
-                    elif not ours or queue in ours:
-                        self._heard.add(queue)
-                        if queue not in self.known:
-                            self.known.append(queue)
+                    elif isinstance(hint, CancelNotice):
+                        self.cancelled(hint)
+                    elif not ours or hint in ours:
+                        self._heard.add(hint)
+                        if hint not in self.known:
+                            self.known.append(hint)
                         self._wake.set()
                 raise ConnectionError("the listening connection was closed")
             except WAIT_OUT as exc:  # ConnectionError is an OSError
