@@ -42,6 +42,15 @@ async def until(predicate: Callable[[], Any], timeout: float = 10.0) -> None:  #
         await asyncio.sleep(0.01)
 
 
+async def past_first_heartbeat(worker: AsyncWorker, sql: psycopg.Connection[Any]) -> None:
+    """The worker's first heartbeat, at its start, registers it: once its
+    row is there, the next heartbeat is a heartbeat interval away. (A job
+    enqueued before could be cancelled before that first heartbeat, which
+    would then find its lease gone.)"""
+    registered = "SELECT 1 FROM pgqueue_workers WHERE name = %s"
+    await until(lambda: sql.execute(registered, (worker.name,)).fetchone() is not None)
+
+
 def take_over(
     queue: Queue, sql: psycopg.Connection[Any], job_id: int, worker: str = "other"
 ) -> Job:

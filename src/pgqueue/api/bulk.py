@@ -71,7 +71,8 @@ class BulkResult(BaseModel):
     response_model=BulkResult,
     responses=documented_errors(403),
     summary="Cancel, retry or delete every job a filter matches",
-    description="cancel: queued and running jobs (a running job's lease is revoked); "
+    description="cancel: queued and running jobs (a running job's lease is revoked and its "
+    "handler stopped); "
     "retry: dead and cancelled jobs (one whose key another job holds now is left as it "
     "is); delete: finished jobs. In batches of "
     f"{BULK_BATCH} jobs, each its own transaction. Admin tokens only.",

@@ -237,8 +237,8 @@ async def list_jobs(
     response_model=JobOut,
     responses=documented_errors(403, 404, 409),
     summary="Cancel a queued or running job",
-    description="A running job's lease is revoked: its worker's result is refused. "
-    "409 if the job already finished.",
+    description="A running job's lease is revoked and its worker told to stop the handler: "
+    "its result is refused. 409 if the job already finished.",
 )
 async def cancel_job(job_id: JobId, request: Request) -> JobOut:
     return JobOut.of(await _queue(request).cancel(job_id), _redaction(request))

@@ -138,7 +138,8 @@ async def get_workflow(workflow_id: str, request: Request) -> WorkflowOut:
     response_model=WorkflowOut,
     responses=documented_errors(403, 404),
     summary="Cancel a workflow, or retry its failed steps",
-    description="cancel: every job that has not ended (running jobs' leases are revoked); "
+    description="cancel: every job that has not ended (running jobs' leases are revoked and "
+    "their handlers stopped); "
     "retry: its dead and cancelled jobs, with fresh budgets, each waiting again for those "
     "of its parents that run again. Admin tokens only.",
 )

@@ -171,7 +171,7 @@ def _errors_table(job: Job) -> Table:
 
 @jobs_app.command("cancel")
 def jobs_cancel(ctx: typer.Context, job_id: JobIdArgument, json_out: JsonFlag = False) -> None:
-    """Cancel a queued or running job (a running job's result will be dropped)."""
+    """Cancel a queued or running job (a running one's handler is stopped, its result dropped)."""
     _on_one_job(
         ctx,
         json_out,

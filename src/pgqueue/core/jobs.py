@@ -9,7 +9,7 @@ import json
 import operator
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields, make_dataclass
+from dataclasses import dataclass, field, fields, make_dataclass
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
@@ -33,6 +33,7 @@ __all__ = [
     "AttemptError",
     "Job",
     "JobState",
+    "call_off",
     "dump_json",
 ]
 
@@ -156,6 +157,19 @@ class Job:
     # The results of the jobs of ``depends_on``, in that order (None for a
     # job that did not succeed, or was pruned): filled in by the claim.
     parents: tuple[Any, ...] = ()
+    # Set once by the worker that runs this attempt (call_off); read as
+    # ``cancelled``.
+    _called_off: bool = field(default=False, repr=False, compare=False)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the worker has called this attempt off while its
+        handler runs: the job was cancelled (``Queue.cancel``, a bulk or a
+        workflow cancel), or its lease was lost. A sync handler, which the
+        worker cannot stop, checks it between steps and returns: whatever it
+        returns is dropped, and the job stays as the cancel left it. False
+        for any other Job (read back, or not running)."""
+        return self._called_off
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any], *, duplicate: bool = False) -> Job:
@@ -183,7 +197,9 @@ class Job:
         return out
 
 
-_COLUMNS = tuple(f.name for f in fields(Job) if f.name not in ("duplicate", "parents"))
+_COLUMNS = tuple(
+    f.name for f in fields(Job) if f.name not in ("duplicate", "parents", "_called_off")
+)
 # A state column's text as a JobState (quicker than calling JobState).
 STATES = {state.value: state for state in JobState}
 
@@ -220,7 +236,7 @@ def _reader(names: tuple[str, ...]) -> Callable[[Sequence[Any]], Job]:
 def _made(columns: Iterable[Any], duplicate: bool, parents: tuple[Any, ...]) -> Job:
     """A Job of a row's columns (in the order of _COLUMNS): the state as a
     JobState, the errors (jsonb, NULL when none) as AttemptErrors."""
-    job = _Unfrozen(*columns, duplicate, parents)
+    job = _Unfrozen(*columns, duplicate, parents, False)  # False: not called off
     job.state = STATES[job.state]
     errors = job.errors
     if errors and not isinstance(errors, list):  # a row written by SQL
@@ -228,6 +244,12 @@ def _made(columns: Iterable[Any], duplicate: bool, parents: tuple[Any, ...]) -> 
     job.errors = tuple(map(AttemptError.from_dict, errors)) if errors else ()
     job.__class__ = Job
     return job  # type: ignore[no-any-return]
+
+
+def call_off(job: Job) -> None:
+    """Make ``job.cancelled`` True: the worker's, when it calls the attempt
+    off. (A plain store, seen at once by the handler's thread.)"""
+    object.__setattr__(job, "_called_off", True)
 
 
 # -- a new job -------------------------------------------------------------------

@@ -20,6 +20,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 
 from .enqueue import KEY_ROUNDS
 from .errors import JobAlreadyFinished, JobKeyHeld, JobNotRetryable, KeyTaken
@@ -30,6 +31,7 @@ from .reads import checked_job_id, get, queues_with_jobs
 from .settings import Settings
 
 __all__ = [
+    "CancelNotice",
     "cancel",
     "claim",
     "finish",
@@ -218,9 +220,31 @@ def prune(settings: Settings, limit: int | None = None) -> Flow[int]:
     return int(rows[0]["pruned"])
 
 
+@dataclass(frozen=True, slots=True)
+class CancelNotice:
+    """The running attempts a cancel ended, (job id, lease token) each: what
+    the cancels (``cancel``, bulk, workflow) notify on ``pgqueue_cancelled``
+    at commit (migrations/0022), so that the workers holding them stop
+    their handlers."""
+
+    leases: tuple[tuple[int, int], ...]
+
+    @classmethod
+    def from_payload(cls, payload: str) -> CancelNotice:
+        """Read "id:token,id:token"; a pair that is not two integers is
+        left out (nobody but pgqueue_notify_cancelled should write here)."""
+        leases = []
+        for pair in payload.split(","):
+            job_id, _, token = pair.partition(":")
+            if job_id.isdecimal() and token.isdecimal():
+                leases.append((int(job_id), int(token)))
+        return cls(tuple(leases))
+
+
 def cancel(job_id: int) -> Flow[Job]:
-    """Cancel a waiting, queued or running job (revoking its lease); its
-    dependents follow their policies."""
+    """Cancel a waiting, queued or running job (revoking its lease, and
+    telling its worker: ``CancelNotice``); its dependents follow their
+    policies."""
     jobs: list[Job] = yield Statement("job_cancel", {"id": checked_job_id(job_id)}, jobs=True)
     if jobs:
         return jobs[0]

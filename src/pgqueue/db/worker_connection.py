@@ -18,6 +18,7 @@ from typing import Any, Protocol, TypeVar
 import psycopg
 
 from ..core.flows import Flow
+from ..core.transitions import CancelNotice
 from ..sql import QUERIES
 from . import deadlines, driver
 from .connections import connect_timeout_default
@@ -28,6 +29,9 @@ __all__ = ["CONNECT_KWARGS", "Connection", "FlowDriver", "connect_kwargs", "list
 T = TypeVar("T")
 
 log = logging.getLogger("pgqueue.worker")
+
+# Where the cancels tell the workers (migrations/0022_notify_cancelled.sql).
+CANCEL_CHANNEL = "pgqueue_cancelled"
 
 # A silently dead peer is noticed in seconds, not hours (driver.LIVENESS).
 CONNECT_KWARGS: dict[str, Any] = {
@@ -147,11 +151,16 @@ class Connection:
             await self._drop()
 
 
-async def listen_for_hints(url: str) -> AsyncIterator[str | None]:
-    """The queue names of "jobs are ready" hints, on a connection of their
-    own; first None, once listening (hints sent before were not heard)."""
+async def listen_for_hints(url: str) -> AsyncIterator[str | CancelNotice | None]:
+    """On a connection of their own: the queue names of "jobs are ready"
+    hints, and the running attempts cancels ended (``CancelNotice``); first
+    None, once listening (what was sent before was not heard)."""
     async with await psycopg.AsyncConnection.connect(url, **connect_kwargs(url)) as conn:
         await conn.execute(QUERIES["listen_jobs"])
+        await conn.execute(QUERIES["listen_cancelled"])
         yield None
         async for note in conn.notifies():
-            yield note.payload
+            if note.channel == CANCEL_CHANNEL:
+                yield CancelNotice.from_payload(note.payload)
+            else:
+                yield note.payload

@@ -479,25 +479,37 @@ SELECT id, state FROM reaped, (SELECT count(*) FROM woken) w, (SELECT count(*) F
 
 -- name: job_cancel
 -- Cancel a waiting, queued or running job; a running job's lease is
--- revoked, so its worker's ack matches nothing. Its dependents follow their
--- policies (as in job_finish).
-WITH cancelled AS (
-    UPDATE pgqueue_jobs
-    SET state = 'cancelled', finished_at = now(), lease_expires_at = NULL
+-- revoked, so its worker's ack matches nothing, and its worker is told at
+-- commit (pgqueue_notify_cancelled) to stop the handler. Its dependents
+-- follow their policies (as in job_finish).
+WITH picked AS (
+    -- Locked first, to know the state it is cancelled from (RETURNING
+    -- gives the new one): a claim that committed meanwhile is seen.
+    SELECT id, state FROM pgqueue_jobs
     WHERE id = %(id)s AND state IN ('waiting', 'queued', 'running')
-    RETURNING *
+    FOR NO KEY UPDATE
+), cancelled AS (
+    UPDATE pgqueue_jobs j
+    SET state = 'cancelled', finished_at = now(), lease_expires_at = NULL
+    FROM picked p
+    WHERE j.id = p.id AND j.state IN ('waiting', 'queued', 'running')
+    RETURNING j.*
 ), counted AS (
     INSERT INTO pgqueue_counters AS c (queue, shard, cancelled)
     SELECT queue, pg_backend_pid() %% 16, 1 FROM cancelled
     ON CONFLICT (queue, shard) DO UPDATE SET cancelled = c.cancelled + 1
 ), woken AS (
     SELECT pgqueue_notify_ended(array_agg(id)) FROM cancelled
+), stopped AS (
+    SELECT pgqueue_notify_cancelled(array_agg(c.id), array_agg(c.lease_token))
+    FROM cancelled c JOIN picked p ON p.id = c.id WHERE p.state = 'running'
+    HAVING count(*) > 0
 ), released AS (
     SELECT pgqueue_release(array_agg(id), array_agg(false))
     FROM cancelled WHERE has_dependents HAVING count(*) > 0
 )
 SELECT cancelled.* FROM cancelled, (SELECT count(*) FROM woken) w,
-       (SELECT count(*) FROM released) r;
+       (SELECT count(*) FROM stopped) s, (SELECT count(*) FROM released) r;
 
 -- name: job_retry
 -- Put a dead or cancelled job back to queued with a fresh budget of attempts
@@ -523,7 +535,7 @@ SELECT retried.* FROM retried, (SELECT count(*) FROM woken) w;
 -- One batch of a bulk cancel: up to `limit` waiting, queued or running jobs (of
 -- `states`) that match the filter; with `dry_run`, how many match (no
 -- limit), and nothing else. As job_cancel: a running job's lease is
--- revoked, so its worker's ack matches nothing. The flow repeats it until a
+-- revoked, so its worker's ack matches nothing, and its worker is told. The flow repeats it until a
 -- batch cancels nothing. Only jobs enqueued by `started_at` (the database's
 -- now() when the action began) match, so that a producer still flooding the
 -- queue cannot keep it going.
@@ -555,7 +567,8 @@ WITH candidate AS (
     -- Rows a worker or another statement holds are skipped, not waited for:
     -- a batch neither waits for nor deadlocks with a claim or an ack. A
     -- later batch finds them again.
-    SELECT j.id FROM pgqueue_jobs j JOIN matching m ON m.id = j.id
+    -- Its state as locked (the newest): the one it is cancelled from.
+    SELECT j.id, j.state FROM pgqueue_jobs j JOIN matching m ON m.id = j.id
     WHERE NOT %(dry_run)s
     FOR UPDATE OF j SKIP LOCKED
 ), cancelled AS (
@@ -565,20 +578,25 @@ WITH candidate AS (
     SET state = 'cancelled', finished_at = now(), lease_expires_at = NULL
     FROM picked p
     WHERE j.id = p.id AND j.state = ANY(%(states)s::text[])
-    RETURNING j.id, j.queue, j.has_dependents
+    RETURNING j.id, j.queue, j.has_dependents, j.lease_token, p.state = 'running' AS was_running
 ), counted AS (
     INSERT INTO pgqueue_counters AS c (queue, shard, cancelled)
     SELECT queue, pg_backend_pid() %% 16, count(*) FROM cancelled GROUP BY 1, 2 ORDER BY 1, 2
     ON CONFLICT (queue, shard) DO UPDATE SET cancelled = c.cancelled + excluded.cancelled
 ), ended AS (
     SELECT pgqueue_notify_ended(array_agg(id)) FROM cancelled
+), stopped AS (
+    -- Their workers stop the handlers of the running ones (as in job_cancel).
+    SELECT pgqueue_notify_cancelled(array_agg(id), array_agg(lease_token))
+    FROM cancelled WHERE was_running HAVING count(*) > 0
 ), released AS (
     -- Dependents follow their policies (as in job_finish).
     SELECT pgqueue_release(array_agg(id), array_agg(false))
     FROM cancelled WHERE has_dependents HAVING count(*) > 0
 )
 SELECT (SELECT count(*) FROM matching) AS matched, (SELECT count(*) FROM cancelled) AS affected
-FROM (SELECT count(*) FROM ended) e, (SELECT count(*) FROM released) r;
+FROM (SELECT count(*) FROM ended) e, (SELECT count(*) FROM stopped) s,
+     (SELECT count(*) FROM released) r;
 
 -- name: job_bulk_finished
 -- One batch of a bulk retry or delete (`action`) of finished jobs (of
@@ -1260,9 +1278,10 @@ ORDER BY j.id;
 -- Cancel every job of a workflow that has not ended, as job_cancel does
 -- (running jobs' leases revoked). Jobs outside the workflow that depend on
 -- them follow their policies. Locks in id order, skipping nothing: a
--- worker's ack of one of them waits, then matches nothing.
+-- worker's ack of one of them waits, then matches nothing; their workers
+-- are told to stop the handlers of the running ones.
 WITH picked AS (
-    SELECT j.id FROM pgqueue_workflows w
+    SELECT j.id, j.state FROM pgqueue_workflows w
     JOIN pgqueue_jobs j ON j.id BETWEEN w.first_job AND w.last_job AND j.workflow_id = w.id
     WHERE w.id = %(workflow_id)s::uuid AND j.state IN ('waiting', 'queued', 'running')
     ORDER BY j.id
@@ -1272,19 +1291,24 @@ WITH picked AS (
     SET state = 'cancelled', finished_at = now(), lease_expires_at = NULL
     FROM picked p
     WHERE j.id = p.id AND j.state IN ('waiting', 'queued', 'running')
-    RETURNING j.id, j.queue, j.has_dependents
+    RETURNING j.id, j.queue, j.has_dependents, j.lease_token, p.state = 'running' AS was_running
 ), counted AS (
     INSERT INTO pgqueue_counters AS c (queue, shard, cancelled)
     SELECT queue, pg_backend_pid() %% 16, count(*) FROM cancelled GROUP BY 1, 2 ORDER BY 1, 2
     ON CONFLICT (queue, shard) DO UPDATE SET cancelled = c.cancelled + excluded.cancelled
 ), ended AS (
     SELECT pgqueue_notify_ended(array_agg(id)) FROM cancelled
+), stopped AS (
+    -- Their workers stop the handlers of the running ones (as in job_cancel).
+    SELECT pgqueue_notify_cancelled(array_agg(id), array_agg(lease_token))
+    FROM cancelled WHERE was_running HAVING count(*) > 0
 ), released AS (
     SELECT pgqueue_release(array_agg(id), array_agg(false))
     FROM cancelled WHERE has_dependents HAVING count(*) > 0
 )
 SELECT count(*) AS cancelled
-FROM cancelled, (SELECT count(*) FROM ended) e, (SELECT count(*) FROM released) r;
+FROM cancelled, (SELECT count(*) FROM ended) e, (SELECT count(*) FROM stopped) s,
+     (SELECT count(*) FROM released) r;
 
 -- name: workflow_retry
 -- Put a workflow's dead and cancelled jobs back with fresh budgets, each
@@ -1364,6 +1388,11 @@ WHERE current_setting('synchronous_commit') NOT IN ('off', 'local');
 -- name: listen_jobs
 -- Subscribe to "jobs are ready" hints (payload: the queue name).
 LISTEN pgqueue_jobs;
+
+-- name: listen_cancelled
+-- Subscribe to "these running attempts were cancelled" (payload: id:token
+-- pairs, comma-separated; migrations/0022), for the worker.
+LISTEN pgqueue_cancelled;
 
 -- name: listen_finished
 -- Subscribe to "these jobs ended" hints (payload: job ids, comma-separated),

@@ -15,8 +15,9 @@ claimed jobs would otherwise wait here while another worker could run them.
 
     producer ─hold()─> RUNNING (a slot is free) or WAITING ─next_ready()─> RUNNING
         ─executor─> DONE ─completer─> WRITING ─release()
-    lose() (lease keeper): a prefetched job is never started; a running one is
-    cancelled or its result dropped; take_prefetched() (shutdown): given back.
+    call_off() (lease keeper: a lost lease, a cancel's notice): a prefetched
+    job is never started; a running one is cancelled, or told (job.cancelled)
+    and its result dropped; take_prefetched() (shutdown): given back.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ..core.jobs import Job
+from ..core.jobs import Job, call_off
 
 __all__ = ["Held", "HeldJobs", "Stage"]
 
@@ -48,6 +49,7 @@ class Held:
     stage: Stage = Stage.RUNNING
     lost: bool = False  # the lease is gone: drop whatever the handler returns
     interrupted: bool = False  # cancelled by shutdown: record a retryable failure
+    cancelled: bool = False  # the job was cancelled (a cancel's notice): nothing to record
 
 
 class HeldJobs:
@@ -174,6 +176,20 @@ class HeldJobs:
         if held.job.lease_token != token:
             return None
         held.lost = True
+        return held
+
+    def call_off(self, job_id: int, token: int) -> Held | None:
+        """``lose`` the attempt with ``token`` and stop its handler: a
+        running one's task is cancelled (which cancels an async handler,
+        kills an isolated one's process and gives up on a sync one's
+        thread), and ``job.cancelled`` becomes True for a sync handler to
+        see. Returns the job if this is news."""
+        held = self.lose(job_id, token)
+        if held is None:
+            return None
+        call_off(held.job)
+        if held.stage is Stage.RUNNING and held.task is not None:
+            held.task.cancel()
         return held
 
     def slot_hung_return(self) -> None:

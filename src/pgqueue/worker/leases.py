@@ -8,8 +8,14 @@ on, whose end tells the other workers this one died), then
 extends the leases of all held jobs in one ``job_heartbeat``, fenced by
 their tokens. A job missing from the
 reply lost its lease (it was reaped after a stall, or cancelled): an async
-handler still running is cancelled, a sync handler's late result will be
-dropped, an outcome waiting in the outbox is dropped by the completer.
+handler still running is cancelled, an isolated one's process killed, a
+sync handler's ``job.cancelled`` set and its late result dropped, an
+outcome waiting in the outbox dropped by the completer.
+
+A cancel does not wait for the heartbeat: its statement notifies the
+attempts it ended at commit, and the worker's LISTEN connection hands them
+to ``cancelled``, which stops them the same way. The heartbeat remains
+the path when that notice is missed (LISTEN off, or its connection down).
 """
 
 from __future__ import annotations
@@ -21,10 +27,10 @@ from dataclasses import dataclass
 
 from ..core import workers
 from ..core.settings import Settings
-from ..core.transitions import heartbeat
+from ..core.transitions import CancelNotice, heartbeat
 from ..core.workers import WorkerInfo, WorkerLoad
 from ..db.worker_connection import FlowDriver
-from .held import HeldJobs, Stage
+from .held import HeldJobs
 from .supervision import WAIT_OUT, Backoff, EventLog
 
 __all__ = ["LeaseKeeper"]
@@ -74,7 +80,7 @@ class LeaseKeeper:
                 self._lost(job_id, token)
 
     def _lost(self, job_id: int, token: int) -> None:
-        held = self.held.lose(job_id, token)
+        held = self.held.call_off(job_id, token)
         if held is None:
             return
         self.events(
@@ -84,5 +90,19 @@ class LeaseKeeper:
             job_id,
             job=held.job,
         )
-        if held.stage is Stage.RUNNING and held.task is not None:
-            held.task.cancel()
+
+    def cancelled(self, notice: CancelNotice) -> None:
+        """A cancel committed: stop the handlers of the attempts it ended
+        that this worker holds (the others are other workers')."""
+        for job_id, token in notice.leases:
+            held = self.held.call_off(job_id, token)
+            if held is None:
+                continue
+            held.cancelled = True
+            self.events(
+                logging.INFO,
+                "cancelled",
+                "job %d: cancelled while running; its handler is stopped",
+                job_id,
+                job=held.job,
+            )

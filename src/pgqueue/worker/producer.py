@@ -33,7 +33,9 @@ claimer's connection, the claims would wait behind it.
 Wake-ups: ``listen()`` keeps a LISTEN connection of its own; a hint for one
 of our queues wakes the claim loop. Hints sent while it was not listening
 are lost, so it also wakes the loop each time it starts listening again.
-NOTIFY is a hint: the poll interval is the backstop.
+NOTIFY is a hint: the poll interval is the backstop. The same connection
+hears cancels of running jobs (``CancelNotice``), which go to the lease
+keeper; for those the heartbeat is the backstop.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from .. import tracing
 from ..core.jobs import Job
 from ..core.reads import next_wake, queues_with_jobs
 from ..core.settings import Settings
-from ..core.transitions import claim, release
+from ..core.transitions import CancelNotice, claim, release
 from ..db.driver import DRIVER_ERRORS
 from ..db.worker_connection import FlowDriver
 from .held import Held, HeldJobs
@@ -57,7 +59,7 @@ from .supervision import WAIT_OUT, Backoff, EventLog, short, together
 
 __all__ = ["Producer"]
 
-Listen = Callable[[], AsyncIterator[str | None]]
+Listen = Callable[[], AsyncIterator[str | CancelNotice | None]]
 
 # Claim ahead for this many claims' round trips: room for a claim slower
 # than the last, and for the pace to grow when the slots were starved.
@@ -81,6 +83,7 @@ class Producer:
         start: Callable[[list[Job]], None],
         more: Sequence[FlowDriver] = (),
         lookout: FlowDriver | None = None,
+        cancelled: Callable[[CancelNotice], None] = lambda notice: None,
     ) -> None:
         self.conns = [conn, *more]  # one claimer each
         self.lookout = lookout or conn  # the lookout's (the worker's upkeep connection)
@@ -90,6 +93,7 @@ class Producer:
         self.queues = list(queues) if queues else None
         self.known = list(self.queues or ())  # the queues claimed from
         self.start = start
+        self.cancelled = cancelled  # a cancel's notice heard (LeaseKeeper.cancelled)
         self.stats = {"claimed": 0, "claims": 0}
         self.last_claim_at: float | None = None  # monotonic
         self.stopping = False
@@ -322,20 +326,23 @@ class Producer:
         self._next_due = due
 
     async def listen_loop(self, hints: Listen) -> None:
-        """Wake the claim loop on every hint for one of our queues; reconnect
-        (with backoff) when the listening connection is lost."""
+        """Wake the claim loop on every hint for one of our queues; hand a
+        cancel's notice to ``cancelled``; reconnect (with backoff) when the
+        listening connection is lost."""
         backoff = Backoff(self.events, "listen connection")
         ours = set(self.queues or ())
         while True:
             try:
-                async for queue in hints():
-                    if queue is None:  # listening (again): look, hints were missed
+                async for hint in hints():
+                    if hint is None:  # listening (again): look, hints were missed
                         backoff.succeeded()
                         self._wake.set()
-                    elif not ours or queue in ours:
-                        self._heard.add(queue)
-                        if queue not in self.known:
-                            self.known.append(queue)
+                    elif isinstance(hint, CancelNotice):
+                        self.cancelled(hint)
+                    elif not ours or hint in ours:
+                        self._heard.add(hint)
+                        if hint not in self.known:
+                            self.known.append(hint)
                         self._wake.set()
                 raise ConnectionError("the listening connection was closed")
             except WAIT_OUT as exc:  # ConnectionError is an OSError

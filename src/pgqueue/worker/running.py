@@ -132,6 +132,8 @@ class JobRunners:
         if outcome is None or held.lost:
             self.held.release(job.id, held)
             self.dropped += 1
+            if held.cancelled:  # logged as the cancel came (LeaseKeeper.cancelled)
+                return
             self.events(
                 logging.WARNING,
                 "discard",

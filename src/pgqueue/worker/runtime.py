@@ -44,6 +44,7 @@ from ..core import workers
 from ..core.errors import WorkerFailed
 from ..core.reads import schema_pending
 from ..core.settings import Settings
+from ..core.transitions import CancelNotice
 from ..core.workers import WorkerInfo, WorkerLoad
 from ..db.connections import listen_url, resolve_url
 from ..db.driver import RETRYABLE_ERRORS
@@ -65,7 +66,7 @@ __all__ = ["AsyncWorker"]
 
 log = logging.getLogger("pgqueue.worker")
 
-Hints = Callable[[str], AsyncIterator[str | None]]
+Hints = Callable[[str], AsyncIterator[str | CancelNotice | None]]
 
 # The worker's connections besides LISTEN (see run()); docs/worker.md counts them.
 CONNECTIONS = 5
@@ -263,6 +264,10 @@ class AsyncWorker:
     def _build(self, *conns: FlowDriver) -> None:
         s, events = self.settings, self.events
         claims, claims2, outcomes, outcomes2, upkeep = conns
+        info = WorkerInfo(
+            self.name, socket.gethostname(), os.getpid(), _version(), self.queues, self.concurrency
+        )
+        self.lease_keeper = LeaseKeeper(upkeep, self.held, s, events, info, self._load)
         self.producer = Producer(
             claims,
             self.held,
@@ -272,14 +277,11 @@ class AsyncWorker:
             start=self.runners.start,
             more=[claims2],
             lookout=upkeep,
+            cancelled=self.lease_keeper.cancelled,
         )
         self.completer = Completer(
             outcomes, self.held, s, events, self.producer.jobs_ended, more=[outcomes2]
         )
-        info = WorkerInfo(
-            self.name, socket.gethostname(), os.getpid(), _version(), self.queues, self.concurrency
-        )
-        self.lease_keeper = LeaseKeeper(upkeep, self.held, s, events, info, self._load)
         self.maintenance = Maintenance(upkeep, s, events, self.name)
         self.scheduler = Scheduler(upkeep, s, events, declared=self.schedules, tasks=self.tasks)
 

@@ -110,6 +110,16 @@ def test_latency_smoke(bench_url: str, out_dir: Path) -> None:
         assert 0 <= row["p50_ms"] <= row["p95_ms"] <= row["p99_ms"] <= row["max_ms"]
 
 
+def test_cancel_latency_smoke(out_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench.perf import cancel_latency
+
+    monkeypatch.delenv("DATABASE_URL", raising=False)  # track_commit_timestamp is on
+    out = out_dir / "cancel_latency.json"
+    cancel_latency.main(["--jobs", "5", "--pause", "0", "--out", str(out)])
+    row = _read(out, "cancel_latency", "bench.perf.cancel_latency").results["latency_ms"]
+    assert 0 < row["min_ms"] <= row["p50_ms"] <= row["p99_ms"] <= row["max_ms"]
+
+
 def test_latency_load_counts_the_claims_work_on_a_server_of_its_own(
     out_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -14,11 +14,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from pgqueue import AsyncQueue, Job, JobState, Settings
 from pgqueue.worker import AsyncWorker, TaskRegistry
-from tests.support import running, until
+from tests.support import past_first_heartbeat, running, until
 
 
 def _record_pid(job: Job) -> None:
@@ -137,6 +138,31 @@ async def test_stopping_the_worker_kills_an_isolated_handler_past_the_shutdown_t
     async with running(worker):
         await until(lambda: hung_pid.exists(), timeout=30)
     await until(lambda: not _alive(_pid(hung_pid)))
+
+
+async def test_a_cancel_kills_a_running_isolated_handler_at_once(
+    settings: Settings, aqueue: AsyncQueue, sql: psycopg.Connection[Any], tmp_path: Path
+) -> None:
+    """No timeout, and a heartbeat a minute away: the cancel's notice is what
+    kills the child; its slot (the only one) runs the next job."""
+    hung_pid = tmp_path / "hang.pid"
+    registry = TaskRegistry()
+    registry.add("hang", hang, isolated=True)  # no timeout of its own
+    registry.add("square", square, isolated=True)
+    quiet = settings.replace(heartbeat_seconds=60.0, lease_seconds=300.0)
+    worker = AsyncWorker(registry, settings=quiet, concurrency=1)
+    async with running(worker):
+        await past_first_heartbeat(worker, sql)
+        hung = await aqueue.enqueue("hang", {"pid_file": str(hung_pid)})
+        await until(lambda: hung_pid.exists(), timeout=30)
+        child = _pid(hung_pid)
+        await aqueue.cancel(hung.id)
+        await until(lambda: not _alive(child), timeout=5)
+        after = await aqueue.enqueue("square", {"n": 4, "pid_file": str(tmp_path / "after.pid")})
+        done = await aqueue.wait(after.id, timeout=30)
+    assert done.state is JobState.SUCCEEDED and done.result == {"square": 16}
+    ended = await _ended(aqueue, hung.id)
+    assert (ended.state, ended.attempts, ended.errors) == (JobState.CANCELLED, 1, ())
 
 
 def test_an_isolated_handler_must_be_a_plain_function_importable_by_name(
