@@ -175,11 +175,17 @@ def start_latency_percentiles(url: str, jobs: int) -> dict[str, float]:
     ms = [r[0] for r in rows]
     if len(ms) != jobs:
         raise RuntimeError(f"only {len(ms)} of {jobs} jobs ran")
+    return percentiles_ms(ms)
+
+
+def percentiles_ms(ms: list[float]) -> dict[str, float]:
+    """p50, p95, p99, min, max and mean of latencies in ms, sorted ascending."""
     q = statistics.quantiles(ms, n=100, method="inclusive")
     return {
         "p50_ms": q[49],
         "p95_ms": q[94],
         "p99_ms": q[98],
+        "min_ms": ms[0],
         "max_ms": ms[-1],
         "mean_ms": statistics.fmean(ms),
     }

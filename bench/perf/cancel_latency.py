@@ -25,14 +25,13 @@ import argparse
 import asyncio
 import multiprocessing as mp
 import os
-import statistics
 import time
 from multiprocessing.synchronize import Event
 from typing import Any
 
 import psycopg
 
-from bench.common import bench_database
+from bench.common import bench_database, percentiles_ms
 from bench.record import ResultRecord, command_line, server_info, write_result
 from bench.workers import stop, wait_connected
 from pgqueue import Job, Queue, Settings
@@ -131,15 +130,7 @@ def measure(url: str, jobs: int, pause: float) -> dict[str, float]:
         ms = [row[0] for row in conn.execute(LATENCIES).fetchall()]
     if len(ms) != jobs:
         raise RuntimeError(f"{len(ms)} of {jobs} cancellations observed")
-    q100 = statistics.quantiles(ms, n=100, method="inclusive")
-    return {
-        "p50_ms": q100[49],
-        "p95_ms": q100[94],
-        "p99_ms": q100[98],
-        "max_ms": ms[-1],
-        "min_ms": ms[0],
-        "mean_ms": statistics.fmean(ms),
-    }
+    return percentiles_ms(ms)
 
 
 def _observed(conn: psycopg.Connection[Any], job_id: int) -> None:
