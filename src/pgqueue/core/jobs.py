@@ -9,11 +9,12 @@ import json
 import operator
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields, make_dataclass
+from dataclasses import dataclass, field, fields, make_dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 from uuid import UUID
 
+from .errors import NotInHandler
 from .json_text import MAX_JSON_BYTES, MAX_JSON_DEPTH, dump_json
 
 __all__ = [
@@ -31,8 +32,10 @@ __all__ = [
     "TASK_NAME",
     "UNIQUE_SCOPES",
     "AttemptError",
+    "AttemptHandle",
     "Job",
     "JobState",
+    "Transaction",
     "dump_json",
 ]
 
@@ -119,6 +122,30 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 MAX_ATTEMPT_ERRORS = 20
 
 
+class Transaction(Protocol):
+    """What ``job.transaction()`` gives: ``with`` it in a sync handler,
+    ``async with`` it in an async one; either way it gives a psycopg
+    connection (sync or async) inside a transaction on the queue's
+    database, which completes the job as it commits."""
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, *exc_info: Any) -> bool | None: ...
+
+    async def __aenter__(self) -> Any: ...
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None: ...
+
+
+class AttemptHandle(Protocol):
+    """The worker's side of the attempt a handler runs: set on the job it
+    hands the handler (``Job.attempt``), cleared when the handler returns.
+    The job's methods that reach the worker go through it; core knows only
+    this shape (the worker's implementation: worker/held.py ``Held``)."""
+
+    def transaction(self, result_json: str) -> Transaction: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
     """A row of the jobs table. ``duplicate`` is set by enqueue when this
@@ -156,6 +183,35 @@ class Job:
     # The results of the jobs of ``depends_on``, in that order (None for a
     # job that did not succeed, or was pruned): filled in by the claim.
     parents: tuple[Any, ...] = ()
+    # Set by the worker while its handler runs this job (see AttemptHandle).
+    attempt: AttemptHandle | None = field(default=None, compare=False, repr=False)
+
+    def transaction(self, result: Any = None) -> Transaction:
+        """A transaction on the queue's database that completes this job as
+        it commits (succeeded, with ``result`` as its result), so that the
+        handler's writes in it happen exactly once::
+
+            with job.transaction() as conn:         # sync handler
+                conn.execute("INSERT ...")
+            async with job.transaction() as conn:   # async handler
+                await conn.execute("INSERT ...")
+
+        At the end of the block the job is completed in the same
+        transaction, fenced by this attempt's token: if the lease was lost
+        meanwhile, StaleAttempt is raised and nothing of the block commits.
+        An exception in the block rolls it back (the attempt fails as
+        usual). Once the block has committed the job is finished: what the
+        handler returns or raises afterwards is not recorded. Raises
+        InvalidJob for a result PostgreSQL cannot store, NotInHandler
+        outside the handler running the job (docs/exactly-once.md)."""
+        text = "null" if result is None else dump_json(result, "result")
+        return self._running("transaction").transaction(text)
+
+    def _running(self, method: str) -> AttemptHandle:
+        """The attempt a worker runs now; NotInHandler if none."""
+        if self.attempt is None:
+            raise NotInHandler(self.id, method)
+        return self.attempt
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any], *, duplicate: bool = False) -> Job:
@@ -183,7 +239,7 @@ class Job:
         return out
 
 
-_COLUMNS = tuple(f.name for f in fields(Job) if f.name not in ("duplicate", "parents"))
+_COLUMNS = tuple(f.name for f in fields(Job) if f.name not in ("duplicate", "parents", "attempt"))
 # A state column's text as a JobState (quicker than calling JobState).
 STATES = {state.value: state for state in JobState}
 
@@ -220,7 +276,7 @@ def _reader(names: tuple[str, ...]) -> Callable[[Sequence[Any]], Job]:
 def _made(columns: Iterable[Any], duplicate: bool, parents: tuple[Any, ...]) -> Job:
     """A Job of a row's columns (in the order of _COLUMNS): the state as a
     JobState, the errors (jsonb, NULL when none) as AttemptErrors."""
-    job = _Unfrozen(*columns, duplicate, parents)
+    job = _Unfrozen(*columns, duplicate, parents, None)  # None: no attempt yet
     job.state = STATES[job.state]
     errors = job.errors
     if errors and not isinstance(errors, list):  # a row written by SQL

@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Collection, Sequence
 
 from .enqueue import KEY_ROUNDS
-from .errors import JobAlreadyFinished, JobKeyHeld, JobNotRetryable, KeyTaken
+from .errors import JobAlreadyFinished, JobKeyHeld, JobNotRetryable, KeyTaken, StaleAttempt
 from .flows import Flow, Row, Statement
 from .jobs import STATES, Job, JobState
 from .outcomes import Outcome
@@ -32,6 +32,7 @@ from .settings import Settings
 __all__ = [
     "cancel",
     "claim",
+    "complete",
     "finish",
     "finish_groups",
     "heartbeat",
@@ -145,6 +146,17 @@ def finish(settings: Settings, outcomes: Sequence[Outcome]) -> Flow[dict[int, Jo
     for group in finish_groups(outcomes):
         rows += yield _finish_statement(settings, group)
     return {row["id"]: STATES[row["state"]] for row in rows}
+
+
+def complete(settings: Settings, job_id: int, token: int, result_json: str) -> Flow[None]:
+    """Complete one attempt as a success inside its handler's own
+    transaction (``job.transaction()``): job_finish, fenced by the token,
+    so that the handler's writes commit only with it; StaleAttempt (which
+    rolls the transaction back) when the token no longer holds."""
+    outcome = Outcome(job_id, token, True, result_json=result_json)
+    states = yield from finish(settings, [outcome])
+    if job_id not in states:
+        raise StaleAttempt(job_id, token)
 
 
 def finish_groups(outcomes: Sequence[Outcome]) -> list[Sequence[Outcome]]:

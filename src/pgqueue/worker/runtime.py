@@ -47,10 +47,12 @@ from ..core.settings import Settings
 from ..core.workers import WorkerInfo, WorkerLoad
 from ..db.connections import listen_url, resolve_url
 from ..db.driver import RETRYABLE_ERRORS
+from ..db.handler_transactions import HandlerConnections
 from ..db.worker_connection import Connection, FlowRunner, listen_for_hints
 from .completer import Completer
 from .executor import Executor
 from .handlers import Task, TaskRegistry, resolve_schedules, resolve_tasks
+from .handles import Handles
 from .held import HeldJobs, Stage
 from .isolation import HandlerProcesses
 from .leases import LeaseKeeper
@@ -69,6 +71,10 @@ Hints = Callable[[str], AsyncIterator[str | None]]
 
 # The worker's connections besides LISTEN (see run()); docs/worker.md counts them.
 CONNECTIONS = 5
+
+
+# The stages in which a held job's handler may still run.
+_HANDLER_RUNS = (Stage.RUNNING, Stage.COMPLETING, Stage.COMPLETED)
 
 
 def default_worker_name() -> str:
@@ -136,10 +142,16 @@ class AsyncWorker:
         self.threads = ThreadPool(
             self.concurrency, on_hung_return=lambda: self.runners.hung_returned()
         )
+        # Handlers' own transactions (job.transaction()): made when first
+        # used, at most `concurrency` kept idle of each kind (sync, async).
+        self.handler_connections = HandlerConnections(
+            self.url or "", keep=self.concurrency, prepare=prepare
+        )
         self.held = HeldJobs(
             self.concurrency,
             hung_threads=lambda: self.threads.hung,
             prefetch=self.settings.prefetch,
+            handles=Handles(self.settings, self.handler_connections),
         )
         s = self.settings
         self.processes = HandlerProcesses(self.tasks.values(), s.handler_processes)
@@ -160,6 +172,7 @@ class AsyncWorker:
             self.executor,
             self.events,
             submit=lambda held, outcome: self.completer.submit(held, outcome),
+            completed=lambda held, outcome: self.completer.completed(held, outcome),
             crashed=self._crashed,
             name=self.name,
             concurrency=self.concurrency,
@@ -187,6 +200,7 @@ class AsyncWorker:
             self._stop_requested.set()
         if not self.url:
             self.url = await asyncio.to_thread(resolve_url, self.settings)
+        self.handler_connections.url = self.url
         # Claims and outcomes (two each, so that one statement goes out while
         # the other commits), and upkeep (heartbeats, maintenance, schedules, the lookout).
         connections = [self._connect(self.url) for _ in range(CONNECTIONS - 1)]
@@ -421,7 +435,7 @@ class AsyncWorker:
     async def _finish_handlers(self, deadline: float) -> None:
         """Wait for running handlers until the deadline; fail the attempts of
         those still running then (they are retried)."""
-        running = [h.task for h in self.held if h.stage is Stage.RUNNING and h.task]
+        running = [h.task for h in self.held if h.stage in _HANDLER_RUNS and h.task]
         if running:
             await asyncio.wait(running, timeout=max(0.0, deadline - time.monotonic()))
         late = [h for h in self.held if h.stage is Stage.RUNNING]
@@ -451,6 +465,8 @@ class AsyncWorker:
             await asyncio.wait_for(connections[-1].run(workers.leave(self.name)), 2.0)
         for conn in connections:
             await conn.close()
+        with contextlib.suppress(Exception):  # closing what is idle; nothing to save
+            await self.handler_connections.close()
         self.threads.shutdown()
         self.processes.shutdown()
         assert self._finished is not None
