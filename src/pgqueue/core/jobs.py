@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 from uuid import UUID
 
-from .errors import NotInHandler
+from .errors import InvalidJob, NotInHandler
 from .json_text import MAX_JSON_BYTES, MAX_JSON_DEPTH, dump_json
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "MAX_KEY_LENGTH",
     "MAX_METADATA_BYTES",
     "MAX_PRIORITY",
+    "MAX_PROGRESS_INFO_BYTES",
     "MAX_TIMEOUT_SECONDS",
     "QUEUE_NAME",
     "TASK_NAME",
@@ -47,6 +48,9 @@ MAX_TIMEOUT_SECONDS = 7 * 24 * 3600.0
 MAX_KEY_LENGTH = 255
 # Metadata is for small facts about a job (a trace context is ~120 bytes).
 MAX_METADATA_BYTES = 16_384
+# Progress info is a small note beside the fraction ({"rows": 1200}), which
+# a worker may write once a second per job.
+MAX_PROGRESS_INFO_BYTES = 4096
 TASK_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:\-]{0,199}")
 QUEUE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,62}")
 # While which states a job holds its key (the index predicate pgqueue_key_held):
@@ -145,6 +149,8 @@ class AttemptHandle(Protocol):
 
     def transaction(self, result_json: str) -> Transaction: ...
 
+    def progress(self, fraction: float, info_json: str | None) -> None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class Job:
@@ -179,6 +185,11 @@ class Job:
     # operator's retry keeps them, and numbers the next attempts from 1 again.
     errors: tuple[AttemptError, ...] = ()
     metadata: dict[str, Any] | None = None  # None: the job was given none
+    # What its handler last reported (job.progress()): the fraction done, the
+    # JSON given with it, when the worker wrote it; None until it reports.
+    progress_fraction: float | None = None
+    progress_info: Any = None
+    progress_at: datetime | None = None
     duplicate: bool = False
     # The results of the jobs of ``depends_on``, in that order (None for a
     # job that did not succeed, or was pruned): filled in by the claim.
@@ -206,6 +217,20 @@ class Job:
         outside the handler running the job (docs/exactly-once.md)."""
         text = "null" if result is None else dump_json(result, "result")
         return self._running("transaction").transaction(text)
+
+    def progress(self, fraction: float, info: Any = None) -> None:
+        """Say how far the handler is: ``fraction`` done, from 0 to 1, and
+        ``info``, any JSON of at most MAX_PROGRESS_INFO_BYTES (what it is
+        doing, counts...). Cheap, from sync and async handlers alike: the
+        value is kept in memory and the worker writes the latest one of each
+        job at most once a second (one statement for all its jobs), fenced
+        by this attempt's token, onto the job (``progress_fraction``,
+        ``progress_info``, ``progress_at``), and wakes the job's waiters.
+        Raises InvalidJob for a fraction or info out of bounds (nothing is
+        kept), NotInHandler outside the handler running the job
+        (docs/howto/progress.md)."""
+        checked, info_json = checked_progress(fraction, info)
+        self._running("progress").progress(checked, info_json)
 
     def _running(self, method: str) -> AttemptHandle:
         """The attempt a worker runs now; NotInHandler if none."""
@@ -237,6 +262,25 @@ class Job:
         out["state"] = str(self.state)
         out["errors"] = [error.to_dict() for error in self.errors]
         return out
+
+
+def checked_progress(fraction: Any, info: Any) -> tuple[float, str | None]:
+    """A progress report checked: the fraction as a float, the info as JSON
+    text (None for none); InvalidJob if either is out of bounds."""
+    if (
+        isinstance(fraction, bool)
+        or not isinstance(fraction, int | float)
+        or not 0 <= fraction <= 1  # NaN included
+    ):
+        raise InvalidJob(
+            "progress", f"must be a number from 0 to 1 (the fraction done), got {fraction!r}"
+        )
+    text = (
+        None
+        if info is None
+        else dump_json(info, "progress info", max_bytes=MAX_PROGRESS_INFO_BYTES)
+    )
+    return float(fraction), text
 
 
 _COLUMNS = tuple(f.name for f in fields(Job) if f.name not in ("duplicate", "parents", "attempt"))

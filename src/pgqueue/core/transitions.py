@@ -20,6 +20,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Collection, Sequence
+from typing import NamedTuple
 
 from .enqueue import KEY_ROUNDS
 from .errors import JobAlreadyFinished, JobKeyHeld, JobNotRetryable, KeyTaken, StaleAttempt
@@ -30,6 +31,7 @@ from .reads import checked_job_id, get, queues_with_jobs
 from .settings import Settings
 
 __all__ = [
+    "Report",
     "cancel",
     "claim",
     "complete",
@@ -39,6 +41,7 @@ __all__ = [
     "prune",
     "reap",
     "release",
+    "report_progress",
     "retry",
     "round_robin",
 ]
@@ -122,6 +125,30 @@ def heartbeat(held: Sequence[tuple[int, int]], lease_seconds: float) -> Flow[set
             "ids": [i for i, _ in held],
             "tokens": [t for _, t in held],
             "lease_seconds": lease_seconds,
+        },
+    )
+    return {row["id"] for row in rows}
+
+
+class Report(NamedTuple):
+    """A handler's latest progress report (job.progress()), for its attempt."""
+
+    job_id: int
+    token: int
+    fraction: float
+    info_json: str | None
+
+
+def report_progress(reports: Sequence[Report]) -> Flow[set[int]]:
+    """Write the progress of many running jobs, each fenced by its token
+    (waiters of those jobs are woken); return the ids written."""
+    rows = yield Statement(
+        "job_progress",
+        {
+            "ids": [r.job_id for r in reports],
+            "tokens": [r.token for r in reports],
+            "fractions": [r.fraction for r in reports],
+            "infos": [r.info_json for r in reports],
         },
     )
     return {row["id"] for row in rows}

@@ -1,4 +1,5 @@
-"""What a handler's job reaches of its worker: ``job.transaction()``.
+"""What a handler's job reaches of its worker: ``job.transaction()`` and
+``job.progress()``.
 
 The worker sets each running job's ``attempt`` to its ``Held`` (held.py),
 whose methods come here. A transaction's block runs on a connection of the
@@ -11,6 +12,12 @@ out (so that a heartbeat's reply, which no longer finds the row running,
 does not read as a lost lease), back to RUNNING if the block fails, and
 to COMPLETED once committed; the runner then releases the job without
 writing an outcome (running.py).
+
+Progress: a report only replaces the job's entry in ``reported`` (a dict
+store, safe from the handlers' threads); ProgressWriter writes the latest
+entry of every job once a second in one ``job_progress`` statement on the
+upkeep connection, fenced by each attempt's token. A worker whose handlers
+report nothing sends nothing.
 """
 
 from __future__ import annotations
@@ -18,15 +25,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from ..core.flows import Flow
 from ..core.settings import Settings
-from ..core.transitions import complete
+from ..core.transitions import Report, complete, report_progress
 from ..db.handler_transactions import HandlerConnections
+from ..db.worker_connection import FlowRunner
 from .held import Held, Stage
+from .supervision import WAIT_OUT, Backoff, EventLog
 
-__all__ = ["Handles"]
+__all__ = ["PROGRESS_SECONDS", "Handles", "ProgressWriter"]
+
+# The worker writes each running job's latest progress at most this often.
+PROGRESS_SECONDS = 1.0
 
 
 class Handles:
@@ -35,9 +48,48 @@ class Handles:
     def __init__(self, settings: Settings, connections: HandlerConnections) -> None:
         self.settings = settings
         self.connections = connections
+        # The latest progress report of each job not yet written, by job id.
+        self.reported: dict[int, tuple[Held, float, str | None]] = {}
+
+    def take_reports(self) -> list[Report]:
+        """The reports waiting, out of ``reported``, those of attempts still
+        running (a completed or lost one's would match nothing). Each is
+        popped by its key: a report made meanwhile waits for the next round."""
+        reports = []
+        for job_id in list(self.reported):
+            held, fraction, info_json = self.reported.pop(job_id)
+            token = held.job.lease_token
+            if held.stage is Stage.RUNNING and not held.lost and token is not None:
+                reports.append(Report(job_id, token, fraction, info_json))
+        return reports
 
     def transaction(self, held: Held, result_json: str) -> _Transaction:
         return _Transaction(self, held, result_json)
+
+
+@dataclass
+class ProgressWriter:
+    """Writes the handlers' progress reports (see the module's docstring)."""
+
+    conn: FlowRunner
+    handles: Handles
+    events: EventLog
+
+    async def write_loop(self) -> None:
+        """Every PROGRESS_SECONDS, the reports waiting, for ever. Reports
+        that cannot be written are dropped: the next ones say more."""
+        backoff = Backoff(self.events, "writing progress")
+        while True:
+            await asyncio.sleep(PROGRESS_SECONDS)
+            reports = self.handles.take_reports()
+            if not reports:
+                continue
+            try:
+                await self.conn.run(report_progress(reports))
+            except WAIT_OUT as exc:
+                backoff.note(exc)
+            else:
+                backoff.succeeded()
 
 
 class _Transaction:

@@ -53,7 +53,7 @@ class Stage(enum.Enum):
 class Held:
     """A job this worker holds a lease on; also, while its handler runs,
     the job's ``attempt`` (core.jobs.AttemptHandle), through which the
-    handler's job.transaction() reaches the worker."""
+    handler's job.transaction() and job.progress() reach the worker."""
 
     job: Job
     task: asyncio.Task[None] | None = None
@@ -65,6 +65,10 @@ class Held:
     def transaction(self, result_json: str) -> Transaction:
         assert self.handles is not None
         return self.handles.transaction(self, result_json)
+
+    def progress(self, fraction: float, info_json: str | None) -> None:
+        assert self.handles is not None
+        self.handles.reported[self.job.id] = (self, fraction, info_json)
 
 
 # The stages whose lease a write decides: the heartbeat leaves them alone.

@@ -12,6 +12,7 @@ One job's path, by calls::
     Producer.lookout_loop           lists the queues, learns when a job is next due
                                     and which queues are limited (producer.py)
     LeaseKeeper.heartbeat_loop      extends the leases of held jobs (leases.py)
+    ProgressWriter.write_loop       writes the handlers' progress reports (handles.py)
     Maintenance.maintenance_loop    finds dead workers, reaps expired leases, prunes old jobs
                                     (maintenance.py)
     Scheduler.schedule_loop         enqueues the ticks of schedules (scheduler.py)
@@ -52,7 +53,7 @@ from ..db.worker_connection import Connection, FlowRunner, listen_for_hints
 from .completer import Completer
 from .executor import Executor
 from .handlers import Task, TaskRegistry, resolve_schedules, resolve_tasks
-from .handles import Handles
+from .handles import Handles, ProgressWriter
 from .held import HeldJobs, Stage
 from .isolation import HandlerProcesses
 from .leases import LeaseKeeper
@@ -147,11 +148,12 @@ class AsyncWorker:
         self.handler_connections = HandlerConnections(
             self.url or "", keep=self.concurrency, prepare=prepare
         )
+        self.handles = Handles(self.settings, self.handler_connections)
         self.held = HeldJobs(
             self.concurrency,
             hung_threads=lambda: self.threads.hung,
             prefetch=self.settings.prefetch,
-            handles=Handles(self.settings, self.handler_connections),
+            handles=self.handles,
         )
         s = self.settings
         self.processes = HandlerProcesses(self.tasks.values(), s.handler_processes)
@@ -295,6 +297,7 @@ class AsyncWorker:
             self.name, socket.gethostname(), os.getpid(), _version(), self.queues, self.concurrency
         )
         self.lease_keeper = LeaseKeeper(upkeep, self.held, s, events, info, self._load)
+        self.progress_writer = ProgressWriter(upkeep, self.handles, events)
         self.maintenance = Maintenance(upkeep, s, events, self.name)
         self.scheduler = Scheduler(upkeep, s, events, declared=self.schedules, tasks=self.tasks)
 
@@ -313,6 +316,7 @@ class AsyncWorker:
         parts: dict[str, Coroutine[Any, Any, None]] = {
             "outcomes": self.completer.write_loop(),
             "heartbeats": self.lease_keeper.heartbeat_loop(),
+            "progress": self.progress_writer.write_loop(),
             "claims": self.producer.claim_loop(),
             "lookout": self.producer.lookout_loop(),
             "maintenance": self.maintenance.maintenance_loop(),
