@@ -18,7 +18,7 @@ from pgqueue.cli import app
 from pgqueue.core.jobs import MAX_PROGRESS_INFO_BYTES
 from pgqueue.core.transitions import Report, report_progress
 from pgqueue.db.driver import run_on
-from pgqueue.worker import AsyncWorker
+from pgqueue.worker import AsyncWorker, TaskRegistry
 from tests.support import api_client, running, take_over, until
 
 
@@ -146,6 +146,26 @@ def test_a_job_outside_its_handler_cannot_report(queue: Queue) -> None:
     job = queue.enqueue("r")
     with pytest.raises(NotInHandler, match=r"job\.progress\(\) works only inside the handler"):
         job.progress(0.5)
+
+
+def refused_in_a_child(job: Job) -> str:
+    """An isolated handler (module level: the child imports it by name)."""
+    try:
+        job.progress(0.5)
+    except NotInHandler:
+        return "refused"
+    return "reported"
+
+
+async def test_an_isolated_handler_is_told_its_child_cannot_reach_the_worker(
+    settings: Settings, aqueue: AsyncQueue
+) -> None:
+    tasks = TaskRegistry()
+    tasks.add("iso", refused_in_a_child, isolated=True)
+    job = await aqueue.enqueue("iso")
+    async with running(AsyncWorker(tasks, settings=settings)):
+        done = await aqueue.wait(job.id, 60)
+    assert (done.state, done.result) == (JobState.SUCCEEDED, "refused")
 
 
 def test_a_stale_attempts_report_matches_nothing(
