@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.errors import StaleAttempt
 from ..core.flows import Flow
 from ..core.settings import Settings
 from ..core.transitions import Report, complete, report_progress
@@ -138,7 +139,9 @@ class _Transaction:
 
     @contextlib.contextmanager
     def _staged(self) -> Iterator[None]:
-        """COMPLETED once the block committed; RUNNING again if it failed."""
+        """COMPLETED once the block committed; RUNNING again if it failed.
+        (Only from COMPLETING: a sync handler's thread may end its block
+        after the runner gave its attempt up, timed out, and moved on.)"""
         held = self._held
         _check_running(held)
         try:
@@ -147,13 +150,19 @@ class _Transaction:
             if held.stage is Stage.COMPLETING:
                 held.stage = Stage.RUNNING
             raise
-        held.stage = Stage.COMPLETED
+        if held.stage is Stage.COMPLETING:
+            held.stage = Stage.COMPLETED
 
     def _end(self) -> Flow[None]:
-        """The completion, run last in the block's transaction."""
+        """The completion, run last in the block's transaction; StaleAttempt
+        at once for an attempt the worker already gave up (its lease found
+        lost, or its handler timed out or was interrupted): its failure is
+        being written, and the block must not commit against it."""
         held = self._held
         token = held.job.lease_token
         assert token is not None
+        if held.stage is not Stage.RUNNING or held.lost or held.interrupted:
+            raise StaleAttempt(held.job.id, token)
         held.stage = Stage.COMPLETING
         return complete(self._handles.settings, held.job.id, token, self._result_json)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 import psycopg
@@ -21,7 +22,7 @@ from pgqueue import (
     Settings,
     StaleAttempt,
 )
-from pgqueue.worker import AsyncWorker
+from pgqueue.worker import AsyncWorker, TaskRegistry
 from tests.support import running, take_over, until
 
 LEDGER = "CREATE TABLE ledger (job_id bigint NOT NULL, attempt int NOT NULL)"
@@ -211,3 +212,32 @@ def test_a_result_postgresql_cannot_store_is_refused_before_the_block(queue: Que
     job = queue.enqueue("r")
     with pytest.raises(InvalidJob, match="result"):
         job.transaction({"bad": float("nan")})
+
+
+async def test_a_block_that_outlives_its_timed_out_attempt_commits_nothing(
+    settings: Settings, aqueue: AsyncQueue, ledger: psycopg.Connection[Any]
+) -> None:
+    """A sync handler's thread runs on past its timeout (the attempt failed
+    and is retried); when its block ends, it finds the attempt given up."""
+    raised: list[BaseException] = []
+
+    def slow_first(job: Job) -> None:
+        try:
+            with job.transaction() as conn:
+                conn.execute("INSERT INTO ledger VALUES (%s, %s)", (job.id, job.attempts))
+                if job.attempts == 1:
+                    time.sleep(1.5)  # past the task's timeout of 0.5 s
+        except StaleAttempt as exc:
+            raised.append(exc)
+            raise
+
+    tasks = TaskRegistry()
+    tasks.add("slow", slow_first, timeout=0.5)
+    settings = settings.replace(backoff_base_seconds=0.01, backoff_cap_seconds=0.01)
+    job = await aqueue.enqueue("slow")
+    async with running(AsyncWorker(tasks, settings=settings)):
+        done = await aqueue.wait(job.id, 30)
+        await until(lambda: bool(raised))
+    assert (done.state, done.attempts) == (JobState.SUCCEEDED, 2)
+    assert "timed out" in done.errors[0].error
+    assert entries(ledger, job.id) == [2]
