@@ -209,7 +209,8 @@ class Job:
 
         At the end of the block the job is completed in the same
         transaction, fenced by this attempt's token: if the lease was lost
-        meanwhile, StaleAttempt is raised and nothing of the block commits.
+        meanwhile (or the worker gave the attempt up: its timeout),
+        StaleAttempt is raised and nothing of the block commits.
         An exception in the block rolls it back (the attempt fails as
         usual). Once the block has committed the job is finished: what the
         handler returns or raises afterwards is not recorded. Raises
