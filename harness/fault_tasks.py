@@ -17,6 +17,11 @@ Payload keys (all optional):
     ms      work time in milliseconds (default: random 10-50)
     exit    true: after recording the delivery, kill this whole process
             with os._exit(3) (a poison job)
+
+``effect`` does its work inside ``job.transaction()``: it inserts a row
+into ``fault_effects`` (no unique constraint: a second commit would show
+as a second row), records the delivery, and works, all inside the block;
+the row commits with the job's completion or not at all.
 """
 
 from __future__ import annotations
@@ -39,9 +44,11 @@ from pgqueue import Job
 
 __all__ = [
     "DELIVERIES_DDL",
+    "EFFECTS_DDL",
     "HANDLERS",
     "create_deliveries",
     "delivery_url",
+    "effect",
     "release",
     "scalar",
     "spawn_worker",
@@ -50,6 +57,14 @@ __all__ = [
     "work",
     "worker_env",
 ]
+
+EFFECTS_DDL = """
+CREATE TABLE IF NOT EXISTS fault_effects (
+    job_id  bigint  NOT NULL,
+    token   bigint  NOT NULL,
+    pid     integer NOT NULL
+);
+"""
 
 DELIVERIES_DDL = """
 CREATE TABLE IF NOT EXISTS fault_deliveries (
@@ -148,7 +163,21 @@ def work(job: Job) -> dict[str, Any]:
     return result
 
 
-HANDLERS = {"work": work}
+def effect(job: Job) -> dict[str, Any]:
+    """``work``'s effect inside the job's transaction (see the module's docstring)."""
+    # work's result, known before the block: the job's completion writes it.
+    result = {"job_id": job.id, "attempt": job.attempts, "token": job.lease_token}
+    result["pid"] = os.getpid()
+    with job.transaction(result) as conn:
+        conn.execute(
+            "INSERT INTO fault_effects (job_id, token, pid) VALUES (%s, %s, %s)",
+            (job.id, job.lease_token, os.getpid()),
+        )
+        work(job)
+    return result
+
+
+HANDLERS = {"work": work, "effect": effect}
 
 
 # -- worker processes for the fault tests --------------------------------------------

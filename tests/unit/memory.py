@@ -84,6 +84,9 @@ class MemoryDatabase:
             "depends_on": None,
             "errors": None,
             "metadata": None,
+            "progress_fraction": None,
+            "progress_info": None,
+            "progress_at": None,
             "call_key": None,
         }
         row.update(fields)

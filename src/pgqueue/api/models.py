@@ -122,6 +122,14 @@ class JobSummary(BaseModel):
     depends_on: list[int] | None = Field(
         default=None, description="The jobs it waits for (their results are its job.parents)."
     )
+    progress_fraction: float | None = Field(
+        default=None,
+        description="How far its handler said it was (job.progress()), from 0 to 1; null "
+        "until it reports. Kept after the job ends: its last report.",
+    )
+    progress_at: datetime | None = Field(
+        default=None, description="When its worker wrote that report (database clock)."
+    )
 
 
 class AttemptErrorOut(BaseModel):
@@ -155,6 +163,9 @@ class JobOut(JobSummary):
         description="Facts about the job given at enqueue, a JSON object (null: none); the "
         "key otel holds the trace context of its enqueuer when tracing is on.",
     )
+    progress_info: Any = Field(
+        default=None, description="The JSON its handler gave with that report (null: none)."
+    )
 
     @classmethod
     def of(cls, job: Job, redaction: Redaction) -> JobOut:
@@ -185,6 +196,9 @@ class JobOut(JobSummary):
             workflow_id=job.workflow_id,
             depends_on=job.depends_on,
             metadata=job.metadata,
+            progress_fraction=job.progress_fraction,
+            progress_info=job.progress_info,
+            progress_at=job.progress_at,
         )
 
 

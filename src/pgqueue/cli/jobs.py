@@ -127,10 +127,12 @@ def _print_job(out: Console, job: Job) -> None:
     table.add_column(style="bold")
     table.add_column()
     for name, value in job.to_dict().items():
-        if name in ("payload", "result", "errors", "metadata"):
+        if name in ("payload", "result", "errors", "metadata", "progress_info"):
             continue
         if name == "state":
             shown = output.state_text(job.state)
+        elif name == "progress_fraction" and value is not None:
+            shown = f"{value:.0%}"
         elif value is None:
             shown = "[dim]-[/]"
         else:
@@ -139,7 +141,7 @@ def _print_job(out: Console, job: Job) -> None:
     out.print(Panel(table, title=f"job {job.id}", title_align="left", expand=False))
     if job.errors:
         out.print(_errors_table(job))
-    for name in ("payload", "metadata", "result"):
+    for name in ("payload", "metadata", "progress_info", "result"):
         value = getattr(job, name)
         if value is not None:
             out.print(f"[bold]{name}[/]")

@@ -20,7 +20,9 @@ PgQueueError
 │   └── OutcomeUnknown          a write went out and its answer never came back
 │       └── EnqueueOutcomeUnknown   an enqueue's: the job may exist (``job_ids``)
 ├── SchemaNotMigrated     the database lacks pgqueue's tables, or has an older schema
-└── WorkerFailed          a part of a worker failed unexpectedly; the worker stopped
+├── WorkerFailed          a part of a worker failed unexpectedly; the worker stopped
+├── NotInHandler          job.transaction() or job.progress() outside the handler running the job
+└── StaleAttempt          job.transaction(): the attempt's lease was lost; nothing committed
 """
 
 from __future__ import annotations
@@ -41,10 +43,12 @@ __all__ = [
     "JobNotRetryable",
     "JobStateConflict",
     "KeyTaken",
+    "NotInHandler",
     "OutcomeUnknown",
     "PgQueueError",
     "ScheduleNotFound",
     "SchemaNotMigrated",
+    "StaleAttempt",
     "WaitTimeout",
     "WorkerFailed",
     "WorkflowNotFound",
@@ -198,6 +202,37 @@ class WorkerFailed(PgQueueError):
         self.worker = worker
         self.part = part
         super().__init__(f"worker {worker}: {part} failed: {type(cause).__name__}: {cause}")
+
+
+class NotInHandler(PgQueueError, RuntimeError):
+    """A job's methods that reach its worker (``job.transaction()``,
+    ``job.progress()``) were called outside the handler that runs the job:
+    on a job read with ``Queue.get``, in a test calling the handler
+    directly, in an isolated handler's child process, or after the handler
+    returned."""
+
+    def __init__(self, job_id: int, method: str) -> None:
+        self.job_id = job_id
+        self.method = method
+        super().__init__(
+            f"job.{method}() works only inside the handler that a worker runs for the job "
+            f"(job {job_id}: not running in this handler)"
+        )
+
+
+class StaleAttempt(PgQueueError):
+    """``job.transaction()`` could not complete the job: this attempt's
+    fencing token no longer holds (its lease expired and the job was taken
+    back, or the job was cancelled). The transaction was rolled back, so
+    nothing of it committed; another attempt does (or did) the work."""
+
+    def __init__(self, job_id: int, token: int) -> None:
+        self.job_id = job_id
+        self.token = token
+        super().__init__(
+            f"job {job_id}: this attempt (token {token}) no longer holds the job (its lease "
+            "was lost or the job was cancelled): the transaction was rolled back"
+        )
 
 
 class OutcomeUnknown(DatabaseUnavailable):

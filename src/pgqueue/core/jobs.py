@@ -11,9 +11,10 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, make_dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 from uuid import UUID
 
+from .errors import InvalidJob, NotInHandler
 from .json_text import MAX_JSON_BYTES, MAX_JSON_DEPTH, dump_json
 
 __all__ = [
@@ -26,13 +27,16 @@ __all__ = [
     "MAX_KEY_LENGTH",
     "MAX_METADATA_BYTES",
     "MAX_PRIORITY",
+    "MAX_PROGRESS_INFO_BYTES",
     "MAX_TIMEOUT_SECONDS",
     "QUEUE_NAME",
     "TASK_NAME",
     "UNIQUE_SCOPES",
     "AttemptError",
+    "AttemptHandle",
     "Job",
     "JobState",
+    "Transaction",
     "call_off",
     "dump_json",
 ]
@@ -45,6 +49,9 @@ MAX_TIMEOUT_SECONDS = 7 * 24 * 3600.0
 MAX_KEY_LENGTH = 255
 # Metadata is for small facts about a job (a trace context is ~120 bytes).
 MAX_METADATA_BYTES = 16_384
+# Progress info is a small note beside the fraction ({"rows": 1200}), which
+# a worker may write once a second per job.
+MAX_PROGRESS_INFO_BYTES = 4096
 TASK_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:\-]{0,199}")
 QUEUE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,62}")
 # While which states a job holds its key (the index predicate pgqueue_key_held):
@@ -120,6 +127,32 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 MAX_ATTEMPT_ERRORS = 20
 
 
+class Transaction(Protocol):
+    """What ``job.transaction()`` gives: ``with`` it in a sync handler,
+    ``async with`` it in an async one; either way it gives a psycopg
+    connection (sync or async) inside a transaction on the queue's
+    database, which completes the job as it commits."""
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, *exc_info: Any) -> bool | None: ...
+
+    async def __aenter__(self) -> Any: ...
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None: ...
+
+
+class AttemptHandle(Protocol):
+    """The worker's side of the attempt a handler runs: set on the job it
+    hands the handler (``Job.attempt``), cleared when the handler returns.
+    The job's methods that reach the worker go through it; core knows only
+    this shape (the worker's implementation: worker/held.py ``Held``)."""
+
+    def transaction(self, result_json: str) -> Transaction: ...
+
+    def progress(self, fraction: float, info_json: str | None) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
     """A row of the jobs table. ``duplicate`` is set by enqueue when this
@@ -153,23 +186,74 @@ class Job:
     # operator's retry keeps them, and numbers the next attempts from 1 again.
     errors: tuple[AttemptError, ...] = ()
     metadata: dict[str, Any] | None = None  # None: the job was given none
+    # What its handler last reported (job.progress()): the fraction done, the
+    # JSON given with it, when the worker wrote it; None until it reports.
+    progress_fraction: float | None = None
+    progress_info: Any = None
+    progress_at: datetime | None = None
     duplicate: bool = False
     # The results of the jobs of ``depends_on``, in that order (None for a
     # job that did not succeed, or was pruned): filled in by the claim.
     parents: tuple[Any, ...] = ()
+    # Set by the worker while its handler runs this job (see AttemptHandle).
+    attempt: AttemptHandle | None = field(default=None, compare=False, repr=False)
     # Set once by the worker that runs this attempt (call_off); read as
     # ``cancelled``.
     _called_off: bool = field(default=False, repr=False, compare=False)
 
+    def transaction(self, result: Any = None) -> Transaction:
+        """A transaction on the queue's database that completes this job as
+        it commits (succeeded, with ``result`` as its result), so that the
+        handler's writes in it happen exactly once::
+
+            with job.transaction() as conn:         # sync handler
+                conn.execute("INSERT ...")
+            async with job.transaction() as conn:   # async handler
+                await conn.execute("INSERT ...")
+
+        At the end of the block the job is completed in the same
+        transaction, fenced by this attempt's token: if the lease was lost
+        meanwhile (or the worker gave the attempt up: its timeout),
+        StaleAttempt is raised and nothing of the block commits.
+        An exception in the block rolls it back (the attempt fails as
+        usual). Once the block has committed the job is finished: what the
+        handler returns or raises afterwards is not recorded. Raises
+        InvalidJob for a result PostgreSQL cannot store, NotInHandler
+        outside the handler running the job (docs/exactly-once.md)."""
+        text = "null" if result is None else dump_json(result, "result")
+        return self._running("transaction").transaction(text)
+
+    def progress(self, fraction: float, info: Any = None) -> None:
+        """Say how far the handler is: ``fraction`` done, from 0 to 1, and
+        ``info``, any JSON of at most MAX_PROGRESS_INFO_BYTES (what it is
+        doing, counts...). Cheap, from sync and async handlers alike: the
+        value is kept in memory and the worker writes the latest one of each
+        job at most once a second (one statement for all its jobs), fenced
+        by this attempt's token, onto the job (``progress_fraction``,
+        ``progress_info``, ``progress_at``), and wakes the job's waiters.
+        Raises InvalidJob for a fraction or info out of bounds (nothing is
+        kept), NotInHandler outside the handler running the job
+        (docs/howto/progress.md)."""
+        checked, info_json = checked_progress(fraction, info)
+        self._running("progress").progress(checked, info_json)
+
     @property
     def cancelled(self) -> bool:
-        """True once the worker has called this attempt off while its
-        handler runs: the job was cancelled (``Queue.cancel``, a bulk or a
-        workflow cancel), or its lease was lost. A sync handler, which the
-        worker cannot stop, checks it between steps and returns: whatever it
+        """True once the worker has called off the attempt its handler runs:
+        the job was cancelled (``Queue.cancel``, a bulk or a workflow
+        cancel), or its lease was lost. A sync handler, which the worker
+        cannot stop, checks it between steps and returns: whatever it
         returns is dropped, and the job stays as the cancel left it. False
-        for any other Job (read back, or not running)."""
+        for any other Job (read back, or not running). A flag of its own,
+        not read through ``attempt``: the worker lets go of the attempt when
+        it calls it off, while the sync handler's thread runs on."""
         return self._called_off
+
+    def _running(self, method: str) -> AttemptHandle:
+        """The attempt a worker runs now; NotInHandler if none."""
+        if self.attempt is None:
+            raise NotInHandler(self.id, method)
+        return self.attempt
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any], *, duplicate: bool = False) -> Job:
@@ -197,8 +281,27 @@ class Job:
         return out
 
 
+def checked_progress(fraction: Any, info: Any) -> tuple[float, str | None]:
+    """A progress report checked: the fraction as a float, the info as JSON
+    text (None for none); InvalidJob if either is out of bounds."""
+    if (
+        isinstance(fraction, bool)
+        or not isinstance(fraction, int | float)
+        or not 0 <= fraction <= 1  # NaN included
+    ):
+        raise InvalidJob(
+            "progress", f"must be a number from 0 to 1 (the fraction done), got {fraction!r}"
+        )
+    text = (
+        None
+        if info is None
+        else dump_json(info, "progress info", max_bytes=MAX_PROGRESS_INFO_BYTES)
+    )
+    return float(fraction), text
+
+
 _COLUMNS = tuple(
-    f.name for f in fields(Job) if f.name not in ("duplicate", "parents", "_called_off")
+    f.name for f in fields(Job) if f.name not in ("duplicate", "parents", "attempt", "_called_off")
 )
 # A state column's text as a JobState (quicker than calling JobState).
 STATES = {state.value: state for state in JobState}
@@ -236,7 +339,7 @@ def _reader(names: tuple[str, ...]) -> Callable[[Sequence[Any]], Job]:
 def _made(columns: Iterable[Any], duplicate: bool, parents: tuple[Any, ...]) -> Job:
     """A Job of a row's columns (in the order of _COLUMNS): the state as a
     JobState, the errors (jsonb, NULL when none) as AttemptErrors."""
-    job = _Unfrozen(*columns, duplicate, parents, False)  # False: not called off
+    job = _Unfrozen(*columns, duplicate, parents, None, False)  # no attempt, not called off
     job.state = STATES[job.state]
     errors = job.errors
     if errors and not isinstance(errors, list):  # a row written by SQL

@@ -5,8 +5,9 @@ a queue or the worker runs."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from ..sql import migration_versions
@@ -17,6 +18,7 @@ from .rules import Payload
 
 __all__ = [
     "LIST_VIEWS",
+    "ProgressSeen",
     "Wake",
     "checked_job_id",
     "forget_waits",
@@ -193,3 +195,20 @@ def schema_pending() -> Flow[list[str]]:
         rows = yield Statement("migration_applied", {})
         applied = {row["version"] for row in rows}
     return [version for version in migration_versions() if version not in applied]
+
+
+class ProgressSeen:
+    """wait()'s ``on_progress``: called with each job read back whose
+    progress report (``progress_at``) it has not seen yet."""
+
+    __slots__ = ("_last", "_on_progress")
+
+    def __init__(self, on_progress: Callable[[Job], object] | None) -> None:
+        self._on_progress = on_progress
+        self._last: datetime | None = None
+
+    def __call__(self, job: Job) -> None:
+        at = job.progress_at
+        if self._on_progress is not None and at is not None and at != self._last:
+            self._last = at
+            self._on_progress(job)

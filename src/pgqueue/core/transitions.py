@@ -21,9 +21,10 @@ import random
 from collections import Counter
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .enqueue import KEY_ROUNDS
-from .errors import JobAlreadyFinished, JobKeyHeld, JobNotRetryable, KeyTaken
+from .errors import JobAlreadyFinished, JobKeyHeld, JobNotRetryable, KeyTaken, StaleAttempt
 from .flows import Flow, Row, Statement
 from .jobs import STATES, Job, JobState
 from .outcomes import Outcome
@@ -32,14 +33,17 @@ from .settings import Settings
 
 __all__ = [
     "CancelNotice",
+    "Report",
     "cancel",
     "claim",
+    "complete",
     "finish",
     "finish_groups",
     "heartbeat",
     "prune",
     "reap",
     "release",
+    "report_progress",
     "retry",
     "round_robin",
 ]
@@ -128,6 +132,30 @@ def heartbeat(held: Sequence[tuple[int, int]], lease_seconds: float) -> Flow[set
     return {row["id"] for row in rows}
 
 
+class Report(NamedTuple):
+    """A handler's latest progress report (job.progress()), for its attempt."""
+
+    job_id: int
+    token: int
+    fraction: float
+    info_json: str | None
+
+
+def report_progress(reports: Sequence[Report]) -> Flow[set[int]]:
+    """Write the progress of many running jobs, each fenced by its token
+    (waiters of those jobs are woken); return the ids written."""
+    rows = yield Statement(
+        "job_progress",
+        {
+            "ids": [r.job_id for r in reports],
+            "tokens": [r.token for r in reports],
+            "fractions": [r.fraction for r in reports],
+            "infos": [r.info_json for r in reports],
+        },
+    )
+    return {row["id"] for row in rows}
+
+
 def release(held: Sequence[tuple[int, int]]) -> Flow[set[int]]:
     """Give back claimed jobs that never started, (id, token) pairs: queued
     again at once, the attempt not counted; return the ids given back."""
@@ -147,6 +175,17 @@ def finish(settings: Settings, outcomes: Sequence[Outcome]) -> Flow[dict[int, Jo
     for group in finish_groups(outcomes):
         rows += yield _finish_statement(settings, group)
     return {row["id"]: STATES[row["state"]] for row in rows}
+
+
+def complete(settings: Settings, job_id: int, token: int, result_json: str) -> Flow[None]:
+    """Complete one attempt as a success inside its handler's own
+    transaction (``job.transaction()``): job_finish, fenced by the token,
+    so that the handler's writes commit only with it; StaleAttempt (which
+    rolls the transaction back) when the token no longer holds."""
+    outcome = Outcome(job_id, token, True, result_json=result_json)
+    states = yield from finish(settings, [outcome])
+    if job_id not in states:
+        raise StaleAttempt(job_id, token)
 
 
 def finish_groups(outcomes: Sequence[Outcome]) -> list[Sequence[Outcome]]:

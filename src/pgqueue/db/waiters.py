@@ -1,7 +1,9 @@
 """``wait()``: one LISTEN connection per queue object, shared by every waiter.
 
 Statements that end jobs (job_finish, job_cancel, job_reap) notify
-``pgqueue_finished`` with the ids of the jobs that ended. Each ``Queue`` /
+``pgqueue_finished`` with the ids of the jobs that ended, and job_progress
+``pgqueue_progress`` with those whose handlers reported progress (a waiter
+woken by it re-reads its job as for an end, and sees the progress). Each ``Queue`` /
 ``AsyncQueue`` keeps one listening connection, opened at its first wait and
 closed with it, and a registry of waiters by job id: a notification wakes
 only the waiters of its jobs. A waiter re-reads its job when woken, and also
@@ -131,6 +133,7 @@ class Waiters:
                 with psycopg.connect(self.url, **_connect_kwargs(self.url)) as conn:
                     self._conn = conn
                     conn.execute(QUERIES["listen_finished"])
+                    conn.execute(QUERIES["listen_progress"])
                     self._ready.set()
                     delay = RECONNECT_MIN_SECONDS
                     self._registry.wake_all()  # endings while not listening were missed
@@ -191,6 +194,7 @@ class AsyncWaiters:
                 connect = psycopg.AsyncConnection.connect(url, **_connect_kwargs(url))
                 async with await connect as conn:
                     await conn.execute(QUERIES["listen_finished"])
+                    await conn.execute(QUERIES["listen_progress"])
                     self._ready.set()
                     delay = RECONNECT_MIN_SECONDS
                     self._registry.wake_all()

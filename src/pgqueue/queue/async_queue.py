@@ -164,14 +164,23 @@ class AsyncQueue(Common):
         attempts = per_attempt(self._enqueue_flows.enqueue_many, specs)
         return await self._retried(attempts, "enqueue_many", transaction=True)
 
-    async def wait(self, job_id: int, timeout: float) -> Job:  # noqa: ASYNC109
-        """As Queue.wait, without blocking the event loop."""
+    async def wait(
+        self,
+        job_id: int,
+        timeout: float,  # noqa: ASYNC109
+        *,
+        on_progress: Callable[[Job], object] | None = None,
+    ) -> Job:
+        """As Queue.wait, without blocking the event loop (``on_progress`` is
+        a plain function, called on the loop)."""
         deadline = time.monotonic() + timeout
         await self.open()
         assert self._waiters is not None
         async with self._waiters.waiting(job_id) as ended:
             job = await self.run(reads.watch(job_id, timeout))
+            seen = reads.ProgressSeen(on_progress)
             while True:
+                seen(job)
                 remaining = deadline - time.monotonic()
                 if job.state.finished:
                     return job

@@ -125,12 +125,23 @@ class Queue(Common):
         attempts = per_attempt(self._enqueue_flows.enqueue_many, specs)
         return self._retried(attempts, "enqueue_many", transaction=True)
 
-    def wait(self, job_id: int, timeout: float) -> Job:
-        """Block until the job succeeds, dies or is cancelled; raise WaitTimeout."""
+    def wait(
+        self,
+        job_id: int,
+        timeout: float,
+        *,
+        on_progress: Callable[[Job], object] | None = None,
+    ) -> Job:
+        """Block until the job succeeds, dies or is cancelled; raise
+        WaitTimeout. ``on_progress`` is called with the job read back each
+        time it shows a progress report not seen before (job.progress(); at
+        most about once a second: the worker's pace)."""
         deadline = time.monotonic() + timeout
         with self._waiters.waiting(job_id) as ended:
             job = self.run(reads.watch(job_id, timeout))
+            seen = reads.ProgressSeen(on_progress)
             while True:
+                seen(job)
                 remaining = deadline - time.monotonic()
                 if job.state.finished:
                     return job

@@ -420,6 +420,36 @@ WITH request AS (
 )
 SELECT id, state FROM cancelled, (SELECT count(*) FROM woken) w, (SELECT count(*) FROM released) r;
 
+-- name: job_progress
+-- Record the latest progress of many running jobs (job.progress(), written
+-- by their worker at most once a second), each fenced by its token like
+-- job_heartbeat: a report of an attempt that lost its lease matches no row.
+-- The value is overwritten, no row per report. The jobs that someone waits
+-- for (a registration in pgqueue_waits, kept: the end still needs it) are
+-- notified on pgqueue_progress, their ids comma-separated, 300 per
+-- notification as pgqueue_notify_ended does; jobs nobody waits for notify
+-- nobody. Returns the ids written.
+WITH report AS (
+    -- Reached by primary key whatever the statistics say (job_heartbeat).
+    SELECT * FROM unnest((SELECT %(ids)s::bigint[]), (SELECT %(tokens)s::bigint[]),
+                         (SELECT %(fractions)s::double precision[]),
+                         (SELECT %(infos)s::jsonb[]))
+         AS t(id, token, fraction, info)
+), reported AS (
+    UPDATE pgqueue_jobs j
+    SET progress_fraction = r.fraction, progress_info = r.info, progress_at = now()
+    FROM report r, (SELECT 'running'::text OFFSET 0) AS expected(state)
+    WHERE j.id = r.id AND j.lease_token = r.token AND j.state = expected.state
+    RETURNING j.id
+), waited AS (
+    SELECT id, row_number() OVER (ORDER BY id) AS n
+    FROM reported WHERE EXISTS (SELECT FROM pgqueue_waits w WHERE w.job_id = reported.id)
+), woken AS (
+    SELECT count(pg_notify('pgqueue_progress', chunk)) AS n
+    FROM (SELECT string_agg(id::text, ',') AS chunk FROM waited GROUP BY (n - 1) / 300) chunks
+)
+SELECT id FROM reported, woken;
+
 -- name: job_release
 -- Give back claimed jobs that never started (a stopping worker's prefetched
 -- jobs), each fenced by its token: queued again at once in their old place
@@ -710,12 +740,13 @@ ORDER BY id DESC
 LIMIT %(limit)s;
 
 -- name: job_list_summary
--- Like job_list, without the heavy columns (payload, result, last_error):
--- what a listing that polls needs, without reading large values.
+-- Like job_list, without the heavy columns (payload, result, last_error,
+-- progress_info): what a listing that polls needs, without reading large values.
 SELECT id, queue, task, priority, state, run_at, attempts, max_attempts, snoozes,
        timeout_seconds, idempotency_key, unique_scope, concurrency_key, worker,
        lease_expires_at,
-       enqueued_at, started_at, finished_at, workflow_id, depends_on
+       enqueued_at, started_at, finished_at, workflow_id, depends_on,
+       progress_fraction, progress_at
 FROM pgqueue_jobs
 WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
   AND (NOT %(scheduled)s OR run_at > now())
@@ -1398,6 +1429,11 @@ LISTEN pgqueue_cancelled;
 -- Subscribe to "these jobs ended" hints (payload: job ids, comma-separated),
 -- for wait().
 LISTEN pgqueue_finished;
+
+-- name: listen_progress
+-- Subscribe to "these jobs reported progress" hints (payload: job ids,
+-- comma-separated; job_progress), for wait()'s on_progress.
+LISTEN pgqueue_progress;
 
 -- name: migration_lock
 -- Serialise concurrent migrators, one migration at a time. Held until the

@@ -91,6 +91,24 @@ class Completer:
         if len(self._outbox) >= self.batch_size:
             self._full.set()
 
+    def completed(self, held: Held, outcome: Outcome | None) -> None:
+        """The handler's own transaction (job.transaction()) completed its
+        job: nothing to write; what the handler did afterwards is not
+        recorded."""
+        self.held.release(held.job.id, held)
+        self.stats["succeeded"] += 1
+        if outcome is not None and not outcome.succeeded:
+            self.events(
+                logging.WARNING,
+                "ignored",
+                "job %d: completed by its transaction; the handler then failed, which "
+                "changes nothing: %s",
+                held.job.id,
+                (outcome.error or "")[:500],
+                job=held.job,
+            )
+        self.ended({held.job.queue})
+
     def flush(self) -> None:
         """From now on write every outcome as soon as it arrives (shutdown)."""
         self._flushing = True

@@ -15,6 +15,8 @@ claimed jobs would otherwise wait here while another worker could run them.
 
     producer ─hold()─> RUNNING (a slot is free) or WAITING ─next_ready()─> RUNNING
         ─executor─> DONE ─completer─> WRITING ─release()
+    job.transaction() (handles.py): RUNNING ─its COMMIT─> COMPLETING ─> COMPLETED
+        ─the handler returns─> release() (nothing left to write)
     call_off() (lease keeper: a lost lease, a cancel's notice): a prefetched
     job is never started; a running one is cancelled, or told (job.cancelled)
     and its result dropped; take_prefetched() (shutdown): given back.
@@ -27,8 +29,12 @@ import enum
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from ..core.jobs import Job, call_off
+from ..core.jobs import Job, Transaction, call_off
+
+if TYPE_CHECKING:
+    from .handles import Handles
 
 __all__ = ["Held", "HeldJobs", "Stage"]
 
@@ -38,11 +44,17 @@ class Stage(enum.Enum):
     RUNNING = "running"  # its handler runs
     DONE = "done"  # its outcome waits to be written
     WRITING = "writing"  # its outcome is being written
+    # Its handler's transaction (job.transaction()) is completing the job,
+    # then has completed it: no lease to keep, nothing left to write.
+    COMPLETING = "completing"
+    COMPLETED = "completed"
 
 
 @dataclass(slots=True, eq=False)
 class Held:
-    """A job this worker holds a lease on."""
+    """A job this worker holds a lease on; also, while its handler runs,
+    the job's ``attempt`` (core.jobs.AttemptHandle), through which the
+    handler's job.transaction() and job.progress() reach the worker."""
 
     job: Job
     task: asyncio.Task[None] | None = None
@@ -50,15 +62,34 @@ class Held:
     lost: bool = False  # the lease is gone: drop whatever the handler returns
     interrupted: bool = False  # cancelled by shutdown: record a retryable failure
     cancelled: bool = False  # the job was cancelled (a cancel's notice): nothing to record
+    handles: Handles | None = None  # the worker's side of the handle
+
+    def transaction(self, result_json: str) -> Transaction:
+        assert self.handles is not None
+        return self.handles.transaction(self, result_json)
+
+    def progress(self, fraction: float, info_json: str | None) -> None:
+        assert self.handles is not None
+        self.handles.reported[self.job.id] = (self, fraction, info_json)
+
+
+# The stages whose lease a write decides: the heartbeat leaves them alone.
+_WRITTEN = (Stage.WRITING, Stage.COMPLETING, Stage.COMPLETED)
 
 
 class HeldJobs:
     """Held jobs by id, slot accounting, and the events the parts wait on."""
 
     def __init__(
-        self, concurrency: int, hung_threads: Callable[[], int] = lambda: 0, *, prefetch: int = 0
+        self,
+        concurrency: int,
+        hung_threads: Callable[[], int] = lambda: 0,
+        *,
+        prefetch: int = 0,
+        handles: Handles | None = None,
     ) -> None:
         self.concurrency = concurrency
+        self.handles = handles  # given to each Held
         self.prefetch = prefetch  # the most jobs claimed ahead of the free slots
         self.ahead = 0  # how many to claim ahead now (the producer sets it)
         self.running = 0  # handlers running
@@ -128,10 +159,10 @@ class HeldJobs:
         came back to this worker): the new attempt takes the id, and the
         parts still busy with the old one keep their own ``Held``."""
         if self._prefetched or not self._slot_free():
-            held = self._held[job.id] = Held(job, stage=Stage.PREFETCHED)
+            held = self._held[job.id] = Held(job, stage=Stage.PREFETCHED, handles=self.handles)
             self._prefetched.append(held)
         else:
-            held = self._held[job.id] = Held(job)
+            held = self._held[job.id] = Held(job, handles=self.handles)
             self.running += 1
         return held
 
@@ -157,11 +188,12 @@ class HeldJobs:
 
     def leases(self) -> list[tuple[int, int]]:
         """(id, token) of every lease to extend: not lost, and not being
-        written (the write's own reply decides those)."""
+        written (the write's own reply decides those, or the handler's
+        transaction's)."""
         return [
             (job_id, h.job.lease_token)
             for job_id, h in self._held.items()
-            if not h.lost and h.stage is not Stage.WRITING and h.job.lease_token is not None
+            if not h.lost and h.stage not in _WRITTEN and h.job.lease_token is not None
         ]
 
     def lose(self, job_id: int, token: int) -> Held | None:
@@ -171,7 +203,7 @@ class HeldJobs:
         snooze committed, and it was claimed again, while the heartbeat that
         found the old token gone was out) keeps its lease."""
         held = self._held.get(job_id)
-        if held is None or held.lost or held.stage is Stage.WRITING:
+        if held is None or held.lost or held.stage in _WRITTEN:
             return None
         if held.job.lease_token != token:
             return None

@@ -16,6 +16,7 @@ loop that a fork would copy in whatever state they are in.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import multiprocessing
 import os
@@ -67,7 +68,10 @@ class HandlerProcesses:
         from pebble import ProcessExpired
 
         self.start()
-        future = self._pool.schedule(task.fn, args=(job,), timeout=time_limit)
+        # Without its attempt: the child cannot reach the worker (the
+        # handle's methods raise NotInHandler there).
+        child_job = dataclasses.replace(job, attempt=None)
+        future = self._pool.schedule(task.fn, args=(child_job,), timeout=time_limit)
         try:
             return await asyncio.wrap_future(future)
         except TimeoutError as exc:

@@ -8,6 +8,8 @@ claimed ahead of a free slot) one after another.
     JobRunners._runner   one task, for a job and then the prefetched ones
     JobRunners._run_job  -> Executor.execute: the handler, an Outcome
                          -> submit (Completer.submit): written in a batch
+                         (or, when the handler's job.transaction() completed
+                         the job, -> completed: nothing left to write)
 """
 
 from __future__ import annotations
@@ -28,6 +30,13 @@ from .threads import ThreadPool
 
 __all__ = ["JobRunners"]
 
+# Job is frozen: the runner sets its attempt through the slot itself, as the
+# dataclass's __init__ does (98 ns for the two stores of a job, against 170
+# through object.__setattr__); and compares stages with a name bound once
+# (an enum member's lookup costs 80 ns).
+_set_attempt = Job.__dict__["attempt"].__set__
+_COMPLETED = Stage.COMPLETED
+
 # A runner lets the other parts have the loop after this many jobs (a job
 # that never waits on anything would otherwise keep it to the last one).
 RUNNER_TURN = 8
@@ -47,6 +56,7 @@ class JobRunners:
         events: EventLog,
         *,
         submit: Callable[[Held, Outcome], None],
+        completed: Callable[[Held, Outcome | None], None],
         crashed: Callable[[str, BaseException], None],
         name: str,
         concurrency: int,
@@ -60,6 +70,7 @@ class JobRunners:
         self.dropped = 0
         self.context = contextvars.copy_context()
         self._submit = submit
+        self._completed = completed
         self._crashed = crashed
         self._hung_reported = 0
 
@@ -113,9 +124,12 @@ class JobRunners:
             held = next_held
 
     async def _run_job(self, held: Held) -> None:
-        """Run the job's handler; hand its outcome to the completer."""
+        """Run the job's handler, the job's ``attempt`` set to ``held``
+        while it runs (job.transaction(), job.progress()); hand its outcome
+        to the completer."""
         job = held.job
         outcome: Outcome | None = None
+        _set_attempt(job, held)
         try:
             outcome = await in_context(self.executor.execute(job), self.context.copy())
         except asyncio.CancelledError:
@@ -126,9 +140,13 @@ class JobRunners:
             elif not held.lost:
                 raise  # the worker is being torn down
         finally:
+            _set_attempt(job, None)  # and no cycle job -> held -> job is left
             self.held.handler_finished(held)
             if self.threads.hung != self._hung_reported:
                 self._report_hung()
+        if held.stage is _COMPLETED:
+            self._completed(held, outcome)
+            return
         if outcome is None or held.lost:
             self.held.release(job.id, held)
             self.dropped += 1

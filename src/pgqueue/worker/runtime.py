@@ -12,6 +12,7 @@ One job's path, by calls::
     Producer.lookout_loop           lists the queues, learns when a job is next due
                                     and which queues are limited (producer.py)
     LeaseKeeper.heartbeat_loop      extends the leases of held jobs (leases.py)
+    ProgressWriter.write_loop       writes the handlers' progress reports (handles.py)
     Maintenance.maintenance_loop    finds dead workers, reaps expired leases, prunes old jobs
                                     (maintenance.py)
     Scheduler.schedule_loop         enqueues the ticks of schedules (scheduler.py)
@@ -48,10 +49,12 @@ from ..core.transitions import CancelNotice
 from ..core.workers import WorkerInfo, WorkerLoad
 from ..db.connections import listen_url, resolve_url
 from ..db.driver import RETRYABLE_ERRORS
+from ..db.handler_transactions import HandlerConnections
 from ..db.worker_connection import Connection, FlowDriver, listen_for_hints
 from .completer import Completer
 from .executor import Executor
 from .handlers import Task, TaskRegistry, resolve_schedules, resolve_tasks
+from .handles import Handles, ProgressWriter
 from .held import HeldJobs, Stage
 from .isolation import HandlerProcesses
 from .leases import LeaseKeeper
@@ -70,6 +73,10 @@ Hints = Callable[[str], AsyncIterator[str | CancelNotice | None]]
 
 # The worker's connections besides LISTEN (see run()); docs/worker.md counts them.
 CONNECTIONS = 5
+
+
+# The stages in which a held job's handler may still run.
+_HANDLER_RUNS = (Stage.RUNNING, Stage.COMPLETING, Stage.COMPLETED)
 
 
 def default_worker_name() -> str:
@@ -137,10 +144,17 @@ class AsyncWorker:
         self.threads = ThreadPool(
             self.concurrency, on_hung_return=lambda: self.runners.hung_returned()
         )
+        # Handlers' own transactions (job.transaction()): made when first
+        # used, at most `concurrency` kept idle of each kind (sync, async).
+        self.handler_connections = HandlerConnections(
+            self.url or "", keep=self.concurrency, prepare=prepare
+        )
+        self.handles = Handles(self.settings, self.handler_connections)
         self.held = HeldJobs(
             self.concurrency,
             hung_threads=lambda: self.threads.hung,
             prefetch=self.settings.prefetch,
+            handles=self.handles,
         )
         s = self.settings
         self.processes = HandlerProcesses(self.tasks.values(), s.handler_processes)
@@ -161,6 +175,7 @@ class AsyncWorker:
             self.executor,
             self.events,
             submit=lambda held, outcome: self.completer.submit(held, outcome),
+            completed=lambda held, outcome: self.completer.completed(held, outcome),
             crashed=self._crashed,
             name=self.name,
             concurrency=self.concurrency,
@@ -188,6 +203,7 @@ class AsyncWorker:
             self._stop_requested.set()
         if not self.url:
             self.url = await asyncio.to_thread(resolve_url, self.settings)
+        self.handler_connections.url = self.url
         # Claims and outcomes (two each, so that one statement goes out while
         # the other commits), and upkeep (heartbeats, maintenance, schedules, the lookout).
         connections = [self._connect(self.url) for _ in range(CONNECTIONS - 1)]
@@ -282,6 +298,7 @@ class AsyncWorker:
         self.completer = Completer(
             outcomes, self.held, s, events, self.producer.jobs_ended, more=[outcomes2]
         )
+        self.progress_writer = ProgressWriter(upkeep, self.handles, events)
         self.maintenance = Maintenance(upkeep, s, events, self.name)
         self.scheduler = Scheduler(upkeep, s, events, declared=self.schedules, tasks=self.tasks)
 
@@ -300,6 +317,7 @@ class AsyncWorker:
         parts: dict[str, Coroutine[Any, Any, None]] = {
             "outcomes": self.completer.write_loop(),
             "heartbeats": self.lease_keeper.heartbeat_loop(),
+            "progress": self.progress_writer.write_loop(),
             "claims": self.producer.claim_loop(),
             "lookout": self.producer.lookout_loop(),
             "maintenance": self.maintenance.maintenance_loop(),
@@ -432,7 +450,7 @@ class AsyncWorker:
     async def _finish_handlers(self, deadline: float) -> None:
         """Wait for running handlers until the deadline; fail the attempts of
         those still running then (they are retried)."""
-        running = [h.task for h in self.held if h.stage is Stage.RUNNING and h.task]
+        running = [h.task for h in self.held if h.stage in _HANDLER_RUNS and h.task]
         if running:
             await asyncio.wait(running, timeout=max(0.0, deadline - time.monotonic()))
         late = [h for h in self.held if h.stage is Stage.RUNNING]
@@ -462,6 +480,8 @@ class AsyncWorker:
             await asyncio.wait_for(connections[-1].drive(workers.leave(self.name)), 2.0)
         for conn in connections:
             await conn.close()
+        with contextlib.suppress(Exception):  # closing what is idle; nothing to save
+            await self.handler_connections.close()
         self.threads.shutdown()
         self.processes.shutdown()
         assert self._finished is not None

@@ -11,7 +11,7 @@ import pytest
 from pgqueue import AsyncQueue, Outcome, Settings
 from tests.support import api_client
 
-HEAVY = ("payload", "result", "last_error", "errors", "metadata")
+HEAVY = ("payload", "result", "last_error", "errors", "metadata", "progress_info")
 BIG = "x" * 200_000
 
 

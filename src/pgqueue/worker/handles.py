@@ -1,0 +1,184 @@
+"""What a handler's job reaches of its worker: ``job.transaction()`` and
+``job.progress()``.
+
+The worker sets each running job's ``attempt`` to its ``Held`` (held.py),
+whose methods come here. A transaction's block runs on a connection of the
+worker's HandlerConnections (db/handler_transactions.py) and ends with the
+job's completion in the same transaction (transitions.complete, fenced by
+the token): the handler's writes commit if and only if the job does.
+
+Stages: the completion moves the job to COMPLETING just before it goes
+out (so that a heartbeat's reply, which no longer finds the row running,
+does not read as a lost lease), back to RUNNING if the block fails, and
+to COMPLETED once committed; the runner then releases the job without
+writing an outcome (running.py).
+
+Progress: a report only replaces the job's entry in ``reported`` (a dict
+store, safe from the handlers' threads); ProgressWriter writes the latest
+entry of every job once a second in one ``job_progress`` statement on the
+upkeep connection, fenced by each attempt's token. A worker whose handlers
+report nothing sends nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.errors import StaleAttempt
+from ..core.flows import Flow
+from ..core.settings import Settings
+from ..core.transitions import Report, complete, report_progress
+from ..db.handler_transactions import HandlerConnections
+from ..db.worker_connection import FlowDriver
+from .held import Held, Stage
+from .supervision import WAIT_OUT, Backoff, EventLog
+
+__all__ = ["PROGRESS_SECONDS", "Handles", "ProgressWriter"]
+
+# The worker writes each running job's latest progress at most this often.
+PROGRESS_SECONDS = 1.0
+
+
+class Handles:
+    """The worker's side of its jobs' handles."""
+
+    def __init__(self, settings: Settings, connections: HandlerConnections) -> None:
+        self.settings = settings
+        self.connections = connections
+        # The latest progress report of each job not yet written, by job id.
+        self.reported: dict[int, tuple[Held, float, str | None]] = {}
+
+    def take_reports(self) -> list[Report]:
+        """The reports waiting, out of ``reported``, those of attempts still
+        running (a completed or lost one's would match nothing). Each is
+        popped by its key: a report made meanwhile waits for the next round."""
+        reports = []
+        for job_id in list(self.reported):
+            held, fraction, info_json = self.reported.pop(job_id)
+            token = held.job.lease_token
+            if held.stage is Stage.RUNNING and not held.lost and token is not None:
+                reports.append(Report(job_id, token, fraction, info_json))
+        return reports
+
+    def transaction(self, held: Held, result_json: str) -> _Transaction:
+        return _Transaction(self, held, result_json)
+
+
+@dataclass
+class ProgressWriter:
+    """Writes the handlers' progress reports (see the module's docstring)."""
+
+    conn: FlowDriver
+    handles: Handles
+    events: EventLog
+
+    async def write_loop(self) -> None:
+        """Every PROGRESS_SECONDS, the reports waiting, for ever. Reports
+        that cannot be written are dropped: the next ones say more."""
+        backoff = Backoff(self.events, "writing progress")
+        while True:
+            await asyncio.sleep(PROGRESS_SECONDS)
+            reports = self.handles.take_reports()
+            if not reports:
+                continue
+            try:
+                await self.conn.drive(report_progress(reports))
+            except WAIT_OUT as exc:
+                backoff.note(exc)
+            else:
+                backoff.succeeded()
+
+
+class _Transaction:
+    """``with`` (sync handlers, on a thread) or ``async with`` (async
+    handlers, on the loop): one object, so that one name serves both."""
+
+    __slots__ = ("_block", "_handles", "_held", "_result_json")
+
+    def __init__(self, handles: Handles, held: Held, result_json: str) -> None:
+        self._handles = handles
+        self._held = held
+        self._result_json = result_json
+        self._block: Any = None
+
+    def __enter__(self) -> Any:
+        if _on_a_loop():
+            raise TypeError(
+                "job.transaction() in an async handler: use `async with job.transaction()` "
+                "(a plain `with` would block the worker's event loop)"
+            )
+        self._block = self._sync()
+        return self._block.__enter__()
+
+    def __exit__(self, *exc_info: Any) -> bool | None:
+        block, self._block = self._block, None
+        return bool(block.__exit__(*exc_info))
+
+    async def __aenter__(self) -> Any:
+        self._block = self._async()
+        return await self._block.__aenter__()
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        block, self._block = self._block, None
+        return bool(await block.__aexit__(*exc_info))
+
+    @contextlib.contextmanager
+    def _sync(self) -> Iterator[Any]:
+        with self._staged(), self._handles.connections.transaction(self._end) as conn:
+            yield conn
+
+    @contextlib.asynccontextmanager
+    async def _async(self) -> AsyncIterator[Any]:
+        with self._staged():
+            async with self._handles.connections.transaction_async(self._end) as conn:
+                yield conn
+
+    @contextlib.contextmanager
+    def _staged(self) -> Iterator[None]:
+        """COMPLETED once the block committed; RUNNING again if it failed.
+        (Only from COMPLETING: a sync handler's thread may end its block
+        after the runner gave its attempt up, timed out, and moved on.)"""
+        held = self._held
+        _check_running(held)
+        try:
+            yield
+        except BaseException:
+            if held.stage is Stage.COMPLETING:
+                held.stage = Stage.RUNNING
+            raise
+        if held.stage is Stage.COMPLETING:
+            held.stage = Stage.COMPLETED
+
+    def _end(self) -> Flow[None]:
+        """The completion, run last in the block's transaction; StaleAttempt
+        at once for an attempt the worker already gave up (its lease found
+        lost, or its handler timed out or was interrupted): its failure is
+        being written, and the block must not commit against it."""
+        held = self._held
+        token = held.job.lease_token
+        assert token is not None
+        if held.stage is not Stage.RUNNING or held.lost or held.interrupted:
+            raise StaleAttempt(held.job.id, token)
+        held.stage = Stage.COMPLETING
+        return complete(self._handles.settings, held.job.id, token, self._result_json)
+
+
+def _check_running(held: Held) -> None:
+    """A block may start while no other block has completed the job."""
+    if held.stage is not Stage.RUNNING:
+        raise RuntimeError(
+            f"job {held.job.id}: job.transaction() can complete a job once; "
+            f"this attempt is {held.stage.value}"
+        )
+
+
+def _on_a_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
