@@ -62,10 +62,11 @@ def start_worker(db_url: str) -> Iterator[Callable[..., subprocess.Popen[bytes]]
 
 
 def listeners(url: str) -> list[int]:
+    """The workers' LISTEN connections (their last statement: the second LISTEN)."""
     with psycopg.connect(url, autocommit=True) as conn:
         rows = conn.execute(
             "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-            "AND query LIKE 'LISTEN pgqueue_jobs%%'"
+            "AND query IN ('LISTEN pgqueue_jobs', 'LISTEN pgqueue_cancelled')"
         ).fetchall()
     return [r[0] for r in rows]
 
