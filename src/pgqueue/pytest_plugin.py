@@ -32,8 +32,8 @@ import pytest
 from .core.settings import Settings
 from .db.connections import create_database, drop_database
 from .db.migrate import migrate
-from .idempotency import Report, assert_idempotent
 from .queue import AsyncQueue, Queue
+from .testing import Report, assert_idempotent
 
 ADMIN_URL = "PGQUEUE_TEST_ADMIN_URL"
 

@@ -34,19 +34,19 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .core.jobs import Job
-from .core.outcomes import Outcome
-from .core.settings import Settings
-from .db.handler_transactions import HandlerConnections
-from .queue import AsyncQueue, Queue
-from .worker.executor import Executor
-from .worker.handlers import Task, resolve_tasks
-from .worker.handles import Handles
-from .worker.held import Held, HeldJobs
-from .worker.isolation import HandlerProcesses
-from .worker.running import JobRunners
-from .worker.supervision import EventLog
-from .worker.threads import ThreadPool
+from ..core.jobs import Job
+from ..core.outcomes import Outcome
+from ..core.settings import Settings
+from ..db.handler_transactions import HandlerConnections
+from ..queue import AsyncQueue, Queue
+from ..worker.executor import Executor
+from ..worker.handlers import Task, resolve_tasks
+from ..worker.handles import Handles
+from ..worker.held import Held, HeldJobs
+from ..worker.isolation import HandlerProcesses
+from ..worker.running import JobRunners
+from ..worker.supervision import EventLog
+from ..worker.threads import ThreadPool
 
 __all__ = [
     "Attempt",

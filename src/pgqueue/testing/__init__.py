@@ -33,8 +33,14 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import tracing
-from .core.jobs import Job, JobState
+from .. import tracing
+from ..core.jobs import Job, JobState
+from ..queue import AsyncQueue, Queue
+from ..worker.executor import Executor
+from ..worker.handlers import TaskRegistry, resolve_tasks
+from ..worker.isolation import HandlerProcesses
+from ..worker.supervision import EventLog
+from ..worker.threads import ThreadPool
 from .idempotency import (
     Attempt,
     NotIdempotent,
@@ -43,12 +49,6 @@ from .idempotency import (
     assert_idempotent,
     assert_idempotent_async,
 )
-from .queue import AsyncQueue, Queue
-from .worker.executor import Executor
-from .worker.handlers import TaskRegistry, resolve_tasks
-from .worker.isolation import HandlerProcesses
-from .worker.supervision import EventLog
-from .worker.threads import ThreadPool
 
 __all__ = [
     "Attempt",
