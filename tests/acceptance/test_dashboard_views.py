@@ -523,7 +523,9 @@ def test_a_running_jobs_progress_is_shown_and_follows_the_database(
         assert shown()["hidden"] is True  # never reported
 
         fraction, info = report(0.4, {"last": "b.csv"})
-        open_page(page, server, f"#job={running.id}")
+        page.run(f'document.getElementById("id-input").value = "{running.id}", true')
+        click(page, "#id-form button")
+        until(page, f'document.getElementById("detail-id").textContent === "#{running.id}"')
         until(page, 'document.getElementById("detail-progress-percent").textContent === "40%"')
         first = shown()
         assert first["hidden"] is False and first["bar"] == fraction
