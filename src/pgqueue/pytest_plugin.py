@@ -10,6 +10,9 @@ fixtures cost nothing until a test asks for one:
 * ``pgqueue_settings``: Settings for that database.
 * ``pgqueue_queue``: a ``Queue`` on it; ``pgqueue_aqueue``: an ``AsyncQueue``
   (with pytest-asyncio installed).
+* ``pgqueue_assert_idempotent``: ``pgqueue.testing.assert_idempotent`` on
+  ``pgqueue_queue``: ``pgqueue_assert_idempotent(handler, payload,
+  effects=..., reset=...)``.
 
 Run jobs inline with ``pgqueue.testing.drain`` / ``drain_async``, or make
 enqueues run at once with ``pgqueue.testing.eager``.
@@ -17,11 +20,12 @@ enqueues run at once with ``pgqueue.testing.eager``.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
@@ -29,6 +33,7 @@ from .core.settings import Settings
 from .db.connections import create_database, drop_database
 from .db.migrate import migrate
 from .queue import AsyncQueue, Queue
+from .testing import Report, assert_idempotent
 
 ADMIN_URL = "PGQUEUE_TEST_ADMIN_URL"
 
@@ -74,6 +79,13 @@ def pgqueue_queue(pgqueue_settings: Settings) -> Iterator[Queue]:
     """A ``Queue`` on this test's database, closed after it."""
     with Queue(settings=pgqueue_settings) as queue:
         yield queue
+
+
+@pytest.fixture
+def pgqueue_assert_idempotent(pgqueue_queue: Queue) -> Callable[..., Report]:
+    """``assert_idempotent`` with this test's queue: give it the handler,
+    the payload, ``effects`` and ``reset``."""
+    return functools.partial(assert_idempotent, pgqueue_queue)
 
 
 async def _aqueue(pgqueue_settings: Settings) -> AsyncIterator[AsyncQueue]:

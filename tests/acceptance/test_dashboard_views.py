@@ -23,6 +23,7 @@ import pytest
 
 from pgqueue import Queue, Settings
 from pgqueue.api import create_app
+from pgqueue.core.transitions import Report, report_progress
 from pgqueue.core.workers import WorkerInfo, register
 from tests.browser import DevTools
 from tests.support import LiveServer
@@ -480,6 +481,61 @@ def test_a_job_by_id_its_timeline_lease_holder_and_refresh_until_it_finishes(
         assert "positive whole number" in str(
             until(page, 'document.getElementById("jobs-message").textContent')
         )
+
+
+PROGRESS = """({
+  hidden: document.getElementById("detail-progress").hidden,
+  bar: document.getElementById("detail-progress-bar").value,
+  percent: document.getElementById("detail-progress-percent").textContent,
+  info: document.getElementById("detail-progress-info").textContent,
+})"""
+
+
+def test_a_running_jobs_progress_is_shown_and_follows_the_database(
+    settings: Settings,
+    stack: dict[str, int],
+    queue: Queue,
+    sql: psycopg.Connection[Any],
+    page: DevTools,
+) -> None:
+    running = queue.get(stack["running"])
+    token = running.lease_token
+    assert token is not None
+
+    def report(fraction: float, info: Any) -> tuple[Any, ...]:
+        """Write a progress report as the worker does; return the row as stored."""
+        queue.run(report_progress([Report(running.id, token, fraction, json.dumps(info))]))
+        row = sql.execute(
+            "SELECT progress_fraction, progress_info FROM pgqueue_jobs WHERE id = %s",
+            (running.id,),
+        ).fetchone()
+        assert row is not None
+        return tuple(row)
+
+    def shown() -> dict[str, Any]:
+        progress = page.run(PROGRESS)
+        assert isinstance(progress, dict)
+        return progress
+
+    with LiveServer(create_app(settings)) as server:
+        open_page(page, server, f"#job={stack['queued']}")
+        until(page, f'document.getElementById("detail-id").textContent === "#{stack["queued"]}"')
+        assert shown()["hidden"] is True  # never reported
+
+        fraction, info = report(0.4, {"last": "b.csv"})
+        page.run(f'document.getElementById("id-input").value = "{running.id}", true')
+        click(page, "#id-form button")
+        until(page, f'document.getElementById("detail-id").textContent === "#{running.id}"')
+        until(page, 'document.getElementById("detail-progress-percent").textContent === "40%"')
+        first = shown()
+        assert first["hidden"] is False and first["bar"] == fraction
+        assert json.loads(first["info"]) == info
+
+        # Reported behind the page's back: the open panel follows by itself.
+        fraction, info = report(0.85, {"last": "e.csv"})
+        until(page, 'document.getElementById("detail-progress-percent").textContent === "85%"')
+        later = shown()
+        assert later["bar"] == fraction and json.loads(later["info"]) == info
 
 
 def test_every_attempts_error_is_listed_when_the_api_gives_them(

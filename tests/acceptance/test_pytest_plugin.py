@@ -1,7 +1,8 @@
 """pgqueue's pytest plugin, as a user's own test suite loads it: a separate
 pytest session on a small project (tests/acceptance/user_project), which
-finds the fixtures through the entry point and runs jobs with
-``pgqueue.testing``'s drain and eager mode."""
+finds the fixtures through the entry point, runs jobs with
+``pgqueue.testing``'s drain and eager mode, and checks a handler with the
+``pgqueue_assert_idempotent`` fixture."""
 
 from __future__ import annotations
 
@@ -43,4 +44,4 @@ def test_a_users_suite_gets_a_database_and_runs_jobs_inline(
     env = {"PGQUEUE_TEST_ADMIN_URL": pg_server.url} if server == "given" else {}
     done = _run_user_suite(server_dir / "project", **env)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "4 passed" in done.stdout, done.stdout
+    assert "5 passed" in done.stdout, done.stdout

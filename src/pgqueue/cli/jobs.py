@@ -1,4 +1,5 @@
-"""Single jobs: ``jobs list``, ``jobs show``, ``jobs cancel``, ``jobs retry``."""
+"""Single jobs: ``jobs list``, ``jobs show``, ``jobs watch``, ``jobs cancel``,
+``jobs retry``."""
 
 from __future__ import annotations
 
@@ -104,6 +105,61 @@ def jobs_list(
 def jobs_show(ctx: typer.Context, job_id: JobIdArgument, json_out: JsonFlag = False) -> None:
     """Everything about one job."""
     _on_one_job(ctx, json_out, lambda q: q.get(job_id), _print_job)
+
+
+@jobs_app.command("watch")
+def jobs_watch(
+    ctx: typer.Context,
+    job_id: JobIdArgument,
+    timeout: Annotated[
+        float, typer.Option(min=0.001, help="Seconds to follow the job before giving up.")
+    ] = 3600.0,
+    json_out: JsonFlag = False,
+) -> None:
+    """Follow one job until it ends: its state, each progress report (how far,
+    and its info), then how it ended. Exit 1 unless it succeeded."""
+    state = state_of(ctx)
+    as_json = wants_json(ctx, json_out)
+    with state.queue() as q:
+        redaction = q.settings.redaction
+
+        def say(job: Job) -> None:
+            job = output.shown(job, redaction)
+            if as_json:
+                output.emit_json(job.to_dict())  # one line per report: JSON Lines
+            else:
+                state.out.print(_progress_line(job))
+
+        first = q.get(job_id)
+        if not as_json:
+            state.out.print(
+                f"job {first.id} ({escape(first.task)}): {output.state_text(first.state)}"
+            )
+        ended = output.shown(q.wait(job_id, timeout, on_progress=say), redaction)
+    if as_json:
+        output.emit_json(ended.to_dict())
+    else:
+        state.out.print(_ending_line(ended))
+    if ended.state is not JobState.SUCCEEDED:
+        raise typer.Exit(1)
+
+
+def _progress_line(job: Job) -> str:
+    """A progress report: the fraction as a percentage, then the info."""
+    fraction = "-" if job.progress_fraction is None else f"{job.progress_fraction:.0%}"
+    info = "" if job.progress_info is None else "  " + escape(_compact(job.progress_info))
+    return f"  {fraction:>4}{info}"
+
+
+def _ending_line(job: Job) -> str:
+    ended = f"job {job.id} {output.state_text(job.state)}"
+    if job.state is JobState.SUCCEEDED:
+        return ended if job.result is None else f"{ended}: {escape(_compact(job.result))}"
+    return ended if job.last_error is None else f"{ended}: {escape(job.last_error.splitlines()[0])}"
+
+
+def _compact(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
 
 
 def _on_one_job(

@@ -33,3 +33,21 @@ def test_eager_leaves_a_transactional_enqueue_to_its_transaction(pgqueue_queue, 
     with eager(pgqueue_queue, tasks) as q, psycopg.connect(pgqueue_url) as conn:
         job = q.enqueue("resize", {"path": "d", "width": 1}, connection=conn)
         assert job.state is JobState.QUEUED
+
+
+def test_assert_idempotent(pgqueue_assert_idempotent, pgqueue_url):
+    import psycopg
+
+    def credit(job):
+        with job.transaction() as conn:
+            conn.execute("INSERT INTO ledger VALUES (%s)", (job.payload["amount"],))
+
+    with psycopg.connect(pgqueue_url, autocommit=True) as sql:
+        sql.execute("CREATE TABLE ledger (amount int)")
+        report = pgqueue_assert_idempotent(
+            credit,
+            {"amount": 10},
+            effects=lambda: sql.execute("SELECT amount FROM ledger").fetchall(),
+            reset=lambda: sql.execute("TRUNCATE ledger"),
+        )
+    assert report.idempotent and report.single_run == [(10,)]

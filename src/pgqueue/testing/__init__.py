@@ -13,6 +13,13 @@ as it ended. A transactional enqueue (``connection=``) is not run: its job
 is not committed yet. For unit tests only: in production a job runs on a
 worker, after its enqueue committed, possibly much later.
 
+``assert_idempotent(queue, handler, payload, effects=..., reset=...)`` runs
+a handler once, then through the faults of at-least-once delivery (two
+attempts at once, a crash after its effects, a lost lease whose late result
+is refused), each through the worker's own runner, executor and fenced
+writes, and raises ``NotIdempotent`` (an AssertionError) saying which
+effects differ from the single run's (docs/howto/idempotent-handlers.md).
+
 The pytest plugin (``pgqueue.pytest_plugin``, loaded by pytest when pgqueue
 is installed) gives fixtures for a throwaway database to run these against.
 """
@@ -26,16 +33,36 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import tracing
-from .core.jobs import Job, JobState
-from .queue import AsyncQueue, Queue
-from .worker.executor import Executor
-from .worker.handlers import TaskRegistry, resolve_tasks
-from .worker.isolation import HandlerProcesses
-from .worker.supervision import EventLog
-from .worker.threads import ThreadPool
+from .. import tracing
+from ..core.jobs import Job, JobState
+from ..queue import AsyncQueue, Queue
+from ..worker.executor import Executor
+from ..worker.handlers import TaskRegistry, resolve_tasks
+from ..worker.isolation import HandlerProcesses
+from ..worker.supervision import EventLog
+from ..worker.threads import ThreadPool
+from .idempotency import (
+    Attempt,
+    NotIdempotent,
+    Report,
+    Scenario,
+    assert_idempotent,
+    assert_idempotent_async,
+)
 
-__all__ = ["Ran", "drain", "drain_async", "eager", "eager_async"]
+__all__ = [
+    "Attempt",
+    "NotIdempotent",
+    "Ran",
+    "Report",
+    "Scenario",
+    "assert_idempotent",
+    "assert_idempotent_async",
+    "drain",
+    "drain_async",
+    "eager",
+    "eager_async",
+]
 
 WORKER = "pgqueue-testing"
 
