@@ -22,6 +22,7 @@ __all__ = [
     "MAX_CHECKPOINT_BYTES",
     "MAX_STEP_NAME",
     "MAX_STEP_RESULT_BYTES",
+    "NOTHING_STORED",
     "checked_step_name",
     "checkpoint_json",
     "recall_steps",
@@ -37,8 +38,8 @@ MAX_STEP_RESULT_BYTES = 1024 * 1024
 # A checkpoint sits on the job's row, which every claim and read of the job
 # returns: a cursor (an offset, a key, a page token), not a data set.
 MAX_CHECKPOINT_BYTES = 64 * 1024
-# What a refused value was, for StaleAttempt's message.
-_NOTHING_STORED = "nothing was stored"
+# What came of a step or checkpoint of a stale attempt (StaleAttempt's message).
+NOTHING_STORED = "nothing was stored"
 
 
 def checked_step_name(name: Any) -> str:
@@ -76,11 +77,11 @@ def record_step(job_id: int, token: int, name: str, result_json: str) -> Flow[No
         "job_step_record", {"id": job_id, "token": token, "name": name, "result": result_json}
     )
     if not rows:
-        raise StaleAttempt(job_id, token, _NOTHING_STORED)
+        raise StaleAttempt(job_id, token, NOTHING_STORED)
 
 
 def write_checkpoint(job_id: int, token: int, value_json: str) -> Flow[None]:
     """Overwrite the job's checkpoint; StaleAttempt as ``record_step``."""
     rows = yield Statement("job_checkpoint", {"id": job_id, "token": token, "value": value_json})
     if not rows:
-        raise StaleAttempt(job_id, token, _NOTHING_STORED)
+        raise StaleAttempt(job_id, token, NOTHING_STORED)

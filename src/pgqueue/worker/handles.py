@@ -36,7 +36,7 @@ from typing import Any
 from ..core.errors import InvalidJob, StaleAttempt
 from ..core.flows import Flow
 from ..core.settings import Settings
-from ..core.steps import recall_steps, record_step, write_checkpoint
+from ..core.steps import NOTHING_STORED, recall_steps, record_step, write_checkpoint
 from ..core.transitions import Report, complete, report_progress
 from ..db.handler_transactions import HandlerConnections
 from ..db.worker_connection import FlowDriver
@@ -193,23 +193,21 @@ class _Transaction:
         lost, or its handler timed out or was interrupted): its failure is
         being written, and the block must not commit against it."""
         held = self._held
-        token = held.job.lease_token
-        assert token is not None
-        if held.stage is not Stage.RUNNING or held.lost or held.interrupted:
-            raise StaleAttempt(held.job.id, token)
+        job_id, token = _fence(held, "the transaction was rolled back")
         held.stage = Stage.COMPLETING
-        return complete(self._handles.settings, held.job.id, token, self._result_json)
+        return complete(self._handles.settings, job_id, token, self._result_json)
 
 
-def _fence(held: Held) -> tuple[int, int]:
-    """(id, token) of an attempt the worker still runs; StaleAttempt for
-    one it gave up (its lease found lost, its handler timed out or was
-    interrupted, or its job completed by job.transaction()): a step of it
-    would not be stored, so its function is not run either."""
+def _fence(held: Held, what: str = NOTHING_STORED) -> tuple[int, int]:
+    """(id, token) of an attempt the worker still runs; StaleAttempt (saying
+    ``what`` came of the call) for one it gave up: its lease found lost,
+    its handler timed out or was interrupted, or its job completed by
+    job.transaction(). Nothing of it may be written: not a block's commit,
+    not a step (whose function is then not run either)."""
     token = held.job.lease_token
     assert token is not None
     if held.stage is not Stage.RUNNING or held.lost or held.interrupted:
-        raise StaleAttempt(held.job.id, token, "nothing was stored")
+        raise StaleAttempt(held.job.id, token, what)
     return held.job.id, token
 
 
