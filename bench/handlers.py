@@ -6,13 +6,27 @@ machinery."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pgqueue import Job
 
-__all__ = ["HANDLERS", "io_10ms", "noop", "noop_sync"]
+__all__ = [
+    "HANDLERS",
+    "STEPS",
+    "io_10ms",
+    "noop",
+    "noop_sync",
+    "steps_async",
+    "steps_sync",
+    "steps_work_sync",
+    "work_sync",
+]
+
+# The durable steps (job.step()) of a step job.
+STEPS = 10
 
 
 async def noop(job: Job) -> None:
@@ -29,8 +43,45 @@ async def io_10ms(job: Job) -> None:
     await asyncio.sleep(0.01)
 
 
+def _nothing() -> None:
+    return None
+
+
+def steps_sync(job: Job) -> None:
+    """STEPS no-op durable steps, on the worker's thread pool: what the
+    steps themselves cost (a read of the stored steps, a fenced insert each)."""
+    for i in range(STEPS):
+        job.step(f"step{i}", _nothing)
+
+
+async def steps_async(job: Job) -> None:
+    """``steps_sync`` for an async handler."""
+    for i in range(STEPS):
+        await job.step_async(f"step{i}", _nothing)
+
+
+def _work() -> None:
+    time.sleep(0.01)
+
+
+def work_sync(job: Job) -> None:
+    """STEPS pieces of 10 ms of blocking work (a call to another service)."""
+    for _ in range(STEPS):
+        _work()
+
+
+def steps_work_sync(job: Job) -> None:
+    """``work_sync``, each piece a durable step."""
+    for i in range(STEPS):
+        job.step(f"step{i}", _work)
+
+
 HANDLERS: dict[str, Callable[[Job], Any]] = {
     "noop": noop,
     "noop_sync": noop_sync,
     "io_10ms": io_10ms,
+    "steps_sync": steps_sync,
+    "steps_async": steps_async,
+    "work_sync": work_sync,
+    "steps_work_sync": steps_work_sync,
 }

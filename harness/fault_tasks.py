@@ -22,6 +22,9 @@ Payload keys (all optional):
 into ``fault_effects`` (no unique constraint: a second commit would show
 as a second row), records the delivery, and works, all inside the block;
 the row commits with the job's completion or not at all.
+
+``steps`` runs ten durable steps (``job.step()``), each marking its start
+and its end in ``fault_step_marks`` (STEP_MARKS_DDL).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
 
@@ -46,12 +49,15 @@ __all__ = [
     "DELIVERIES_DDL",
     "EFFECTS_DDL",
     "HANDLERS",
+    "STEPS",
+    "STEP_MARKS_DDL",
     "create_deliveries",
     "delivery_url",
     "effect",
     "release",
     "scalar",
     "spawn_worker",
+    "steps",
     "stop_worker",
     "wait_for",
     "work",
@@ -65,6 +71,19 @@ CREATE TABLE IF NOT EXISTS fault_effects (
     pid     integer NOT NULL
 );
 """
+
+# The evidence of ``steps``: a row as each step starts and as it ends
+# (mark 'start' or 'end'), committed at once.
+STEP_MARKS_DDL = """
+CREATE TABLE IF NOT EXISTS fault_step_marks (
+    job_id  bigint  NOT NULL,
+    step    integer NOT NULL,
+    mark    text    NOT NULL,
+    token   bigint  NOT NULL,
+    pid     integer NOT NULL
+);
+"""
+STEPS = 10
 
 DELIVERIES_DDL = """
 CREATE TABLE IF NOT EXISTS fault_deliveries (
@@ -117,14 +136,18 @@ def _close(conn: psycopg.Connection[Any]) -> None:
 
 
 def _record(job: Job) -> None:
-    """Insert the delivery row. A session that fails is closed (it may be
-    broken by a restart, or read-only because it began while the database
-    refused writes) and the insert is tried once more on a new one; a second
-    failure fails the attempt."""
-    row = (job.id, job.attempts, job.lease_token, os.getpid())
-    sql = (
-        "INSERT INTO fault_deliveries (job_id, attempt, token, worker_pid) VALUES (%s, %s, %s, %s)"
+    """Insert the delivery row."""
+    _insert(
+        "INSERT INTO fault_deliveries (job_id, attempt, token, worker_pid) VALUES (%s, %s, %s, %s)",
+        (job.id, job.attempts, job.lease_token, os.getpid()),
     )
+
+
+def _insert(sql: LiteralString, row: tuple[Any, ...]) -> None:
+    """Insert an evidence row, committed at once. A session that fails is
+    closed (it may be broken by a restart, or read-only because it began
+    while the database refused writes) and the insert is tried once more on
+    a new one; a second failure fails the attempt."""
     with _sessions:
         conn = None
         try:
@@ -177,7 +200,29 @@ def effect(job: Job) -> dict[str, Any]:
     return result
 
 
-HANDLERS = {"work": work, "effect": effect}
+def steps(job: Job) -> list[int]:
+    """Ten durable steps (job.step()), ``step0`` to ``step9``, each marking
+    its start and its end in fault_step_marks around ``ms`` of work
+    (default 100); returns what the steps returned, 0 to 9."""
+    ms = (job.payload or {}).get("ms", 100)
+    return [job.step(f"step{i}", _step, job, i, ms) for i in range(STEPS)]
+
+
+def _step(job: Job, step: int, ms: float) -> int:
+    _mark(job, step, "start")
+    time.sleep(ms / 1000)
+    _mark(job, step, "end")
+    return step
+
+
+def _mark(job: Job, step: int, mark: str) -> None:
+    _insert(
+        "INSERT INTO fault_step_marks (job_id, step, mark, token, pid) VALUES (%s, %s, %s, %s, %s)",
+        (job.id, step, mark, job.lease_token, os.getpid()),
+    )
+
+
+HANDLERS = {"work": work, "effect": effect, "steps": steps}
 
 
 # -- worker processes for the fault tests --------------------------------------------

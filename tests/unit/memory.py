@@ -87,6 +87,7 @@ class MemoryDatabase:
             "progress_fraction": None,
             "progress_info": None,
             "progress_at": None,
+            "last_checkpoint": None,
             "call_key": None,
         }
         row.update(fields)

@@ -183,7 +183,7 @@ def _print_job(out: Console, job: Job) -> None:
     table.add_column(style="bold")
     table.add_column()
     for name, value in job.to_dict().items():
-        if name in ("payload", "result", "errors", "metadata", "progress_info"):
+        if name in ("payload", "result", "errors", "metadata", "progress_info", "last_checkpoint"):
             continue
         if name == "state":
             shown = output.state_text(job.state)
@@ -197,7 +197,7 @@ def _print_job(out: Console, job: Job) -> None:
     out.print(Panel(table, title=f"job {job.id}", title_align="left", expand=False))
     if job.errors:
         out.print(_errors_table(job))
-    for name in ("payload", "metadata", "progress_info", "result"):
+    for name in ("payload", "metadata", "progress_info", "last_checkpoint", "result"):
         value = getattr(job, name)
         if value is not None:
             out.print(f"[bold]{name}[/]")

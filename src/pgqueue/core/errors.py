@@ -206,10 +206,10 @@ class WorkerFailed(PgQueueError):
 
 class NotInHandler(PgQueueError, RuntimeError):
     """A job's methods that reach its worker (``job.transaction()``,
-    ``job.progress()``) were called outside the handler that runs the job:
-    on a job read with ``Queue.get``, in a test calling the handler
-    directly, in an isolated handler's child process, or after the handler
-    returned."""
+    ``job.progress()``, ``job.step()``, ``job.checkpoint()``) were called
+    outside the handler that runs the job: on a job read with
+    ``Queue.get``, in a test calling the handler directly, in an isolated
+    handler's child process, or after the handler returned."""
 
     def __init__(self, job_id: int, method: str) -> None:
         self.job_id = job_id
@@ -221,17 +221,21 @@ class NotInHandler(PgQueueError, RuntimeError):
 
 
 class StaleAttempt(PgQueueError):
-    """``job.transaction()`` could not complete the job: this attempt's
-    fencing token no longer holds (its lease expired and the job was taken
-    back, or the job was cancelled). The transaction was rolled back, so
-    nothing of it committed; another attempt does (or did) the work."""
+    """``job.transaction()`` could not complete the job, or ``job.step()``
+    store a step's result, or ``job.checkpoint()`` a checkpoint: this
+    attempt's fencing token no longer holds (its lease expired and the job
+    was taken back, or the job was cancelled). The transaction was rolled
+    back (nothing was stored), so nothing of it committed; another attempt
+    does (or did) the work."""
 
-    def __init__(self, job_id: int, token: int) -> None:
+    def __init__(
+        self, job_id: int, token: int, what: str = "the transaction was rolled back"
+    ) -> None:
         self.job_id = job_id
         self.token = token
         super().__init__(
             f"job {job_id}: this attempt (token {token}) no longer holds the job (its lease "
-            "was lost or the job was cancelled): the transaction was rolled back"
+            f"was lost or the job was cancelled): {what}"
         )
 
 

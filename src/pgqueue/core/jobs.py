@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import inspect
 import json
 import operator
 import re
@@ -16,6 +17,7 @@ from uuid import UUID
 
 from .errors import InvalidJob, NotInHandler
 from .json_text import MAX_JSON_BYTES, MAX_JSON_DEPTH, dump_json
+from .steps import checked_step_name, checkpoint_json, step_result_json
 
 __all__ = [
     "DEPENDENCY_POLICIES",
@@ -152,6 +154,21 @@ class AttemptHandle(Protocol):
 
     def progress(self, fraction: float, info_json: str | None) -> None: ...
 
+    # Durable steps: whether a step of that name was stored by an attempt
+    # of the job, and its result; then the result of one that was not, to
+    # store (fenced). Sync for handlers on threads, async for the others.
+    def step_found(self, name: str) -> tuple[bool, Any]: ...
+
+    async def step_found_async(self, name: str) -> tuple[bool, Any]: ...
+
+    def store_step(self, name: str, result_json: str) -> None: ...
+
+    async def store_step_async(self, name: str, result_json: str) -> None: ...
+
+    def store_checkpoint(self, value_json: str) -> None: ...
+
+    async def store_checkpoint_async(self, value_json: str) -> None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class Job:
@@ -191,6 +208,9 @@ class Job:
     progress_fraction: float | None = None
     progress_info: Any = None
     progress_at: datetime | None = None
+    # The value its handler last stored with job.checkpoint() (any attempt),
+    # as claimed; None if none.
+    last_checkpoint: Any = None
     duplicate: bool = False
     # The results of the jobs of ``depends_on``, in that order (None for a
     # job that did not succeed, or was pruned): filled in by the claim.
@@ -236,6 +256,66 @@ class Job:
         (docs/howto/progress.md)."""
         checked, info_json = checked_progress(fraction, info)
         self._running("progress").progress(checked, info_json)
+
+    def step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` as the durable step ``name`` of this
+        job, in a sync handler, and return its result::
+
+            rows = job.step("fetch", fetch_rows, job.payload["url"])
+            total = job.step("load", load_rows, rows)
+
+        Once ``fn`` returns, its result is stored (fenced by this attempt's
+        token) before ``step`` returns: a later attempt of the job (a retry
+        after an exception, a crash or a lost lease) gets the stored result
+        back without calling ``fn`` again. A step is at least once: a crash
+        after ``fn`` returned and before its result was stored runs it
+        again. The result must be JSON (at most MAX_STEP_RESULT_BYTES) and
+        is returned as JSON reads it back (a tuple comes back a list), on
+        the first attempt as on the later ones. Raises InvalidJob for a bad
+        name, a name this attempt already completed, or a result that is
+        not JSON (nothing stored: the attempt fails, and the next one runs
+        ``fn`` again); StaleAttempt if the attempt no longer holds the job
+        (nothing stored); NotInHandler outside the handler running the job
+        (docs/howto/durable-steps.md)."""
+        attempt = self._running("step")
+        found, value = attempt.step_found(checked_step_name(name))
+        if found:
+            return value
+        text = step_result_json(name, fn(*args, **kwargs))
+        attempt.store_step(name, text)
+        return json.loads(text)
+
+    async def step_async(
+        self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> Any:
+        """``step`` for an async handler: ``fn`` may be a coroutine function
+        (awaited) or a plain one; the reads and writes do not block the
+        worker's event loop."""
+        attempt = self._running("step_async")
+        found, value = await attempt.step_found_async(checked_step_name(name))
+        if found:
+            return value
+        result = fn(*args, **kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+        text = step_result_json(name, result)
+        await attempt.store_step_async(name, text)
+        return json.loads(text)
+
+    def checkpoint(self, value: Any) -> None:
+        """Store ``value`` (JSON, at most MAX_CHECKPOINT_BYTES) as this
+        job's checkpoint, in a sync handler: where a long walk over a large
+        input has got to (an offset, the last key done). Overwrites the
+        last one, fenced by this attempt's token; a later attempt of the
+        job reads it as ``job.last_checkpoint`` and carries on from there.
+        Raises InvalidJob for a value that is not JSON, StaleAttempt if the
+        attempt no longer holds the job (nothing stored either way),
+        NotInHandler outside the handler running the job."""
+        self._running("checkpoint").store_checkpoint(checkpoint_json(value))
+
+    async def checkpoint_async(self, value: Any) -> None:
+        """``checkpoint`` for an async handler."""
+        await self._running("checkpoint_async").store_checkpoint_async(checkpoint_json(value))
 
     @property
     def cancelled(self) -> bool:

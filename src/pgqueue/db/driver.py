@@ -355,7 +355,7 @@ def register_adapters(context: AdaptContext) -> None:
 # -- asyncpg ------------------------------------------------------------------------
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
-_JSON_COLUMNS = ("payload", "result", "metadata", "progress_info")
+_JSON_COLUMNS = ("payload", "result", "metadata", "progress_info", "last_checkpoint")
 
 
 def is_asyncpg_connection(connection: Any) -> bool:

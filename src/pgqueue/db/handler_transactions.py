@@ -1,5 +1,7 @@
 """The connections of handlers' transactions (``job.transaction()``): a
-handler's writes and its job's completion, committed together.
+handler's writes and its job's completion, committed together; and of their
+durable steps and checkpoints (``job.step()``, ``job.checkpoint()``), each
+statement committed on its own.
 
 A worker keeps two small lists of idle connections, sync ones for the
 handlers that run on its threads and async ones for those on its loop,
@@ -17,7 +19,7 @@ from __future__ import annotations
 import contextlib
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -27,6 +29,8 @@ from . import driver
 from .connections import connect_timeout_default
 
 __all__ = ["HandlerConnections"]
+
+T = TypeVar("T")
 
 
 class HandlerConnections:
@@ -57,15 +61,49 @@ class HandlerConnections:
     def transaction(self, end: Callable[[], Flow[None]]) -> Iterator[psycopg.Connection[Any]]:
         """A sync connection in a transaction; ``end()`` runs in it after
         the block, before the COMMIT."""
+        with self._connection() as conn, conn.transaction():
+            yield conn
+            self._drive(conn, end())
+
+    @contextlib.asynccontextmanager
+    async def transaction_async(
+        self, end: Callable[[], Flow[None]]
+    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """``transaction`` for an async handler."""
+        async with self._connection_async() as conn, conn.transaction():
+            yield conn
+            await self._drive_async(conn, end())
+
+    def run(self, flow: Flow[T]) -> T:
+        """Drive ``flow`` on a sync connection, each statement committed on
+        its own (a handler's step or checkpoint)."""
+        with self._connection() as conn:
+            return self._drive(conn, flow)
+
+    async def run_async(self, flow: Flow[T]) -> T:
+        """``run`` for an async handler."""
+        async with self._connection_async() as conn:
+            return await self._drive_async(conn, flow)
+
+    def _drive(self, conn: psycopg.Connection[Any], flow: Flow[T]) -> T:
+        with driver.tuple_cursor(conn) as cur:
+            return driver.drive(flow, driver.CursorSession(cur, prepare=self._prepare()))
+
+    async def _drive_async(self, conn: psycopg.AsyncConnection[Any], flow: Flow[T]) -> T:
+        async with driver.async_tuple_cursor(conn) as cur:
+            session = driver.AsyncCursorSession(cur, prepare=self._prepare())
+            return await driver.drive_async(flow, session)
+
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """An idle connection (or a new one), kept again afterwards if it
+        is reusable and fewer than ``keep`` are idle."""
         try:
             conn = self._idle.pop()
         except IndexError:
             conn = psycopg.Connection.connect(self.url, **self._options())
         try:
-            with conn.transaction():
-                yield conn
-                with driver.tuple_cursor(conn) as cur:
-                    driver.drive(end(), driver.CursorSession(cur, prepare=self._prepare()))
+            yield conn
         finally:
             if _reusable(conn.closed, conn.info.transaction_status) and len(self._idle) < self.keep:
                 self._idle.append(conn)
@@ -73,20 +111,14 @@ class HandlerConnections:
                 conn.close()
 
     @contextlib.asynccontextmanager
-    async def transaction_async(
-        self, end: Callable[[], Flow[None]]
-    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        """``transaction`` for an async handler."""
+    async def _connection_async(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """``_connection`` for async handlers."""
         try:
             conn = self._idle_async.pop()
         except IndexError:
             conn = await psycopg.AsyncConnection.connect(self.url, **self._options())
         try:
-            async with conn.transaction():
-                yield conn
-                async with driver.async_tuple_cursor(conn) as cur:
-                    session = driver.AsyncCursorSession(cur, prepare=self._prepare())
-                    await driver.drive_async(end(), session)
+            yield conn
         finally:
             if (
                 _reusable(conn.closed, conn.info.transaction_status)

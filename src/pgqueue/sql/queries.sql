@@ -450,6 +450,33 @@ WITH report AS (
 )
 SELECT id FROM reported, woken;
 
+-- name: job_steps
+-- The steps a job's handlers completed (job.step()), read once by each
+-- attempt, at its first step: name and result.
+SELECT name, result FROM pgqueue_job_steps WHERE job_id = %(id)s;
+
+-- name: job_step_record
+-- Store a completed step's result, fenced by the attempt's token: nothing
+-- is stored (no row returned) unless the job is running with `token`.
+-- FOR SHARE makes the fence hold against a claim in flight: a claim that
+-- gives the job a new token waits for this insert to commit (so the new
+-- attempt's read of the steps sees it), and an insert that comes after
+-- such a claim reads the new token, and stores nothing.
+INSERT INTO pgqueue_job_steps (job_id, name, result)
+SELECT j.id, %(name)s, %(result)s::jsonb
+FROM pgqueue_jobs j
+WHERE j.id = %(id)s AND j.lease_token = %(token)s AND j.state = 'running'
+FOR SHARE OF j
+RETURNING job_id;
+
+-- name: job_checkpoint
+-- Overwrite a running job's checkpoint (job.checkpoint()), fenced by the
+-- attempt's token like job_progress; returns the id if written.
+UPDATE pgqueue_jobs
+SET last_checkpoint = %(value)s::jsonb
+WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running'
+RETURNING id;
+
 -- name: job_release
 -- Give back claimed jobs that never started (a stopping worker's prefetched
 -- jobs), each fenced by its token: queued again at once in their old place
@@ -634,7 +661,7 @@ FROM (SELECT count(*) FROM ended) e, (SELECT count(*) FROM stopped) s,
 -- limit), and nothing else.
 --   retry   back to queued with a fresh attempt budget (as job_retry); a job
 --           whose key another job holds now is left as it is
---   delete  the rows go; the counters keep their outcomes (as job_prune)
+--   delete  the rows go, their steps too; the counters keep their outcomes (as job_prune)
 -- Jobs go in finished order after the keyset cursor (`after_at`,
 -- `after_id`: the last job of the previous batch), so that a batch never
 -- reads again the finished history that did not match. Only jobs finished
@@ -686,6 +713,8 @@ WITH matching AS (
     DELETE FROM pgqueue_jobs j USING picked p
     WHERE %(action)s::text = 'delete' AND j.id = p.id AND j.state = ANY(%(states)s::text[])
     RETURNING j.id
+), steps_deleted AS (
+    DELETE FROM pgqueue_job_steps s USING deleted d WHERE s.job_id = d.id
 ), ready AS (
     SELECT pg_notify('pgqueue_jobs', queue) FROM (SELECT DISTINCT queue FROM retried) q
 )
@@ -802,6 +831,10 @@ WHERE id IN (
 RETURNING id, has_dependents, workflow_id
 ), unlinked AS (
     DELETE FROM pgqueue_job_deps d USING pruned p WHERE p.has_dependents AND d.parent = p.id
+), steps_deleted AS (
+    -- A job's steps (job.step()) go with it: one probe of the steps'
+    -- primary key per pruned job.
+    DELETE FROM pgqueue_job_steps s USING pruned p WHERE s.job_id = p.id
 ), emptied AS (
     -- This statement still sees the rows it deletes: they are left out by id.
     DELETE FROM pgqueue_workflows w

@@ -1,5 +1,5 @@
-"""What a handler's job reaches of its worker: ``job.transaction()`` and
-``job.progress()``.
+"""What a handler's job reaches of its worker: ``job.transaction()``,
+``job.progress()``, ``job.step()`` and ``job.checkpoint()``.
 
 The worker sets each running job's ``attempt`` to its ``Held`` (held.py),
 whose methods come here. A transaction's block runs on a connection of the
@@ -18,6 +18,11 @@ store, safe from the handlers' threads); ProgressWriter writes the latest
 entry of every job once a second in one ``job_progress`` statement on the
 upkeep connection, fenced by each attempt's token. A worker whose handlers
 report nothing sends nothing.
+
+Steps (core/steps.py): an attempt reads the steps its job's attempts
+stored at its first step (``Held.steps``), then stores each step it
+completes, and each checkpoint, in a statement of its own on a handler
+connection, fenced by the token. A job that takes no step reads nothing.
 """
 
 from __future__ import annotations
@@ -28,9 +33,10 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.errors import StaleAttempt
+from ..core.errors import InvalidJob, StaleAttempt
 from ..core.flows import Flow
 from ..core.settings import Settings
+from ..core.steps import NOTHING_STORED, recall_steps, record_step, write_checkpoint
 from ..core.transitions import Report, complete, report_progress
 from ..db.handler_transactions import HandlerConnections
 from ..db.worker_connection import FlowDriver
@@ -66,6 +72,34 @@ class Handles:
 
     def transaction(self, held: Held, result_json: str) -> _Transaction:
         return _Transaction(self, held, result_json)
+
+    def step_found(self, held: Held, name: str) -> tuple[bool, Any]:
+        _refuse_on_a_loop("step")
+        _fence(held)
+        if held.steps is None:
+            held.steps = self.connections.run(recall_steps(held.job.id))
+        return _found(held, name)
+
+    async def step_found_async(self, held: Held, name: str) -> tuple[bool, Any]:
+        _fence(held)
+        if held.steps is None:
+            held.steps = await self.connections.run_async(recall_steps(held.job.id))
+        return _found(held, name)
+
+    def store_step(self, held: Held, name: str, result_json: str) -> None:
+        self.connections.run(record_step(*_fence(held), name, result_json))
+        _completed(held).add(name)
+
+    async def store_step_async(self, held: Held, name: str, result_json: str) -> None:
+        await self.connections.run_async(record_step(*_fence(held), name, result_json))
+        _completed(held).add(name)
+
+    def store_checkpoint(self, held: Held, value_json: str) -> None:
+        _refuse_on_a_loop("checkpoint")
+        self.connections.run(write_checkpoint(*_fence(held), value_json))
+
+    async def store_checkpoint_async(self, held: Held, value_json: str) -> None:
+        await self.connections.run_async(write_checkpoint(*_fence(held), value_json))
 
 
 @dataclass
@@ -159,12 +193,53 @@ class _Transaction:
         lost, or its handler timed out or was interrupted): its failure is
         being written, and the block must not commit against it."""
         held = self._held
-        token = held.job.lease_token
-        assert token is not None
-        if held.stage is not Stage.RUNNING or held.lost or held.interrupted:
-            raise StaleAttempt(held.job.id, token)
+        job_id, token = _fence(held, "the transaction was rolled back")
         held.stage = Stage.COMPLETING
-        return complete(self._handles.settings, held.job.id, token, self._result_json)
+        return complete(self._handles.settings, job_id, token, self._result_json)
+
+
+def _fence(held: Held, what: str = NOTHING_STORED) -> tuple[int, int]:
+    """(id, token) of an attempt the worker still runs; StaleAttempt (saying
+    ``what`` came of the call) for one it gave up: its lease found lost,
+    its handler timed out or was interrupted, or its job completed by
+    job.transaction(). Nothing of it may be written: not a block's commit,
+    not a step (whose function is then not run either)."""
+    token = held.job.lease_token
+    assert token is not None
+    if held.stage is not Stage.RUNNING or held.lost or held.interrupted:
+        raise StaleAttempt(held.job.id, token, what)
+    return held.job.id, token
+
+
+def _found(held: Held, name: str) -> tuple[bool, Any]:
+    """Whether an attempt stored the step ``name``, and its result. A name
+    this attempt completed already is refused: two steps of one name
+    would share one stored result."""
+    if name in _completed(held):
+        raise InvalidJob(
+            "step",
+            f"{name!r}: this attempt already completed a step of that name "
+            "(each step of a job needs a name of its own)",
+        )
+    assert held.steps is not None
+    if name not in held.steps:
+        return False, None
+    _completed(held).add(name)
+    return True, held.steps[name]
+
+
+def _completed(held: Held) -> set[str]:
+    if held.steps_done is None:
+        held.steps_done = set()
+    return held.steps_done
+
+
+def _refuse_on_a_loop(method: str) -> None:
+    if _on_a_loop():
+        raise TypeError(
+            f"job.{method}() in an async handler: use `await job.{method}_async(...)` "
+            "(the sync call would block the worker's event loop)"
+        )
 
 
 def _check_running(held: Held) -> None:

@@ -29,7 +29,7 @@ import enum
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..core.jobs import Job, Transaction, call_off
 
@@ -54,7 +54,8 @@ class Stage(enum.Enum):
 class Held:
     """A job this worker holds a lease on; also, while its handler runs,
     the job's ``attempt`` (core.jobs.AttemptHandle), through which the
-    handler's job.transaction() and job.progress() reach the worker."""
+    handler's job.transaction(), job.progress(), job.step() and
+    job.checkpoint() reach the worker."""
 
     job: Job
     task: asyncio.Task[None] | None = None
@@ -63,6 +64,11 @@ class Held:
     interrupted: bool = False  # cancelled by shutdown: record a retryable failure
     cancelled: bool = False  # the job was cancelled (a cancel's notice): nothing to record
     handles: Handles | None = None  # the worker's side of the handle
+    # Durable steps (handles.py): the results the job's attempts stored, by
+    # name, read at this attempt's first step (None before); the names of
+    # the steps this attempt completed.
+    steps: dict[str, Any] | None = None
+    steps_done: set[str] | None = None
 
     def transaction(self, result_json: str) -> Transaction:
         assert self.handles is not None
@@ -71,6 +77,30 @@ class Held:
     def progress(self, fraction: float, info_json: str | None) -> None:
         assert self.handles is not None
         self.handles.reported[self.job.id] = (self, fraction, info_json)
+
+    def step_found(self, name: str) -> tuple[bool, Any]:
+        assert self.handles is not None
+        return self.handles.step_found(self, name)
+
+    async def step_found_async(self, name: str) -> tuple[bool, Any]:
+        assert self.handles is not None
+        return await self.handles.step_found_async(self, name)
+
+    def store_step(self, name: str, result_json: str) -> None:
+        assert self.handles is not None
+        self.handles.store_step(self, name, result_json)
+
+    async def store_step_async(self, name: str, result_json: str) -> None:
+        assert self.handles is not None
+        await self.handles.store_step_async(self, name, result_json)
+
+    def store_checkpoint(self, value_json: str) -> None:
+        assert self.handles is not None
+        self.handles.store_checkpoint(self, value_json)
+
+    async def store_checkpoint_async(self, value_json: str) -> None:
+        assert self.handles is not None
+        await self.handles.store_checkpoint_async(self, value_json)
 
 
 # The stages whose lease a write decides: the heartbeat leaves them alone.

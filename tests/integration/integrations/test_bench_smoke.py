@@ -120,6 +120,20 @@ def test_cancel_latency_smoke(out_dir: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert 0 < row["min_ms"] <= row["p50_ms"] <= row["p99_ms"] <= row["max_ms"]
 
 
+def test_steps_smoke(bench_url: str, out_dir: Path) -> None:
+    from bench.perf import steps
+
+    out = out_dir / "steps.json"
+    sizes = ["--jobs", "20", "--work-jobs", "8", "--concurrency", "4", "--repeats", "1"]
+    steps.main([*sizes, "--out", str(out)])
+    results = _read(out, "steps", "bench.perf.steps").results["results"]
+    assert set(results) == set(steps.PAIRS)
+    for row in results.values():
+        assert row["plain_jobs_per_second"]["median"] > 0
+        assert row["steps_jobs_per_second"]["median"] > 0
+        assert row["ratio_steps_to_plain"] > 0
+
+
 def test_latency_load_counts_the_claims_work_on_a_server_of_its_own(
     out_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
