@@ -166,6 +166,11 @@ class JobOut(JobSummary):
     progress_info: Any = Field(
         default=None, description="The JSON its handler gave with that report (null: none)."
     )
+    last_checkpoint: Any = Field(
+        default=None,
+        description="The JSON its handler saved last with job.checkpoint() (null: none): "
+        "where a retry carries on from (docs/howto/durable-steps.md).",
+    )
 
     @classmethod
     def of(cls, job: Job, redaction: Redaction) -> JobOut:
@@ -199,6 +204,7 @@ class JobOut(JobSummary):
             progress_fraction=job.progress_fraction,
             progress_info=job.progress_info,
             progress_at=job.progress_at,
+            last_checkpoint=job.last_checkpoint,
         )
 
 

@@ -172,6 +172,17 @@ async def test_batch_is_all_or_nothing_and_bounded(
 # -- GET /jobs/{id}, GET /jobs ----------------------------------------------------------
 
 
+async def test_a_job_shows_its_last_checkpoint(
+    api: httpx.AsyncClient, aqueue: AsyncQueue, sql: psycopg.Connection
+) -> None:
+    job = await aqueue.enqueue("import")
+    assert (await api.get(f"/jobs/{job.id}")).json()["last_checkpoint"] is None
+    sql.execute(  # as job.checkpoint() stores it
+        "UPDATE pgqueue_jobs SET last_checkpoint = '{\"row\": 5000}' WHERE id = %s", (job.id,)
+    )
+    assert (await api.get(f"/jobs/{job.id}")).json()["last_checkpoint"] == {"row": 5000}
+
+
 async def test_get_a_job_or_404(api: httpx.AsyncClient, aqueue: AsyncQueue) -> None:
     job = await aqueue.enqueue("t", {"n": 1})
     [claimed] = await aqueue.claim(1, worker="w1")
