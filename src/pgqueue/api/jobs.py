@@ -203,8 +203,8 @@ async def list_jobs(
     fields: Annotated[
         Literal["full", "summary"],
         Query(
-            description="summary: every field but payload, result, last_error, errors "
-            "and metadata, "
+            description="summary: every field but payload, result, last_error, errors, "
+            "metadata, progress_info and last_checkpoint, "
             "which can be large (for listings that refresh often; GET /jobs/{id} "
             "has them all)."
         ),

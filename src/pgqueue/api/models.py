@@ -223,7 +223,7 @@ class BatchEnqueued(BaseModel):
 class JobList(BaseModel):
     jobs: list[JobOut | JobSummary] = Field(
         description="Every field, or with fields=summary, all but payload, result, last_error, "
-        "errors and metadata."
+        "errors, metadata, progress_info and last_checkpoint."
     )
     next_cursor: int | None = Field(
         description="Pass as `cursor` to get the next page; null on the last page."

@@ -11,7 +11,15 @@ import pytest
 from pgqueue import AsyncQueue, Outcome, Settings
 from tests.support import api_client
 
-HEAVY = ("payload", "result", "last_error", "errors", "metadata", "progress_info")
+HEAVY = (
+    "payload",
+    "result",
+    "last_error",
+    "errors",
+    "metadata",
+    "progress_info",
+    "last_checkpoint",
+)
 BIG = "x" * 200_000
 
 
