@@ -89,7 +89,8 @@ def jobs_list(
         except InvalidJob as exc:  # a search that is not a JSON object
             flag = f"'--{exc.field.replace('_', '-')}'"
             raise typer.BadParameter(exc.problem, param_hint=flag) from None
-        jobs = [output.shown(job, q.settings.redaction) for job in jobs]
+        redaction = q.settings.redaction  # parsed once, not per job
+        jobs = [output.shown(job, redaction) for job in jobs]
     if wants_json(ctx, json_out):
         output.emit_json([job.to_dict() for job in jobs])
         return
