@@ -139,11 +139,17 @@ def _stamped(specs: list[JobSpec]) -> list[JobSpec]:
 class EnqueueFlows:
     """A queue's flows that enqueue, each recorded as a PRODUCER span, and
     its ``stamp`` of the caller's trace context on new jobs (tracing off:
-    the flows themselves, and a stamp that changes nothing)."""
+    the flows themselves, and a stamp that changes nothing). The stamp
+    also seals the payloads of encrypted tasks (core/sealing.py): every
+    job a queue writes passes it."""
 
     def __init__(self, settings: Settings) -> None:
         self.on = on = enabled(settings)
-        self.stamp = _stamped if on else _unchanged
+        traced = _stamped if on else _unchanged
+        sealing = settings.sealing
+        self.stamp: Callable[[list[JobSpec]], list[JobSpec]] = (
+            (lambda specs: sealing.seal_specs(traced(specs))) if sealing.keys else traced
+        )
         self.enqueue = _enqueued(on, enqueue)
         self.enqueue_many = _enqueued(on, enqueue_many, "enqueue_many")
         enqueue_workflow = _enqueued(on, workflows.enqueue, "workflow")

@@ -15,6 +15,7 @@ server.py       db start, stop, status, url (the embedded server)
 maintenance.py  prune
 schedules.py    schedules (list), schedules enable, disable, delete
 workflows.py    workflows show, cancel, retry
+keys.py         keys generate, rotate (payload encryption)
 output.py       consoles, tables, JSON
 
 Settings come from ``Settings.load`` (pgqueue.settings), per-queue numbers
@@ -32,5 +33,6 @@ from . import running, producing, jobs, bulk, queues, watching, workers, server,
 from . import schedules  # noqa: F401  # isort: skip
 from . import workflows  # noqa: F401  # isort: skip
 from . import history  # noqa: F401  # isort: skip
+from . import keys  # noqa: F401  # isort: skip
 
 __all__ = ["app", "main"]

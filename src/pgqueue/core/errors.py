@@ -22,7 +22,8 @@ PgQueueError
 ├── SchemaNotMigrated     the database lacks pgqueue's tables, or has an older schema
 ├── WorkerFailed          a part of a worker failed unexpectedly; the worker stopped
 ├── NotInHandler          job.transaction() or job.progress() outside the handler running the job
-└── StaleAttempt          job.transaction(): the attempt's lease was lost; nothing committed
+├── StaleAttempt          job.transaction(): the attempt's lease was lost; nothing committed
+└── PayloadNotOpened      a worker could not decrypt a job's payload (its handler did not run)
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ __all__ = [
     "KeyTaken",
     "NotInHandler",
     "OutcomeUnknown",
+    "PayloadNotOpened",
     "PgQueueError",
     "ScheduleNotFound",
     "SchemaNotMigrated",
@@ -271,3 +273,14 @@ class EnqueueOutcomeUnknown(OutcomeUnknown):
         self.job_id = self.job_ids[0] if self.job_ids else None
         named = ", ".join(map(str, self.job_ids[:5])) + (", ..." if len(self.job_ids) > 5 else "")
         super().__init__(what, reason, read=f"job id(s) {named} may exist: read them to find out")
+
+
+class PayloadNotOpened(PgQueueError):
+    """A worker could not decrypt a job's encrypted payload: none of its
+    ``encryption_keys`` has the key id the payload was sealed with, or the
+    payload was altered. The handler did not run; the attempt fails (and
+    the job is retried, so a worker given the key later can run it)."""
+
+    def __init__(self, job_id: int, reason: str) -> None:
+        self.job_id = job_id
+        super().__init__(f"job {job_id}: its payload could not be decrypted: {reason}")

@@ -61,7 +61,18 @@ from .jobs import (
     UNIQUE_SCOPES,
 )
 from .json_text import MAX_JSON_BYTES, MAX_JSON_DEPTH, printable
-from .rules import Integer, JobIds, Key, Moment, Name, OneOf, Payload, Rule, Seconds
+from .rules import (
+    SEALED_KEY,
+    Integer,
+    JobIds,
+    Key,
+    Moment,
+    Name,
+    OneOf,
+    Payload,
+    Rule,
+    Seconds,
+)
 
 __all__ = ["FIELD_ALIASES", "JOB_FIELDS", "JobField", "JobSpec", "build_specs", "payload_digest"]
 
@@ -84,7 +95,7 @@ JOB_FIELDS: tuple[JobField, ...] = (
     JobField("task", Name(TASK_NAME), "The handler's name.", nullable=False, required=True),
     JobField(
         "payload",
-        Payload(),
+        Payload(reserved=(SEALED_KEY,)),
         f"The job's arguments: a JSON object of at most {MAX_JSON_BYTES} bytes as JSON, "
         f"nested at most {MAX_JSON_DEPTH} levels deep (the object itself is one), with "
         "string keys, no NaN or Infinity, no NUL character, no lone surrogate.",

@@ -256,16 +256,25 @@ class Cutoff:
         }
 
 
+# The top-level key of an encrypted payload's envelope (core/sealing.py):
+# a job's own payload may not have it, or the worker would try to open it.
+SEALED_KEY = "pgqueue:sealed"
+
+
 @dataclass(frozen=True, slots=True)
 class Payload:
     """A JSON object, kept as its JSON text (``dump_json``: at most
-    ``max_bytes`` bytes of it, UTF-8)."""
+    ``max_bytes`` bytes of it, UTF-8); ``reserved``: top-level keys refused."""
 
     max_bytes: int = MAX_JSON_BYTES
+    reserved: tuple[str, ...] = ()
 
     def check(self, name: str, value: Any) -> str:
         if not isinstance(value, dict):
             raise InvalidJob(name, f"must be a JSON object (dict), got {type(value).__name__}")
+        for key in self.reserved:
+            if key in value:
+                raise InvalidJob(f"{name}.{key}", "this key is reserved for pgqueue's own use")
         return dump_json(value, name, max_bytes=self.max_bytes)
 
     def json_schema(self) -> dict[str, Any]:

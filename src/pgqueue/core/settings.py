@@ -23,6 +23,7 @@ from typing import Any, Self
 
 from .errors import InvalidSettings
 from .redaction import Redaction
+from .sealing import Sealing
 
 __all__ = ["Settings"]
 
@@ -131,6 +132,11 @@ class Settings:
     # Payload fields the dashboard, the API and the command line show as
     # "[redacted]": "key", "key.inner" or "task:key" (core/redaction.py).
     redacted_fields: tuple[str, ...] = ()
+    # Payloads encrypted at rest (core/sealing.py, docs/howto/encryption.md):
+    # "ID:KEY" Fernet keys, the first sealing, all opening; and the tasks
+    # whose payloads are sealed ("*": every task). Keys stay out of repr.
+    encryption_keys: tuple[str, ...] = field(default=(), repr=False)
+    encrypted_tasks: tuple[str, ...] = ()
     # OpenTelemetry spans (enqueue, claim, each attempt) and the enqueuer's
     # trace context carried in each job's metadata, when opentelemetry-api
     # is installed (pgqueue[otel]); they record nothing until the
@@ -208,6 +214,7 @@ class Settings:
         if list(self.latency_buckets) != sorted(set(self.latency_buckets)):
             raise InvalidSettings("latency_buckets must be strictly increasing")
         Redaction.of(self.redacted_fields)  # refused here, not at the first job shown
+        _sealing(self.encryption_keys, self.encrypted_tasks)  # and a bad key here
         if not all(
             isinstance(k, str) and k and isinstance(v, str) and v for k, v in self.clusters.items()
         ):
@@ -238,6 +245,11 @@ class Settings:
         return Redaction.of(self.redacted_fields)
 
     @property
+    def sealing(self) -> Sealing:
+        """What of the payloads producers encrypt, and the keys workers open them with."""
+        return _sealing(self.encryption_keys, self.encrypted_tasks)
+
+    @property
     def detects_dead_sessions(self) -> bool:
         """Whether workers find dead peers by their sessions: asked for, and
         not behind a transaction-mode pooler."""
@@ -245,6 +257,12 @@ class Settings:
 
     def replace(self, **changes: Any) -> Self:
         return dataclasses.replace(self, **changes)
+
+
+@functools.cache
+def _sealing(keys: tuple[str, ...], tasks: tuple[str, ...]) -> Sealing:
+    """Settings.sealing, made once per set of keys (each makes a cipher)."""
+    return Sealing.of(keys, tasks)
 
 
 @functools.cache

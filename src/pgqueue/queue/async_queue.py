@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Self, TypeVar
 from uuid import UUID
 
-from ..core import queue_controls, reads, workflows
+from ..core import queue_controls, reads, sealing, workflows
 from ..core import transitions as t
 from ..core.bulk import BulkAction, JobFilter, retry_dead
 from ..core.dependencies import WorkflowJobs
@@ -214,6 +214,13 @@ class AsyncQueue(Common):
 
     async def prune(self, limit: int | None = None) -> int:
         return await self.run(t.prune(self.settings, limit))
+
+    async def reseal_payloads(self) -> int:
+        """Key rotation: seal again, with the first of ``encryption_keys``,
+        every stored payload sealed with another key (the others must still
+        be listed, to open them); how many were rewritten
+        (docs/howto/encryption.md)."""
+        return await self.run(sealing.reseal(self.settings.sealing))
 
     async def pause(self, queue: str) -> QueueControls:
         """As Queue.pause."""

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Self, TypeVar
 from uuid import UUID
 
-from ..core import queue_controls, reads, workflows
+from ..core import queue_controls, reads, sealing, workflows
 from ..core import transitions as t
 from ..core.bulk import BulkAction, JobFilter, retry_dead
 from ..core.dependencies import WorkflowJobs
@@ -182,6 +182,13 @@ class Queue(Common):
 
     def prune(self, limit: int | None = None) -> int:
         return self.run(t.prune(self.settings, limit))
+
+    def reseal_payloads(self) -> int:
+        """Key rotation: seal again, with the first of ``encryption_keys``,
+        every stored payload sealed with another key (the others must still
+        be listed, to open them); how many were rewritten
+        (docs/howto/encryption.md)."""
+        return self.run(sealing.reseal(self.settings.sealing))
 
     # -- queue controls ---------------------------------------------------------------
 

@@ -477,6 +477,27 @@ SET last_checkpoint = %(value)s::jsonb
 WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running'
 RETURNING id;
 
+-- name: job_sealed_page
+-- A key rotation's next page (core/sealing.py): the jobs after `after`, by
+-- id (the primary key's order), whose payload is sealed with another key
+-- than `primary`. Any state: a finished job's payload is at rest too.
+SELECT id, payload
+FROM pgqueue_jobs
+WHERE id > %(after)s AND payload ? 'pgqueue:sealed'
+  AND payload ->> 'key' IS DISTINCT FROM %(primary)s
+ORDER BY id
+LIMIT %(limit)s;
+
+-- name: job_reseal
+-- Store a rotation page's payloads sealed again with `primary`; a row
+-- resealed meanwhile (another rotation) is left as it is. Returns the ids
+-- written.
+UPDATE pgqueue_jobs AS j
+SET payload = v.payload
+FROM unnest(%(ids)s::bigint[], %(payloads)s::jsonb[]) AS v(id, payload)
+WHERE j.id = v.id AND j.payload ->> 'key' IS DISTINCT FROM %(primary)s
+RETURNING j.id;
+
 -- name: job_release
 -- Give back claimed jobs that never started (a stopping worker's prefetched
 -- jobs), each fenced by its token: queued again at once in their old place

@@ -101,6 +101,7 @@ async def drain_async(
         EventLog(WORKER),
         max_snoozes=settings.max_snoozes,
         traced=tracing.enabled(settings),
+        sealing=settings.sealing,
     )
     ran: list[Ran] = []
     try:

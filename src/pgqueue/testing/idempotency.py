@@ -257,7 +257,12 @@ class _Rig:
         self.held = HeldJobs(2, handles=Handles(queue.settings, self.connections))
         events = EventLog(WORKER)
         executor = Executor(
-            tasks, self.threads, self.processes, events, max_snoozes=queue.settings.max_snoozes
+            tasks,
+            self.threads,
+            self.processes,
+            events,
+            max_snoozes=queue.settings.max_snoozes,
+            sealing=queue.settings.sealing,
         )
         self.runners = JobRunners(
             self.held,

@@ -2,7 +2,9 @@
 
 The executor writes nothing and knows no other job. ``async def`` handlers
 run on the worker's loop; plain functions on its thread pool, or in a child
-process if the task is isolated (isolation.py). A handler that
+process if the task is isolated (isolation.py). A sealed payload (an
+encrypted task's, core/sealing.py) is opened first; one that no key opens
+fails the attempt without running the handler. A handler that
 raises, times out, or returns what PostgreSQL cannot store is a failed
 attempt; a task name without a handler too. A handler that raises ``Snooze``
 or ``CancelJob`` (pgqueue.control) gets what it asked for: a snooze (bounded
@@ -21,14 +23,20 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from .. import tracing
+from ..core.errors import PayloadNotOpened
 from ..core.jobs import Job
 from ..core.outcomes import CancelJob, Outcome, Snooze
+from ..core.sealing import Sealing, is_sealed
 from .handlers import Task
 from .isolation import HandlerProcesses, HandlerTimedOut
 from .supervision import EventLog, backoff_delay, describe
 from .threads import ThreadPool
 
 __all__ = ["Executor"]
+
+# Job is frozen: the executor puts an opened payload in place through the
+# slot itself (the job is the worker's own copy of the row).
+_set_payload = Job.__dict__["payload"].__set__
 
 
 class Executor:
@@ -42,6 +50,7 @@ class Executor:
         max_snoozes: int,
         retry_delay: Callable[[int], float] = backoff_delay,
         traced: bool = False,
+        sealing: Sealing | None = None,
     ) -> None:
         self.tasks = tasks
         self.threads = threads
@@ -51,6 +60,7 @@ class Executor:
         # Seconds before a retry without an attempt, by the job's snoozes so far.
         self.retry_delay = retry_delay
         self.traced = traced  # a span per attempt (tracing.py)
+        self.sealing = sealing or Sealing()
         self._sdk_installed = tracing.SdkWatch()
 
     def execute(self, job: Job) -> Coroutine[Any, Any, Outcome]:
@@ -78,6 +88,11 @@ class Executor:
                 f"unknown task {job.task!r}: worker {self.events.worker} has no handler for it "
                 f"(it handles: {known})",
             )
+        if is_sealed(job.payload):
+            try:
+                _set_payload(job, self.sealing.open(job.id, job.payload))
+            except PayloadNotOpened as exc:
+                return Outcome.failure(job, str(exc))
         timeout = job.timeout_seconds or spec.timeout_seconds
         try:
             if spec.isolated:

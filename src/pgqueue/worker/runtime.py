@@ -168,6 +168,7 @@ class AsyncWorker:
                 backoff_delay, base=s.backoff_base_seconds, cap=s.backoff_cap_seconds
             ),
             traced=tracing.enabled(s),
+            sealing=s.sealing,
         )
         self.runners = JobRunners(
             self.held,
