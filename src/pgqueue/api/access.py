@@ -10,9 +10,10 @@ from typing import Literal
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
+from ..core.redaction import Redaction
 from .http_errors import documented_errors
 
-__all__ = ["router"]
+__all__ = ["router", "shown_to"]
 
 router = APIRouter(tags=["monitoring"])
 
@@ -33,3 +34,13 @@ class AccessOut(BaseModel):
 async def access(request: Request) -> AccessOut:
     granted = getattr(request.state, "access", None)
     return AccessOut(access=granted or "admin", tokens=granted is not None)
+
+
+def shown_to(request: Request) -> Redaction:
+    """What of a job the caller may see: the redacted fields hidden from
+    all; errors' tracebacks from read tokens too (api_read_tracebacks off)."""
+    if getattr(request.state, "access", None) == "read":
+        read: Redaction = request.app.state.read_redaction
+        return read
+    redaction: Redaction = request.app.state.redaction
+    return redaction

@@ -77,6 +77,11 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
     app.state.queue = queue
     app.state.settings = settings
     app.state.redaction = settings.redaction
+    app.state.read_redaction = (
+        settings.redaction
+        if settings.api_read_tracebacks
+        else settings.redaction.without_tracebacks()
+    )
     install_handlers(app)
     # Added last runs first: auth (or, without tokens, the same-origin
     # checks), then the body limit, then HEAD as GET, then the request's

@@ -25,6 +25,7 @@ from ..core import reads
 from ..core.jobs import JobState
 from ..core.redaction import Redaction
 from ..queue import AsyncQueue
+from .access import shown_to
 from .http_errors import documented_errors
 from .models import (
     MAX_JOB_ID,
@@ -64,8 +65,7 @@ def _queue(request: Request) -> AsyncQueue:
 
 
 def _redaction(request: Request) -> Redaction:
-    redaction: Redaction = request.app.state.redaction
-    return redaction
+    return shown_to(request)
 
 
 # -- producers ---------------------------------------------------------------

@@ -174,7 +174,8 @@ class JobOut(JobSummary):
 
     @classmethod
     def of(cls, job: Job, redaction: Redaction) -> JobOut:
-        """The job as people may see it: its payload's redacted fields hidden."""
+        """The job as people may see it: its payload's redacted fields
+        hidden, and its errors' tracebacks unless ``redaction`` shows them."""
         return cls(
             id=job.id,
             queue=job.queue,
@@ -192,8 +193,11 @@ class JobOut(JobSummary):
             concurrency_key=job.concurrency_key,
             worker=job.worker,
             lease_expires_at=job.lease_expires_at,
-            last_error=job.last_error,
-            errors=[AttemptErrorOut(**dataclasses.asdict(error)) for error in job.errors],
+            last_error=redaction.error(job.last_error),
+            errors=[
+                AttemptErrorOut(**{**dataclasses.asdict(e), "error": redaction.error(e.error)})
+                for e in job.errors
+            ],
             result=job.result,
             enqueued_at=job.enqueued_at,
             started_at=job.started_at,

@@ -21,6 +21,7 @@ from ..core.jobs import JobState
 from ..core.redaction import Redaction
 from ..core.workflows import MAX_WORKFLOW_JOBS
 from ..queue import AsyncQueue
+from .access import shown_to
 from .http_errors import documented_errors
 from .models import JobOut, field_schema
 
@@ -130,7 +131,7 @@ async def create_workflow(body: WorkflowRequest, request: Request) -> WorkflowCr
 )
 async def get_workflow(workflow_id: str, request: Request) -> WorkflowOut:
     queue: AsyncQueue = request.app.state.queue
-    return WorkflowOut.of(await queue.workflow(workflow_id), request.app.state.redaction)
+    return WorkflowOut.of(await queue.workflow(workflow_id), shown_to(request))
 
 
 @router.post(
@@ -147,4 +148,4 @@ async def act_on_workflow(
     workflow_id: str, action: Literal["cancel", "retry"], request: Request
 ) -> WorkflowOut:
     queue: AsyncQueue = request.app.state.queue
-    return WorkflowOut.of(await queue.workflow(workflow_id, action), request.app.state.redaction)
+    return WorkflowOut.of(await queue.workflow(workflow_id, action), shown_to(request))

@@ -12,6 +12,7 @@ docs/api.md, "Sensitive payloads").
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,18 +20,24 @@ from typing import Any
 
 from .errors import InvalidSettings
 
-__all__ = ["REDACTED", "Redaction"]
+__all__ = ["REDACTED", "TRACEBACK_HIDDEN", "Redaction"]
 
 REDACTED = "[redacted]"
+# What replaces an error's traceback for those who may not see it.
+TRACEBACK_HIDDEN = "(traceback hidden: shown to admin tokens only)"
 # [task:]key(.key)*: a task name as a job's, keys without dots or colons.
 _FIELD = re.compile(r"^(?:(?P<task>[^:\s]{1,200}):)?(?P<path>[^.:\s]{1,200}(?:\.[^.:\s]{1,200})*)$")
 
 
 @dataclass(frozen=True, slots=True)
 class Redaction:
-    """The redacted fields, by task (None: every task)."""
+    """The redacted fields, by task (None: every task); ``tracebacks``:
+    whether errors are shown whole, or only their first line (an error's
+    traceback names the server's files and code: the API shows it to admin
+    tokens only, unless ``api_read_tracebacks``)."""
 
     fields: tuple[tuple[str | None, tuple[str, ...]], ...] = ()
+    tracebacks: bool = True
 
     @classmethod
     def of(cls, names: Sequence[str]) -> Redaction:
@@ -53,6 +60,15 @@ class Redaction:
         for path in paths:
             payload = _blanked(payload, path)
         return payload
+
+    def without_tracebacks(self) -> Redaction:
+        return dataclasses.replace(self, tracebacks=False)
+
+    def error(self, text: str | None) -> str | None:
+        """An attempt's error as people may see it: whole, or its first line."""
+        if self.tracebacks or text is None or "\n" not in text:
+            return text
+        return f"{text.split(chr(10), 1)[0]}\n{TRACEBACK_HIDDEN}"
 
 
 def _blanked(value: Any, path: tuple[str, ...]) -> Any:

@@ -132,6 +132,9 @@ class Settings:
     # Payload fields the dashboard, the API and the command line show as
     # "[redacted]": "key", "key.inner" or "task:key" (core/redaction.py).
     redacted_fields: tuple[str, ...] = ()
+    # Whether read tokens see errors' tracebacks (server paths, code); admin
+    # tokens always do, read tokens see each error's first line otherwise.
+    api_read_tracebacks: bool = False
     # Payloads encrypted at rest (core/sealing.py, docs/howto/encryption.md):
     # "ID:KEY" Fernet keys, the first sealing, all opening; and the tasks
     # whose payloads are sealed ("*": every task). Keys stay out of repr.
