@@ -55,6 +55,7 @@ from .core.errors import (
     NotInHandler,
     OutcomeUnknown,
     PgQueueError,
+    ScheduleConflict,
     ScheduleNotFound,
     SchemaNotMigrated,
     StaleAttempt,
@@ -66,7 +67,7 @@ from .core.job_spec import JobSpec
 from .core.jobs import AttemptError, Job, JobState
 from .core.outcomes import CancelJob, Outcome, Snooze
 from .core.queue_controls import QueueControls
-from .core.schedules import Schedule
+from .core.schedules import Schedule, ScheduleRecord
 from .core.settings import Settings
 from .core.workflows import chain, group
 from .db.migrate import migrate
@@ -101,7 +102,9 @@ __all__ = [
     "Queue",
     "QueueControls",
     "Schedule",
+    "ScheduleConflict",
     "ScheduleNotFound",
+    "ScheduleRecord",
     "SchemaNotMigrated",
     "Settings",
     "Snooze",
