@@ -72,7 +72,8 @@ def test_a_runtime_schedule_fires_once_per_tick_and_shows_its_last_run(
     now = sql.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
     assert made.next_run_at is not None and 0 < (made.next_run_at - now).total_seconds() <= 3600
     tick = make_due(sql, "cleanup")
-    assert [f.jobs for f in queue.run(s.fire_due(5))][0][0][0] == tick
+    [fired] = queue.run(s.fire_due(5))
+    assert [tick for tick, _ in fired.jobs] == [tick]
     assert queue.run(s.fire_due(5)) == []  # nothing due: the tick is not enqueued twice
     [(job_id, task, key)] = jobs(sql)
     assert (task, key) == ("purge", s.key("cleanup", tick))
@@ -103,7 +104,7 @@ def test_a_taken_name_is_a_conflict_and_nothing_is_written(
     with pytest.raises(ScheduleConflict, match="declared in a worker's code") as code:
         queue.create_schedule("beat", every=5)
     assert code.value.field == "name"
-    with pytest.raises(ScheduleConflict, match="taken by a schedule$"):
+    with pytest.raises(ScheduleConflict, match=r"taken by a schedule$"):
         queue.create_schedule("mine", cron="* * * * *")
     with pytest.raises(ScheduleConflict, match="declared in a worker's code") as change:
         queue.update_schedule("beat", every=5)
