@@ -78,7 +78,7 @@ def _row(schedule: Schedule, next_run_at: datetime | None) -> dict[str, Any]:
 
 
 def _taken(name: str, origin: str) -> ScheduleConflict:
-    holder = "a schedule declared in a worker's code" if origin == "code" else "a schedule"
+    holder = "a schedule declared in a worker's code" if origin == "code" else "a runtime schedule"
     return ScheduleConflict(name, "name", f"is taken by {holder}")
 
 

@@ -104,7 +104,7 @@ def test_a_taken_name_is_a_conflict_and_nothing_is_written(
     with pytest.raises(ScheduleConflict, match="declared in a worker's code") as code:
         queue.create_schedule("beat", every=5)
     assert code.value.field == "name"
-    with pytest.raises(ScheduleConflict, match=r"taken by a schedule$"):
+    with pytest.raises(ScheduleConflict, match=r"taken by a runtime schedule$"):
         queue.create_schedule("mine", cron="* * * * *")
     with pytest.raises(ScheduleConflict, match="declared in a worker's code") as change:
         queue.update_schedule("beat", every=5)
