@@ -6,7 +6,10 @@ and every bad input refused with nothing written."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
+import logging
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
@@ -19,6 +22,7 @@ from typer.testing import CliRunner
 from pgqueue import (
     AsyncQueue,
     InvalidSchedule,
+    Job,
     Queue,
     Schedule,
     ScheduleConflict,
@@ -29,7 +33,8 @@ from pgqueue.api import create_app
 from pgqueue.cli import app
 from pgqueue.core import runtime_schedules as rt
 from pgqueue.core import schedules as s
-from tests.support import LiveServer
+from pgqueue.worker import AsyncWorker, TaskRegistry
+from tests.support import LiveServer, until
 
 runner = CliRunner()
 # Bodiless POSTs too: the API takes writes as JSON only (a form cannot send them).
@@ -195,6 +200,38 @@ async def test_the_async_queue_creates_changes_runs_and_deletes(
     assert await aqueue.list_schedules() == []
     with pytest.raises(ScheduleNotFound):
         await aqueue.delete_schedule("ping")
+
+
+async def test_running_workers_fire_it_and_leave_its_name_to_it_when_their_code_declares_it(
+    settings: Settings,
+    aqueue: AsyncQueue,
+    sql: psycopg.Connection[Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="pgqueue.worker")
+    await aqueue.create_schedule("beat", every=1, catch_up="all")
+    tasks = TaskRegistry()
+
+    @tasks.task(every=3600)  # the same name in code: the runtime schedule keeps it
+    async def beat(job: Job) -> None:
+        pass
+
+    fast = settings.replace(poll_interval_seconds=0.2)
+    started = [AsyncWorker(tasks, settings=fast, concurrency=2) for _ in range(2)]
+    running = [asyncio.create_task(w.run()) for w in started]
+    try:
+        await until(lambda: len(jobs(sql)) >= 2)
+    finally:
+        await asyncio.gather(*(w.stop() for w in started))
+        await asyncio.gather(*running)
+    keys = [key for _, _, key in jobs(sql)]
+    assert len(set(keys)) == len(keys) and all(k.startswith("pgqueue:schedule:beat@") for k in keys)
+    ticks = sorted(datetime.strptime(k.rpartition("@")[2], "%Y-%m-%dT%H:%M:%SZ") for k in keys)
+    assert all((b - a).total_seconds() == 1 for a, b in itertools.pairwise(ticks))
+    [row] = await aqueue.list_schedules()
+    assert (row.origin, row.every_seconds, row.retired_at) == ("runtime", 1, None)
+    shadowed = [r for r in caplog.records if getattr(r, "action", "") == "schedule_shadowed"]
+    assert len(shadowed) == 2  # one per worker's start
 
 
 # -- HTTP ------------------------------------------------------------------------------------
