@@ -56,6 +56,7 @@ from .core.errors import (
     OutcomeUnknown,
     PayloadNotOpened,
     PgQueueError,
+    ScheduleConflict,
     ScheduleNotFound,
     SchemaNotMigrated,
     StaleAttempt,
@@ -67,7 +68,7 @@ from .core.job_spec import JobSpec
 from .core.jobs import AttemptError, Job, JobState
 from .core.outcomes import CancelJob, Outcome, Snooze
 from .core.queue_controls import QueueControls
-from .core.schedules import Schedule
+from .core.schedules import Schedule, ScheduleRecord
 from .core.settings import Settings
 from .core.workflows import chain, group
 from .db.migrate import migrate
@@ -103,7 +104,9 @@ __all__ = [
     "Queue",
     "QueueControls",
     "Schedule",
+    "ScheduleConflict",
     "ScheduleNotFound",
+    "ScheduleRecord",
     "SchemaNotMigrated",
     "Settings",
     "Snooze",

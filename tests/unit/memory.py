@@ -371,6 +371,8 @@ class MemoryDatabase:
         for values in zip(*columns.values(), strict=True):
             row = dict(zip(columns, values, strict=True))
             old = self.schedules.get(row["name"])
+            if old is not None and old["origin"] == "runtime":
+                continue
             if old is not None:
                 timing = ("cron", "every_seconds", "tz")
                 keep = old["retired_at"] is None and old["next_run_at"] is not None
@@ -378,14 +380,22 @@ class MemoryDatabase:
                     row["next_run_at"] = old["next_run_at"]
                 row = {**old, **row, "retired_at": None}
             else:
-                row.update(enabled=True, retired_at=None, last_tick=None, last_job_id=None)
+                row.update(
+                    enabled=True, retired_at=None, last_tick=None, last_job_id=None, origin="code"
+                )
             self.schedules[row["name"]] = row
             written.append({"name": row["name"]})
         return written
 
+    def schedule_shadowed(self, names: list[str]) -> list[Row]:
+        held = (self.schedules.get(name) for name in sorted(names))
+        return [{"name": row["name"]} for row in held if row and row["origin"] == "runtime"]
+
     def schedule_retire(self, tasks: list[str], names: list[str]) -> list[Row]:
         retired = []
         for row in self.schedules.values():
+            if row["origin"] == "runtime":
+                continue
             if row["task"] in tasks and row["name"] not in names and row["retired_at"] is None:
                 row["retired_at"] = self.clock
                 retired.append({"name": row["name"], "task": row["task"]})

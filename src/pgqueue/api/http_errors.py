@@ -4,10 +4,12 @@
  "field": "priority", "problems": [{"field": "priority", "problem": "..."}]}
 
 RequestValidationError (pydantic)    422 invalid_input  (400 malformed_json)
-InvalidJob, InvalidQueueControl      422 invalid_input
+InvalidJob, InvalidQueueControl,     422 invalid_input
+InvalidSchedule
 The server refusing a value (DataError) 422 invalid_input  (the database refused a value)
-JobNotFound, WorkflowNotFound        404 not_found
-JobStateConflict                     409 conflict
+JobNotFound, WorkflowNotFound,       404 not_found
+ScheduleNotFound
+JobStateConflict, ScheduleConflict   409 conflict
 DatabaseUnavailable                  503 database_unavailable  (Retry-After: 1)
 DatabaseReadOnly                     503 database_read_only    (Retry-After: 1; failover)
 EnqueueOutcomeUnknown                503 enqueue_outcome_unknown (Retry-After: 1; job_ids:
@@ -37,9 +39,12 @@ from ..core.errors import (
     EnqueueOutcomeUnknown,
     InvalidJob,
     InvalidQueueControl,
+    InvalidSchedule,
     JobNotFound,
     JobStateConflict,
     OutcomeUnknown,
+    ScheduleConflict,
+    ScheduleNotFound,
     SchemaNotMigrated,
     WorkflowNotFound,
 )
@@ -139,7 +144,7 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _invalid_input(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, InvalidJob | InvalidQueueControl)
+    assert isinstance(exc, InvalidJob | InvalidQueueControl | InvalidSchedule)
     return error_response(
         422,
         "invalid_input",
@@ -163,7 +168,7 @@ async def _not_found(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _conflict(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, JobStateConflict)
+    assert isinstance(exc, JobStateConflict | ScheduleConflict)
     return error_response(
         409, "conflict", str(exc), field=exc.field, problems=[(exc.field, exc.problem)]
     )
@@ -276,11 +281,14 @@ def install_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(InvalidJob, _invalid_input)
     app.add_exception_handler(InvalidQueueControl, _invalid_input)
+    app.add_exception_handler(InvalidSchedule, _invalid_input)
     for refused in REFUSED_VALUE_ERRORS:
         app.add_exception_handler(refused, _data_error)
     app.add_exception_handler(JobNotFound, _not_found)
     app.add_exception_handler(WorkflowNotFound, _not_found)
+    app.add_exception_handler(ScheduleNotFound, _not_found)
     app.add_exception_handler(JobStateConflict, _conflict)
+    app.add_exception_handler(ScheduleConflict, _conflict)
     app.add_exception_handler(DatabaseUnavailable, _unavailable)
     app.add_exception_handler(SchemaNotMigrated, _schema_missing)
     app.add_exception_handler(StarletteHTTPException, _http_error)

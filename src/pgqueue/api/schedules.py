@@ -1,6 +1,22 @@
-"""Schedules (periodic jobs) over HTTP: list them, switch them on and off,
-delete one. Schedules are declared in workers' code (TaskRegistry.periodic,
-``@task(cron=...)``), not over HTTP; see pgqueue/schedules.py."""
+"""Schedules (periodic jobs) over HTTP (admin: every write is).
+
+    GET    /schedules               every schedule: next run, last run, last outcome
+    POST   /schedules               create a runtime schedule (201; 409 when the
+                                    name is taken, by code or at run time)
+    PATCH  /schedules/{name}        change some fields of a runtime schedule
+                                    (409 for one declared in code)
+    DELETE /schedules/{name}        delete a schedule; its jobs stay
+    POST   /schedules/{name}/enable, /disable    switch it on or off
+    POST   /schedules/{name}/run    enqueue one job now (201; 200 with the job
+                                    already enqueued by the same request within
+                                    the same second)
+
+Schedules are declared in workers' code (TaskRegistry.periodic,
+``@task(cron=...)``) or created here (core/runtime_schedules.py says how the
+two share the names). Bodies are judged by ``Schedule.create``, as in the
+library and the command line: a bad value is a 422 naming it, and nothing is
+written.
+"""
 
 # No "from __future__ import annotations": FastAPI reads the route signatures
 # at run time.
@@ -10,17 +26,18 @@ from datetime import datetime
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, HTTPException, Path, Request, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..core import schedules
 from ..core.errors import InvalidSchedule, ScheduleNotFound
 from ..core.flows import Flow
 from ..core.jobs import JobState
-from ..core.schedules import ScheduleRecord, Status
+from ..core.redaction import Redaction
+from ..core.schedules import Origin, ScheduleRecord, Status
 from ..core.ticks import CatchUp
 from ..queue import AsyncQueue
 from .http_errors import ERROR_RESPONSES
-from .models import TASK_PATTERN, ErrorBody
+from .models import TASK_PATTERN, ErrorBody, JobOut
 
 __all__ = ["router"]
 
@@ -56,10 +73,21 @@ class ScheduleOut(BaseModel):
     catch_up_limit: int
     next_run_at: datetime | None = Field(description="The next tick; null when none is planned.")
     last_tick: datetime | None = Field(description="The newest tick enqueued.")
-    last_run_at: datetime | None = Field(description="When that tick was enqueued.")
+    last_run_at: datetime | None = Field(
+        description="When its last job was enqueued (a tick, or a run now)."
+    )
     last_job_id: int | None
-    last_job_state: JobState | None = Field(description="Null once the job was pruned.")
+    last_job_state: JobState | None = Field(
+        description="The state of its last job (the last outcome); null once the job was pruned."
+    )
     retired_at: datetime | None
+    origin: Origin = Field(
+        description="code: declared in a worker's code (change it there); runtime: created "
+        "over HTTP, on the command line or by Queue.create_schedule."
+    )
+    priority: int
+    max_attempts: int | None = Field(description="Null: the firing worker's default.")
+    timeout_seconds: float | None
 
     @classmethod
     def of(cls, record: ScheduleRecord) -> "ScheduleOut":
@@ -137,3 +165,115 @@ _switch_route(
 async def delete_schedule(request: Request, name: ScheduleName) -> Response:
     await _drive(request, schedules.delete(name))
     return Response(status_code=204)
+
+
+# -- runtime schedules -----------------------------------------------------------------
+
+_VALUE = "Judged by Schedule.create, as in the library and the command line."
+_WRITE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **ERROR_RESPONSES,
+    404: {"model": ErrorBody, "description": "No schedule has this name."},
+    409: {
+        "model": ErrorBody,
+        "description": "The name is taken (create), or the schedule is declared in a "
+        "worker's code (change).",
+    },
+}
+
+
+class _Fields(BaseModel):
+    """The fields of a schedule; values are judged by Schedule.create."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task: Any = Field(None, description="The task each job runs (default: the name).")
+    cron: Any = Field(
+        None, description="A cron expression (5 fields, or 6 with seconds first); or every."
+    )
+    every: Any = Field(None, description="Every N whole seconds (from 1970 UTC); or cron.")
+    tz: Any = Field(None, description="The IANA zone of cron (default UTC).")
+    payload: Any = Field(None, description="Each job's payload (a JSON object).")
+    queue: Any = Field("default", description=_VALUE)
+    priority: Any = Field(0, description=_VALUE)
+    max_attempts: Any = Field(None, description="Null: the firing worker's default.")
+    timeout: Any = Field(None, description="Each job's timeout in seconds.")
+    catch_up: Any = Field("last", description="none, last or all: ticks missed while down.")
+    catch_up_limit: Any = Field(100, description="The most ticks caught up with all.")
+
+    def given(self) -> dict[str, Any]:
+        return self.model_dump(exclude_unset=True)
+
+
+class ScheduleCreate(_Fields):
+    """A runtime schedule to create."""
+
+    name: Any = Field(description="Its name (as a task name); unique among all schedules.")
+    enabled: Any = Field(True, description="false: created switched off.")
+
+
+class ScheduleChange(_Fields):
+    """The fields to change (at least one); the others stay."""
+
+
+def _redaction(request: Request) -> Redaction:
+    redaction: Redaction = request.app.state.redaction
+    return redaction
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=ScheduleOut,
+    responses=_WRITE_RESPONSES,
+    summary="Create a runtime schedule",
+    description="It starts at its first tick after now and fires with the schedules declared "
+    "in code (same scheduler, same exactly-once keys). 409 if any schedule has the name; "
+    "the task need not be handled by a running worker yet.",
+)
+async def create_schedule(body: ScheduleCreate, request: Request) -> ScheduleOut:
+    fields = body.given()
+    name = fields.pop("name")
+    record = await _queue(request).create_schedule(name, **fields)
+    return ScheduleOut.of(record)
+
+
+@router.patch(
+    "/{name}",
+    response_model=ScheduleOut,
+    responses=_WRITE_RESPONSES,
+    summary="Change a runtime schedule",
+    description="A JSON merge patch: each field given changes, the others stay (a new cron "
+    "or every replaces the timing). A changed timing starts from its first tick after now. "
+    "422 with no field; 409 for a schedule declared in code.",
+)
+async def update_schedule(
+    name: ScheduleName, body: ScheduleChange, request: Request
+) -> ScheduleOut:
+    changes = body.given()
+    if not changes:
+        raise InvalidSchedule(name, "body", "give at least one field to change")
+    return ScheduleOut.of(await _queue(request).update_schedule(name, **changes))
+
+
+@router.post(
+    "/{name}/run",
+    status_code=201,
+    response_model=JobOut,
+    responses={
+        200: {
+            "model": JobOut,
+            "description": "The same request within the same second enqueued this job already; "
+            "nothing was written.",
+        },
+        **_WRITE_RESPONSES,
+    },
+    summary="Run a schedule now",
+    description="Enqueue one job of the schedule now (enabled or not), with the key "
+    "pgqueue:schedule-now:NAME@SECOND: it becomes the schedule's last run; its next tick "
+    "does not move.",
+)
+async def run_schedule_now(name: ScheduleName, request: Request, response: Response) -> JobOut:
+    job = await _queue(request).run_schedule_now(name)
+    if job.duplicate:
+        response.status_code = 200
+    return JobOut.of(job, _redaction(request))

@@ -7,6 +7,8 @@ PgQueueError
 ├── InvalidSchedule       a bad schedule definition (cron expression, zone, ...)
 ├── JobNotFound           no job has that id
 ├── ScheduleNotFound      no schedule has that name
+├── ScheduleConflict      a schedule's name is taken, or the change does not
+│                         apply to it (one declared in code); nothing was written
 ├── WorkflowNotFound      no job has that workflow id
 ├── JobStateConflict      the transition does not apply to the job's state
 │   ├── JobAlreadyFinished   cancel of a succeeded, dead or cancelled job
@@ -48,6 +50,7 @@ __all__ = [
     "OutcomeUnknown",
     "PayloadNotOpened",
     "PgQueueError",
+    "ScheduleConflict",
     "ScheduleNotFound",
     "SchemaNotMigrated",
     "StaleAttempt",
@@ -101,6 +104,18 @@ class ScheduleNotFound(PgQueueError, LookupError):
     def __init__(self, name: str) -> None:
         self.name = name
         super().__init__(f"schedule {name!r} does not exist")
+
+
+class ScheduleConflict(PgQueueError):
+    """A runtime schedule's create or change that the table refuses: its name
+    is taken (``field`` "name"), or it is declared in a worker's code
+    (``field`` "origin"). Nothing was written."""
+
+    def __init__(self, name: str, field: str, problem: str) -> None:
+        self.name = name
+        self.field = field
+        self.problem = problem
+        super().__init__(f"schedule {name!r}: {field}: {problem}")
 
 
 class JobNotFound(PgQueueError, LookupError):

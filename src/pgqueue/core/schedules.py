@@ -26,6 +26,7 @@ from .ticks import CATCH_UP_MODES, Cadence, CatchUp, Plan, cadence, next_tick, p
 
 __all__ = [
     "Fired",
+    "Origin",
     "Schedule",
     "ScheduleRecord",
     "Status",
@@ -41,6 +42,7 @@ __all__ = [
 ]
 
 Status = Literal["enabled", "disabled", "retired"]
+Origin = Literal["code", "runtime"]
 DEFAULT_CATCH_UP_LIMIT = 100
 MAX_CATCH_UP_LIMIT = 10_000
 MAX_EVERY_SECONDS = 366 * 24 * 3600
@@ -194,12 +196,17 @@ def tick_of(job: Job) -> datetime | None:
 class ScheduleRecord:
     """A row of pgqueue_schedules, as ``GET /schedules`` and ``pgqueue
     schedules`` show it. ``status``: enabled, disabled, or retired (no longer
-    declared by the code of a worker that handles its task)."""
+    declared by the code of a worker that handles its task). ``origin``: code
+    (declared in a worker's code) or runtime (created by an operator:
+    ``runtime_schedules``)."""
 
     name: str
     task: str
     queue: str
     payload: dict[str, Any]
+    priority: int
+    max_attempts: int | None
+    timeout_seconds: float | None
     cron: str | None
     every_seconds: int | None
     tz: str
@@ -212,6 +219,7 @@ class ScheduleRecord:
     last_run_at: datetime | None
     last_job_id: int | None
     last_job_state: str | None
+    origin: Origin
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> ScheduleRecord:
@@ -243,20 +251,26 @@ class ScheduleRecord:
 @dataclass(frozen=True, slots=True)
 class Synced:
     """What a worker's start did to the table: schedules it created or
-    changed, and schedules it retired as (name, task)."""
+    changed, schedules it retired as (name, task), and the names it declares
+    that a runtime schedule holds (left as they are)."""
 
     written: list[str]
     retired: list[tuple[str, str]]
+    shadowed: list[str] = field(default_factory=list)
 
 
 def sync(declared: Sequence[Schedule], tasks: Collection[str]) -> Flow[Synced]:
     """Make the table match a worker's code: upsert every declared schedule;
     retire the schedules of ``tasks`` (those the worker handles) that it does
-    not declare. A new or re-timed schedule starts at its first tick after now."""
+    not declare. A new or re-timed schedule starts at its first tick after now.
+    A name a runtime schedule holds is left to it (``shadowed``)."""
     now = _utc((yield from db_now()))
     ordered = sorted(declared, key=lambda s: s.name)
     written: list[str] = []
+    shadowed: list[str] = []
     if ordered:
+        names = {"names": [s.name for s in ordered]}
+        shadowed = [row["name"] for row in (yield Statement("schedule_shadowed", names))]
         columns: dict[str, list[Any]] = {name: [] for name in _UPSERT_COLUMNS}
         for schedule in ordered:
             for name, value in _upsert_row(schedule, now).items():
@@ -265,7 +279,7 @@ def sync(declared: Sequence[Schedule], tasks: Collection[str]) -> Flow[Synced]:
     retired = yield Statement(
         "schedule_retire", {"tasks": sorted(tasks), "names": [s.name for s in ordered]}
     )
-    return Synced(written, [(row["name"], row["task"]) for row in retired])
+    return Synced(written, [(row["name"], row["task"]) for row in retired], shadowed)
 
 
 _UPSERT_COLUMNS = (

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Self, TypeVar
 from uuid import UUID
 
-from ..core import queue_controls, reads, sealing, workflows
+from ..core import queue_controls, reads, runtime_schedules, schedules, sealing, workflows
 from ..core import transitions as t
 from ..core.bulk import BulkAction, JobFilter, retry_dead
 from ..core.dependencies import WorkflowJobs
@@ -20,6 +20,7 @@ from ..core.job_spec import JobSpec
 from ..core.jobs import Job, JobState
 from ..core.outcomes import Outcome, attempt_token
 from ..core.queue_controls import QueueControls
+from ..core.schedules import ScheduleRecord
 from ..core.settings import Settings
 from ..db import driver
 from ..db.connections import (
@@ -280,3 +281,37 @@ class AsyncQueue(Common):
 
     async def read(self, name: str, **params: Any) -> list[dict[str, Any]]:
         return await self.run(reads.read(name, **params))
+
+    # -- schedules ----------------------------------------------------------------------
+
+    async def list_schedules(self) -> list[ScheduleRecord]:
+        """Every schedule, declared in code or created at run time, by name."""
+        return await self.run(schedules.list_schedules())
+
+    async def create_schedule(
+        self, name: str, task: str | None = None, **fields: Any
+    ) -> ScheduleRecord:
+        """As Queue.create_schedule."""
+        return await self.run(self._create_schedule(name, task, dict(fields)))
+
+    async def update_schedule(self, name: str, **changes: Any) -> ScheduleRecord:
+        """As Queue.update_schedule."""
+        flow = runtime_schedules.update(name, changes)
+        return await self.run(flow, transaction=True)
+
+    async def delete_schedule(self, name: str) -> None:
+        """As Queue.delete_schedule."""
+        await self.run(schedules.delete(name))
+
+    async def enable_schedule(self, name: str) -> ScheduleRecord:
+        """As Queue.enable_schedule."""
+        return await self.run(schedules.set_enabled(name, True))
+
+    async def disable_schedule(self, name: str) -> ScheduleRecord:
+        """As Queue.disable_schedule."""
+        return await self.run(schedules.set_enabled(name, False))
+
+    async def run_schedule_now(self, name: str) -> Job:
+        """As Queue.run_schedule_now."""
+        flow = runtime_schedules.run_now(name, self.settings.default_max_attempts)
+        return await self.run(flow)

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Self, TypeVar
 from uuid import UUID
 
-from ..core import queue_controls, reads, sealing, workflows
+from ..core import queue_controls, reads, runtime_schedules, schedules, sealing, workflows
 from ..core import transitions as t
 from ..core.bulk import BulkAction, JobFilter, retry_dead
 from ..core.dependencies import WorkflowJobs
@@ -18,6 +18,7 @@ from ..core.job_spec import JobSpec
 from ..core.jobs import Job, JobState
 from ..core.outcomes import Outcome, attempt_token
 from ..core.queue_controls import QueueControls
+from ..core.schedules import ScheduleRecord
 from ..core.settings import Settings
 from ..db import driver
 from ..db.connections import (
@@ -265,3 +266,51 @@ class Queue(Common):
     def read(self, name: str, **params: Any) -> list[dict[str, Any]]:
         """Rows of a read-only named query (queue_stats, counters_totals, ...)."""
         return self.run(reads.read(name, **params))
+
+    # -- schedules ----------------------------------------------------------------------
+
+    def list_schedules(self) -> list[ScheduleRecord]:
+        """Every schedule, declared in code or created at run time, by name."""
+        return self.run(schedules.list_schedules())
+
+    def create_schedule(self, name: str, task: str | None = None, **fields: Any) -> ScheduleRecord:
+        """Create a schedule at run time (origin runtime): ``cron`` (with
+        ``tz``) or ``every``, and Schedule.create's other fields (payload,
+        queue, priority, max_attempts, timeout, catch_up, catch_up_limit),
+        plus ``enabled`` (default True). ``task`` defaults to ``name``; it
+        need not be handled by a running worker yet. It starts at its first
+        tick after now. InvalidSchedule names a bad field; ScheduleConflict
+        when the name is taken (declared in code, or created before).
+        Nothing is written in either case."""
+        return self.run(self._create_schedule(name, task, dict(fields)))
+
+    def update_schedule(self, name: str, **changes: Any) -> ScheduleRecord:
+        """Change some fields of a runtime schedule (those of
+        create_schedule but ``enabled``); the others stay. A changed timing
+        starts from its first tick after now (the database's clock).
+        InvalidSchedule (no field, a bad one), ScheduleNotFound, or
+        ScheduleConflict (it is declared in code); nothing is written."""
+        flow = runtime_schedules.update(name, changes)
+        return self.run(flow, transaction=True)
+
+    def delete_schedule(self, name: str) -> None:
+        """Delete a schedule (its jobs stay). One that a worker's code
+        declares is created again when that worker starts."""
+        self.run(schedules.delete(name))
+
+    def enable_schedule(self, name: str) -> ScheduleRecord:
+        """Switch a schedule on, from its first tick after now."""
+        return self.run(schedules.set_enabled(name, True))
+
+    def disable_schedule(self, name: str) -> ScheduleRecord:
+        """Switch a schedule off, on every worker."""
+        return self.run(schedules.set_enabled(name, False))
+
+    def run_schedule_now(self, name: str) -> Job:
+        """Enqueue one job of a schedule now (enabled or not), outside its
+        ticks; it becomes the schedule's last run, and its next tick stays.
+        Its key is ``pgqueue:schedule-now:NAME@SECOND``: called again within
+        the same second (a double click), it returns that job
+        (``duplicate`` True) and enqueues nothing."""
+        flow = runtime_schedules.run_now(name, self.settings.default_max_attempts)
+        return self.run(flow)

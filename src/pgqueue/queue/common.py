@@ -8,12 +8,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from .. import tracing
+from ..core import runtime_schedules
 from ..core import transitions as t
 from ..core.bulk import BulkAction, JobFilter, bulk
+from ..core.errors import InvalidSchedule
 from ..core.every_queue import EveryQueue
 from ..core.flows import Flow
 from ..core.job_spec import JobSpec, build_specs
 from ..core.jobs import Job
+from ..core.schedules import Schedule, ScheduleRecord
 from ..core.settings import Settings
 from ..db.retrying import Retrying
 
@@ -62,3 +65,18 @@ class Common:
         if where is not None and filters:
             raise TypeError("give a JobFilter or its fields as keywords, not both")
         return bulk(BulkAction(action), where or JobFilter.from_fields(filters), dry_run=dry_run)
+
+    @staticmethod
+    def _create_schedule(
+        name: str, task: str | None, fields: dict[str, Any]
+    ) -> Flow[ScheduleRecord]:
+        """The flow that stores a runtime schedule, its arguments checked
+        (InvalidSchedule names a bad or unknown one)."""
+        enabled = fields.pop("enabled", True)
+        unknown = sorted(set(fields) - set(runtime_schedules.FIELDS) - {"task"})
+        if unknown:
+            raise InvalidSchedule(str(name)[:80], unknown[0], "is not a field of a schedule")
+        if not isinstance(enabled, bool):
+            raise InvalidSchedule(str(name)[:80], "enabled", "must be true or false")
+        schedule = Schedule.create(name, task=task, **fields)
+        return runtime_schedules.create(schedule, enabled=enabled)

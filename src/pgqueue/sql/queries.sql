@@ -1211,8 +1211,9 @@ SELECT * FROM pgqueue_queue_totals WHERE queue = %(queue)s;
 -- was retired, or that had no tick planned starts again from its first tick
 -- after now (`next_run_at`); any other keeps its place, so that a restart
 -- catches up what it missed. `enabled` belongs to the operators and is not
--- written. Rows already as declared are not written at all. Returns the names
--- of the rows written.
+-- written. Rows already as declared are not written at all, nor is a runtime
+-- schedule of the same name (origin 'runtime': schedule_shadowed finds them).
+-- Returns the names of the rows written.
 INSERT INTO pgqueue_schedules AS s (name, task, payload, queue, priority, max_attempts,
                                     timeout_seconds, cron, every_seconds, tz, catch_up,
                                     catch_up_limit, next_run_at)
@@ -1232,24 +1233,32 @@ SET task = excluded.task, payload = excluded.payload, queue = excluded.queue,
                             IS DISTINCT FROM (excluded.cron, excluded.every_seconds, excluded.tz)
                        THEN excluded.next_run_at ELSE s.next_run_at END,
     retired_at = NULL, updated_at = now()
-WHERE s.retired_at IS NOT NULL OR s.next_run_at IS NULL
+WHERE s.origin = 'code' AND (s.retired_at IS NOT NULL OR s.next_run_at IS NULL
    OR (s.task, s.payload, s.queue, s.priority, s.max_attempts, s.timeout_seconds, s.cron,
        s.every_seconds, s.tz, s.catch_up, s.catch_up_limit)
       IS DISTINCT FROM (excluded.task, excluded.payload, excluded.queue, excluded.priority,
                         excluded.max_attempts, excluded.timeout_seconds, excluded.cron,
                         excluded.every_seconds, excluded.tz, excluded.catch_up,
-                        excluded.catch_up_limit)
+                        excluded.catch_up_limit))
 RETURNING s.name;
 
 -- name: schedule_retire
 -- Retire the schedules of `tasks` not named in `names`: a worker that handles
 -- those tasks started without declaring them, so they were removed from the
--- code. A retired schedule stays visible and fires no more. Returns the
+-- code (runtime schedules are never the code's to retire). A retired schedule stays visible and fires no more. Returns the
 -- schedules retired now.
 UPDATE pgqueue_schedules
 SET retired_at = now(), updated_at = now()
 WHERE task = ANY(%(tasks)s::text[]) AND NOT name = ANY(%(names)s::text[]) AND retired_at IS NULL
+  AND origin = 'code'
 RETURNING name, task;
+
+-- name: schedule_shadowed
+-- Of the names a worker's code declares, those a runtime schedule holds: the
+-- worker leaves them as they are (migration 0028), and says so.
+SELECT name FROM pgqueue_schedules
+WHERE origin = 'runtime' AND name = ANY(%(names)s::text[])
+ORDER BY name;
 
 -- name: schedule_next_due
 -- The scheduler's one read per loop: seconds until the earliest live schedule
@@ -1344,6 +1353,74 @@ FROM switched s LEFT JOIN pgqueue_jobs j ON j.id = s.last_job_id;
 -- Delete a schedule (a worker whose code declares it creates it again when
 -- it starts). Its jobs stay.
 DELETE FROM pgqueue_schedules WHERE name = %(name)s RETURNING name;
+
+-- name: schedule_create
+-- Create a runtime schedule (origin 'runtime'), starting at `next_run_at`,
+-- its first tick after now. A name already in the table, from code or not,
+-- inserts nothing and returns no row: the caller says who holds it.
+INSERT INTO pgqueue_schedules (name, task, payload, queue, priority, max_attempts,
+                               timeout_seconds, cron, every_seconds, tz, catch_up,
+                               catch_up_limit, enabled, next_run_at, origin)
+VALUES (%(name)s, %(task)s, %(payload)s::jsonb, %(queue)s, %(priority)s, %(max_attempts)s,
+        %(timeout_seconds)s, %(cron)s, %(every_seconds)s, %(tz)s, %(catch_up)s,
+        %(catch_up_limit)s, %(enabled)s, %(next_run_at)s, 'runtime')
+ON CONFLICT (name) DO NOTHING
+RETURNING *, NULL::text AS last_job_state;
+
+-- name: schedule_lock
+-- One schedule, locked until the caller's transaction ends (an update reads,
+-- merges and writes it with no other change in between), with the clock.
+SELECT s.*, now() AS now FROM pgqueue_schedules s WHERE name = %(name)s FOR UPDATE;
+
+-- name: schedule_update
+-- Write a runtime schedule's definition, locked by schedule_lock in the same
+-- transaction. `next_run_at` is the one the caller planned: the first tick
+-- after now when the timing changed, the one it had otherwise. Returns the
+-- row with the state of its last job; none for a schedule from code.
+WITH changed AS (
+    UPDATE pgqueue_schedules
+    SET task = %(task)s, payload = %(payload)s::jsonb, queue = %(queue)s,
+        priority = %(priority)s, max_attempts = %(max_attempts)s,
+        timeout_seconds = %(timeout_seconds)s, cron = %(cron)s,
+        every_seconds = %(every_seconds)s, tz = %(tz)s, catch_up = %(catch_up)s,
+        catch_up_limit = %(catch_up_limit)s, next_run_at = %(next_run_at)s,
+        updated_at = now()
+    WHERE name = %(name)s AND origin = 'runtime'
+    RETURNING *
+)
+SELECT c.*, j.state AS last_job_state
+FROM changed c LEFT JOIN pgqueue_jobs j ON j.id = c.last_job_id;
+
+-- name: schedule_run_now
+-- Enqueue one job of a schedule now, outside its ticks ("run now"), under
+-- `key` (schedules.run_key: the schedule and the second, by the database's
+-- clock), and make it the schedule's last run. A key already taken inserts
+-- nothing: the same request twice within a second enqueues one job. Its
+-- next tick does not move. Returns one row (`id` NULL when the key was
+-- taken); none when no schedule has the name.
+WITH s AS (
+    SELECT * FROM pgqueue_schedules WHERE name = %(name)s FOR UPDATE
+), inserted AS (
+    INSERT INTO pgqueue_jobs (queue, task, payload, priority, max_attempts, timeout_seconds,
+                              idempotency_key)
+    SELECT s.queue, s.task, s.payload, s.priority,
+           coalesce(s.max_attempts, %(default_max_attempts)s), s.timeout_seconds, %(key)s
+    FROM s
+    ON CONFLICT (idempotency_key)
+        WHERE idempotency_key IS NOT NULL AND pgqueue_key_held(unique_scope, state, started_at)
+        DO NOTHING
+    RETURNING *
+), ran AS (
+    UPDATE pgqueue_schedules p SET last_run_at = now(), last_job_id = inserted.id
+    FROM inserted WHERE p.name = %(name)s
+    RETURNING p.name
+), woken AS (
+    SELECT pg_notify('pgqueue_jobs', queue) FROM inserted
+), counted AS (
+    INSERT INTO pgqueue_enqueued (queue, n) SELECT queue, 1 FROM inserted
+)
+SELECT s.name AS schedule, i.*
+FROM s LEFT JOIN inserted i ON true, (SELECT count(*) FROM woken) w, (SELECT count(*) FROM ran) r;
 
 -- name: schedule_list
 -- Every schedule by name, with the state of its last job (NULL once pruned).

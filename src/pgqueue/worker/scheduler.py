@@ -5,7 +5,9 @@ many schedulers that find the same tick due, the guarded ``schedule_fire``
 statement lets exactly one enqueue it (pgqueue/schedules.py). When it starts,
 a worker given a TaskRegistry first writes the schedules its code declares,
 and retires the schedules of its tasks that the code no longer declares
-(logged, so that a removed schedule never keeps firing unnoticed).
+(logged, so that a removed schedule never keeps firing unnoticed). Schedules
+created at run time (origin runtime) are never written or retired by it; a
+declared name that one of them holds is logged as shadowed.
 
 Its loop sends one cheap read (``schedule_next_due``) and sleeps until the
 next tick is due, or for the poll interval at most, so that a schedule
@@ -77,6 +79,17 @@ class Scheduler:
                 "schedules written: %s",
                 ", ".join(done.written),
                 schedules=done.written,
+            )
+        for name in done.shadowed:
+            self.events(
+                logging.WARNING,
+                "schedule_shadowed",
+                "schedule %s is declared by this worker's code, but a runtime schedule of that "
+                "name exists: the runtime one is kept, the code's is not written "
+                "(`pgqueue schedules delete %s` to let the code's take the name)",
+                name,
+                name,
+                schedule=name,
             )
         for name, task in done.retired:
             self.events(
