@@ -146,6 +146,12 @@ class AsyncQueue(Common):
         """As Queue.workflow."""
         return await self.run(workflows.act(action, workflow_id), transaction=True)
 
+    async def list_workflows(
+        self, *, state: str | None = None, before: int | None = None, limit: int = 50
+    ) -> list[workflows.WorkflowSummary]:
+        """As Queue.list_workflows."""
+        return await self.run(workflows.list_workflows(state=state, before=before, limit=limit))
+
     async def enqueue_many(
         self, jobs: Iterable[JobSpec | Mapping[str, Any]], *, connection: Any = None
     ) -> list[Enqueued]:

@@ -110,6 +110,15 @@ class Queue(Common):
         ended) or retry (its dead and cancelled jobs)."""
         return self.run(workflows.act(action, workflow_id), transaction=True)
 
+    def list_workflows(
+        self, *, state: str | None = None, before: int | None = None, limit: int = 50
+    ) -> list[workflows.WorkflowSummary]:
+        """Workflows newest first, each with its jobs counted by state. ``state``
+        keeps those with a job not ended (running), with none (finished), with
+        only succeeded jobs (succeeded), with a dead or a cancelled job (dead,
+        cancelled); ``before``: the last one's ``first_job``, for the next page."""
+        return self.run(workflows.list_workflows(state=state, before=before, limit=limit))
+
     def enqueue_many(
         self, jobs: Iterable[JobSpec | Mapping[str, Any]], *, connection: Any = None
     ) -> list[Enqueued]:

@@ -1338,6 +1338,45 @@ JOIN pgqueue_jobs j ON j.id BETWEEN w.first_job AND w.last_job AND j.workflow_id
 WHERE w.id = %(workflow_id)s::uuid
 ORDER BY j.id;
 
+-- name: workflow_list
+-- Workflows newest first, a page at a time after a keyset cursor (the
+-- first_job of the last one seen), each with how many of its jobs are in
+-- each state. A walk down pgqueue_workflows_first_job (migration 0029) that
+-- stops after `limit` matches; each workflow's jobs are read once, as a
+-- range of the jobs' primary key (0014), never a scan of the table. `state`
+-- keeps the workflows that have a job not ended (running), none (finished),
+-- only succeeded jobs (succeeded), a dead job (dead) or a cancelled one
+-- (cancelled): each page reads the workflows it skips, as job_list does
+-- the jobs. created_at: when its first job still kept was enqueued.
+SELECT w.id AS workflow_id, w.first_job, c.*
+FROM pgqueue_workflows w
+CROSS JOIN LATERAL (
+    SELECT count(*) AS jobs,
+           count(*) FILTER (WHERE j.state = 'waiting') AS waiting,
+           count(*) FILTER (WHERE j.state = 'queued') AS queued,
+           count(*) FILTER (WHERE j.state = 'running') AS running,
+           count(*) FILTER (WHERE j.state = 'succeeded') AS succeeded,
+           count(*) FILTER (WHERE j.state = 'dead') AS dead,
+           count(*) FILTER (WHERE j.state = 'cancelled') AS cancelled,
+           min(j.enqueued_at) AS created_at,
+           max(j.finished_at) AS last_finished_at,
+           (array_agg(j.task ORDER BY j.id))[1] AS first_task
+    FROM pgqueue_jobs j
+    WHERE j.id BETWEEN w.first_job AND w.last_job AND j.workflow_id = w.id
+) c
+WHERE (%(before)s::bigint IS NULL OR w.first_job < %(before)s::bigint)
+  AND c.jobs > 0
+  AND CASE %(state)s::text
+        WHEN 'running' THEN c.waiting + c.queued + c.running > 0
+        WHEN 'finished' THEN c.waiting + c.queued + c.running = 0
+        WHEN 'succeeded' THEN c.succeeded = c.jobs
+        WHEN 'dead' THEN c.dead > 0
+        WHEN 'cancelled' THEN c.cancelled > 0
+        ELSE true
+      END
+ORDER BY w.first_job DESC
+LIMIT %(limit)s;
+
 -- name: workflow_cancel
 -- Cancel every job of a workflow that has not ended, as job_cancel does
 -- (running jobs' leases revoked). Jobs outside the workflow that depend on
