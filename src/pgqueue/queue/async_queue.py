@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Self, TypeVar
 from uuid import UUID
 
-from ..core import queue_controls, reads, workflows
+from ..core import dependencies, queue_controls, reads, workflows
 from ..core import transitions as t
 from ..core.bulk import BulkAction, JobFilter, retry_dead
 from ..core.dependencies import WorkflowJobs
@@ -237,6 +237,10 @@ class AsyncQueue(Common):
 
     async def get(self, job_id: int) -> Job:
         return await self.run(reads.get(job_id))
+
+    async def dependents(self, job_id: int) -> list[int]:
+        """As Queue.dependents."""
+        return await self.run(dependencies.dependents(job_id))
 
     async def cancel(self, job_id: int) -> Job:
         return await self.run(t.cancel(job_id))

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Self, TypeVar
 from uuid import UUID
 
-from ..core import queue_controls, reads, workflows
+from ..core import dependencies, queue_controls, reads, workflows
 from ..core import transitions as t
 from ..core.bulk import BulkAction, JobFilter, retry_dead
 from ..core.dependencies import WorkflowJobs
@@ -218,6 +218,11 @@ class Queue(Common):
 
     def get(self, job_id: int) -> Job:
         return self.run(reads.get(job_id))
+
+    def dependents(self, job_id: int) -> list[int]:
+        """The ids of the jobs that depend on this one (the first 1,000, by
+        id); JobNotFound for an unknown id."""
+        return self.run(dependencies.dependents(job_id))
 
     def cancel(self, job_id: int) -> Job:
         return self.run(t.cancel(job_id))

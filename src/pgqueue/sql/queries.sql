@@ -729,6 +729,16 @@ LEFT JOIN (SELECT finished_at, id FROM matching ORDER BY finished_at DESC, id DE
 -- One job by id.
 SELECT * FROM pgqueue_jobs WHERE id = %(id)s;
 
+-- name: job_dependents
+-- The jobs that wait (or waited) for one job: the edges out of it, a range
+-- of pgqueue_job_deps' primary key (migration 0011). One row when the job
+-- exists (its dependents, the first `limit` by id), none otherwise.
+SELECT j.id,
+       ARRAY(SELECT d.child FROM pgqueue_job_deps d WHERE d.parent = j.id
+             ORDER BY d.child LIMIT %(limit)s) AS dependents
+FROM pgqueue_jobs j
+WHERE j.id = %(id)s;
+
 -- name: job_watch
 -- One job by id, as job_get reads it, for wait(): unless it has ended, its
 -- waiter is registered (until `seconds` from now), so that the statement

@@ -179,3 +179,21 @@ def test_the_listing_walks_its_index_and_reads_only_the_listed_workflows_jobs(
         assert "pgqueue_workflows_first_job" in plan, plan
         assert "Seq Scan" not in plan, plan
         assert "Sort" not in plan.replace("Sort Key", ""), plan
+
+
+async def test_a_jobs_dependents_are_the_jobs_that_wait_for_it(
+    api: httpx.AsyncClient, queue: Queue
+) -> None:
+    made = queue.enqueue_workflow(chain({"task": "a"}, group({"task": "b"}, {"task": "c"})))
+    a, b, c = made.jobs
+    plain = queue.enqueue("after", depends_on=[b.id])
+    got = await api.get(f"/jobs/{a.id}/dependents")
+    assert got.status_code == 200, got.text
+    assert got.json() == {"job_id": a.id, "dependents": [b.id, c.id]}
+    assert (await api.get(f"/jobs/{b.id}/dependents")).json()["dependents"] == [plain.id]
+    assert (await api.get(f"/jobs/{plain.id}/dependents")).json()["dependents"] == []
+    assert queue.dependents(a.id) == [b.id, c.id]
+    missing = await api.get("/jobs/999999/dependents")
+    assert missing.status_code == 404, missing.text
+    bad = await api.get("/jobs/x/dependents")
+    assert bad.status_code == 422 and bad.json()["field"] == "job_id", bad.text
