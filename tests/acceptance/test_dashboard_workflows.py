@@ -110,9 +110,14 @@ GRAPH = """(() => {
 })()"""
 
 
+LISTED = 'document.querySelectorAll("#workflows-body tr[data-workflow-id]").length'
+
+
 def shown_counts(page: DevTools) -> dict[str, dict[str, int]]:
     return {
-        workflow: {state: int(n) for state, n in row["cols"].items() if state != "jobs" and n != "0"}
+        workflow: {
+            state: int(n) for state, n in row["cols"].items() if state != "jobs" and n != "0"
+        }
         for workflow, row in rows(page, "workflows-body", "workflow-id").items()
     }
 
@@ -129,7 +134,7 @@ def test_the_list_and_a_workflows_graph_are_the_databases(
 ) -> None:  # fmt: skip
     with LiveServer(create_app(settings)) as server:
         open_page(page, server, "#view=workflows")
-        until(page, 'document.querySelectorAll("#workflows-body tr[data-workflow-id]").length === 3')
+        until(page, f"{LISTED} === 3")
         assert list(rows(page, "workflows-body", "workflow-id")) == [
             str(made[k].id) for k in ("live", "dead", "ok")
         ]
@@ -166,9 +171,11 @@ def test_the_list_and_a_workflows_graph_are_the_databases(
         assert page.run('document.getElementById("workflow-retry").disabled') is True
 
         # A filter lists what SQL finds.
-        page.run('(() => { const s = document.getElementById("workflow-state-filter"); '
-                 's.value = "dead"; s.dispatchEvent(new Event("change")); return true; })()')  # fmt: skip
-        until(page, 'document.querySelectorAll("#workflows-body tr[data-workflow-id]").length === 1')
+        page.run(
+            '(() => { const s = document.getElementById("workflow-state-filter"); '
+            's.value = "dead"; s.dispatchEvent(new Event("change")); return true; })()'
+        )
+        until(page, f"{LISTED} === 1")
         assert list(rows(page, "workflows-body", "workflow-id")) == [str(dead.id)]
 
 
@@ -230,7 +237,9 @@ def test_a_jobs_detail_links_its_workflow_parents_and_dependents(
         click(page, f'#detail-links a[data-job="{first.id}"]')
         until(page, f'document.getElementById("detail-id").textContent === "#{first.id}"')
         until(page, f"({LINKS}).dependents === '{left.id}, {right.id}'")
-        metadata = json.loads(str(page.run('document.getElementById("detail-metadata").textContent')))
+        metadata = json.loads(
+            str(page.run('document.getElementById("detail-metadata").textContent'))
+        )
         assert metadata["team"] == "data"
 
         click(page, "#detail-links a[data-workflow]")
