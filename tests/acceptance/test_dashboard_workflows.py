@@ -272,3 +272,18 @@ def test_the_view_fits_the_screen_and_a_long_graph_scrolls_sideways(
     assert page_width <= client <= screen[0]
     # Twelve layers side by side: wider than either screen, scrolled inside its box.
     assert graph_width > graph_client
+
+
+ACTIONS_SHOWN = 'getComputedStyle(document.getElementById("workflow-actions")).display !== "none"'
+
+
+@pytest.mark.parametrize(("token", "sees"), [("wf-read", False), ("wf-admin", True)])
+def test_only_an_admin_token_sees_cancel_and_retry(
+    settings: Settings, made: dict[str, WorkflowJobs], page: DevTools, token: str, sees: bool
+) -> None:
+    app = create_app(settings.replace(api_tokens=("wf-admin",), api_read_tokens=("wf-read",)))
+    with LiveServer(app) as server:
+        page.goto(f"{server.url}/dashboard#token={token}&workflow={made['dead'].id}")
+        until(page, f'document.getElementById("workflow-id").textContent === "{made["dead"].id}"')
+        until(page, 'document.getElementById("status").textContent.startsWith("Updated")')
+        assert page.run(ACTIONS_SHOWN) is sees
