@@ -41,7 +41,9 @@ def list_(
     limit: Annotated[int, typer.Option(min=1, max=MAX_LIST, help="At most this many.")] = 50,
     before: Annotated[
         int | None,
-        typer.Option(help="Only workflows older than this cursor (the next page: as printed)."),
+        typer.Option(
+            min=1, help="Only workflows older than this cursor (the next page: as printed)."
+        ),
     ] = None,
     json_out: JsonFlag = False,
 ) -> None:

@@ -48,8 +48,9 @@ def test_list_workflows_newest_first_with_their_counts(db_url: str, queue: Queue
     assert table.exit_code == 0, table.output
     assert str(new.id) in table.stdout and str(old.id) not in table.stdout
     assert f"--before {new.jobs[0].id}" in table.stderr
-    bad = run(db_url, "workflows", "list", "--state", "waiting")
-    assert bad.exit_code == 2 and "--state" in bad.stderr
+    for flag, value in [("--state", "waiting"), ("--before", "0"), ("--limit", "201")]:
+        bad = run(db_url, "workflows", "list", flag, value)
+        assert bad.exit_code == 2 and flag in bad.stderr, bad.output
 
 
 def test_list_workflows_refuses_a_bad_argument_naming_it(queue: Queue) -> None:
