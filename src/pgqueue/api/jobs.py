@@ -5,6 +5,7 @@ operators read one, list them, cancel and retry.
                                already belonged to it)
     POST /jobs/batch           enqueue many in one transaction
     GET  /jobs/{id}            one job
+    GET  /jobs/{id}/dependents the jobs that depend on it
     GET  /jobs                 jobs newest first, filtered, a page at a time
     POST /jobs/{id}/cancel     cancel a queued or running job
     POST /jobs/{id}/retry      retry a dead or cancelled job
@@ -19,9 +20,11 @@ The batch's size limit is a setting, so its route is made per app
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Path, Query, Request, Response
+from pydantic import BaseModel, Field
 from starlette.convertors import StringConvertor, register_url_convertor
 
 from ..core import reads
+from ..core.dependencies import MAX_DEPENDENTS
 from ..core.jobs import JobState
 from ..core.redaction import Redaction
 from ..queue import AsyncQueue
@@ -138,6 +141,24 @@ def batch_router(max_batch: int) -> APIRouter:
 )
 async def get_job(job_id: JobId, request: Request) -> JobOut:
     return JobOut.of(await _queue(request).get(job_id), _redaction(request))
+
+
+class Dependents(BaseModel):
+    job_id: int
+    dependents: list[int] = Field(
+        description="The jobs that depend on this one (their depends_on names it), by id: "
+        f"the first {MAX_DEPENDENTS}."
+    )
+
+
+@router.get(
+    "/jobs/{job_id:pgqueue_job_id}/dependents",
+    response_model=Dependents,
+    responses=documented_errors(404),
+    summary="The jobs that depend on a job",
+)
+async def get_dependents(job_id: JobId, request: Request) -> Dependents:
+    return Dependents(job_id=job_id, dependents=await _queue(request).dependents(job_id))
 
 
 @router.get(

@@ -2,30 +2,32 @@
 the names of the jobs each depends on), ``GET /workflows/{id}`` (every job
 with its state, and the edges), ``POST /workflows/{id}/cancel`` and
 ``/retry``. The writes need an admin token (the middleware's rule for every
-POST). A bad workflow (a cycle, an unknown or repeated name, a bad job
+POST). ``GET /workflows`` lists them newest first, each with its jobs
+counted by state, a page at a time. A bad workflow (a cycle, an unknown or repeated name, a bad job
 field) is refused with 422 naming the field, and nothing is written: the
 jobs go in one transaction, as ``/jobs/batch``'s do."""
 
 # No "from __future__ import annotations": FastAPI reads the route signature
 # at run time.
 
-from typing import TYPE_CHECKING, Any, Literal
+from datetime import datetime
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from uuid import UUID
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from ..core.dependencies import WorkflowJobs
 from ..core.job_spec import JOB_FIELDS
 from ..core.jobs import JobState
 from ..core.redaction import Redaction
-from ..core.workflows import MAX_WORKFLOW_JOBS
+from ..core.workflows import LIST_STATES, MAX_LIST, MAX_WORKFLOW_JOBS, WorkflowSummary
 from ..queue import AsyncQueue
 from .access import shown_to
 from .http_errors import documented_errors
-from .models import JobOut, field_schema
+from .models import MAX_JOB_ID, JobOut, field_schema
 
-__all__ = ["WorkflowOut", "WorkflowRequest", "router"]
+__all__ = ["WorkflowList", "WorkflowOut", "WorkflowRequest", "router"]
 
 router = APIRouter(tags=["workflows"])
 
@@ -120,6 +122,75 @@ async def create_workflow(body: WorkflowRequest, request: Request) -> WorkflowCr
             CreatedJob(name=fields["name"], id=job.id, state=job.state)
             for fields, job in zip(jobs, made.jobs, strict=True)
         ],
+    )
+
+
+class WorkflowListed(BaseModel):
+    workflow_id: UUID
+    jobs: int = Field(description="How many jobs it has (those pruned no longer count).")
+    counts: dict[JobState, int] = Field(description="How many of its jobs are in each state.")
+    finished: bool = Field(description="Every job ended: succeeded, dead or cancelled.")
+    created_at: datetime = Field(description="When its first job (still kept) was enqueued.")
+    last_finished_at: datetime | None = Field(description="When one of its jobs ended last.")
+    first_task: str = Field(
+        description="The task of its first job: a workflow has no name of its own."
+    )
+
+    @classmethod
+    def of(cls, workflow: WorkflowSummary) -> "WorkflowListed":
+        return cls(
+            workflow_id=workflow.id,
+            jobs=workflow.jobs,
+            counts={JobState(state): n for state, n in workflow.counts.items()},
+            finished=workflow.finished,
+            created_at=workflow.created_at,
+            last_finished_at=workflow.last_finished_at,
+            first_task=workflow.first_task,
+        )
+
+
+class WorkflowList(BaseModel):
+    workflows: list[WorkflowListed] = Field(description="Newest first.")
+    next_cursor: int | None = Field(
+        description="Pass it as cursor for the next page; null on the last page."
+    )
+
+
+@router.get(
+    "/workflows",
+    response_model=WorkflowList,
+    responses=documented_errors(),
+    summary="List workflows, newest first, with their jobs counted by state",
+    description="Each page walks an index of the workflows (newest first) and reads each "
+    "listed workflow's jobs once (a range of the jobs' primary key); a state filter reads "
+    "the workflows it skips too.",
+)
+async def list_workflows(
+    request: Request,
+    state: Annotated[
+        str | None,
+        Query(
+            description="running: a job not ended yet (waiting, queued or running); "
+            "finished: every job ended; succeeded: every job succeeded; dead: a dead job; "
+            "cancelled: a cancelled job.",
+            json_schema_extra={"enum": list(LIST_STATES)},
+        ),
+    ] = None,
+    cursor: Annotated[
+        int | None,
+        Query(
+            ge=1,
+            le=MAX_JOB_ID,
+            description="next_cursor of the previous page (keyset: older workflows).",
+        ),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIST)] = 50,
+) -> WorkflowList:
+    queue: AsyncQueue = request.app.state.queue
+    found = await queue.list_workflows(state=state, before=cursor, limit=limit)
+    return WorkflowList(
+        workflows=[WorkflowListed.of(workflow) for workflow in found],
+        next_cursor=found[-1].first_job if len(found) == limit else None,
     )
 
 

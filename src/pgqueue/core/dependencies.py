@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import InvalidJob, WorkflowNotFound
+from .errors import InvalidJob, JobNotFound, WorkflowNotFound
 from .flows import Flow, Statement
 from .job_spec import JobSpec
 from .jobs import Job, JobState
@@ -35,6 +35,7 @@ __all__ = [
     "Graph",
     "WorkflowJobs",
     "cancel_workflow",
+    "dependents",
     "enqueue_graph",
     "get_workflow",
     "plan",
@@ -214,3 +215,18 @@ def retry_workflow(workflow_id: uuid.UUID) -> Flow[WorkflowJobs]:
     queued, or waiting for those of their parents that have not succeeded."""
     yield Statement("workflow_retry", {"workflow_id": workflow_id})
     return (yield from get_workflow(workflow_id))
+
+
+# The most dependents a job's read returns (a fan-out may have many more).
+MAX_DEPENDENTS = 1000
+
+
+def dependents(job_id: int) -> Flow[list[int]]:
+    """The ids of the jobs that depend on this one (at most
+    ``MAX_DEPENDENTS``, smallest first); JobNotFound for an unknown id."""
+    if isinstance(job_id, bool) or not isinstance(job_id, int) or not 1 <= job_id < 2**63:
+        raise JobNotFound(job_id)
+    rows = yield Statement("job_dependents", {"id": job_id, "limit": MAX_DEPENDENTS})
+    if not rows:
+        raise JobNotFound(job_id)
+    return list(rows[0]["dependents"])

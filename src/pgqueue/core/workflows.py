@@ -20,6 +20,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from .dependencies import (
@@ -31,8 +32,9 @@ from .dependencies import (
     retry_workflow,
 )
 from .errors import InvalidJob, WorkflowNotFound
-from .flows import Flow
+from .flows import Flow, Statement
 from .job_spec import JobSpec, build_specs
+from .jobs import JobState
 from .json_text import printable
 
 __all__ = [
@@ -40,12 +42,14 @@ __all__ = [
     "Group",
     "Step",
     "Workflow",
+    "WorkflowSummary",
     "act",
     "by_name",
     "chain",
     "enqueue",
     "graph_of",
     "group",
+    "list_workflows",
     "specs_maker",
 ]
 
@@ -208,3 +212,59 @@ def specs_maker(default_max_attempts: int, stamp: Stamp = list) -> MakeSpecs:
         return specs
 
     return make
+
+
+# What a workflow listing may keep (workflow_list): a workflow with a job not
+# ended, with none, with only succeeded jobs, with a dead or a cancelled job.
+LIST_STATES = ("running", "finished", "succeeded", "dead", "cancelled")
+MAX_LIST = 200
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowSummary:
+    """One workflow of a listing: how many of its jobs are in each state
+    (``counts``, every state named), when its first job was enqueued, the
+    task of its first job (a workflow has no name of its own), and the last
+    time one of its jobs ended. ``first_job`` is the listing's cursor."""
+
+    id: uuid.UUID
+    first_job: int
+    jobs: int
+    counts: dict[str, int]
+    created_at: datetime
+    last_finished_at: datetime | None
+    first_task: str
+
+    @property
+    def finished(self) -> bool:
+        """Every job ended (succeeded, dead or cancelled)."""
+        return not any(self.counts[s] for s in ("waiting", "queued", "running"))
+
+
+def list_workflows(
+    *, state: str | None = None, before: int | None = None, limit: int = 50
+) -> Flow[list[WorkflowSummary]]:
+    """Workflows newest first, with their jobs counted by state; pass the
+    last one's ``first_job`` as ``before`` for the next page. ``state``
+    keeps one of ``LIST_STATES`` (InvalidJob naming the argument otherwise)."""
+    if state is not None and state not in LIST_STATES:
+        raise InvalidJob("state", f"must be one of {', '.join(LIST_STATES)}, got {state!r}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST:
+        raise InvalidJob("limit", f"must be between 1 and {MAX_LIST}, got {limit!r}")
+    if before is not None and (
+        isinstance(before, bool) or not isinstance(before, int) or not 1 <= before < 2**63
+    ):
+        raise InvalidJob("before", f"must be a job id (a positive integer), got {before!r}")
+    rows = yield Statement("workflow_list", {"state": state, "before": before, "limit": limit})
+    return [
+        WorkflowSummary(
+            id=row["workflow_id"],
+            first_job=row["first_job"],
+            jobs=row["jobs"],
+            counts={s.value: row[s.value] for s in JobState},
+            created_at=row["created_at"],
+            last_finished_at=row["last_finished_at"],
+            first_task=row["first_task"],
+        )
+        for row in rows
+    ]

@@ -9,7 +9,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Self, TypeVar
 from uuid import UUID
 
-from ..core import queue_controls, reads, runtime_schedules, schedules, sealing, workflows
+from ..core import (
+    dependencies,
+    queue_controls,
+    reads,
+    runtime_schedules,
+    schedules,
+    sealing,
+    workflows,
+)
 from ..core import transitions as t
 from ..core.bulk import BulkAction, JobFilter, retry_dead
 from ..core.dependencies import WorkflowJobs
@@ -147,6 +155,12 @@ class AsyncQueue(Common):
         """As Queue.workflow."""
         return await self.run(workflows.act(action, workflow_id), transaction=True)
 
+    async def list_workflows(
+        self, *, state: str | None = None, before: int | None = None, limit: int = 50
+    ) -> list[workflows.WorkflowSummary]:
+        """As Queue.list_workflows."""
+        return await self.run(workflows.list_workflows(state=state, before=before, limit=limit))
+
     async def enqueue_many(
         self, jobs: Iterable[JobSpec | Mapping[str, Any]], *, connection: Any = None
     ) -> list[Enqueued]:
@@ -239,6 +253,10 @@ class AsyncQueue(Common):
 
     async def get(self, job_id: int) -> Job:
         return await self.run(reads.get(job_id))
+
+    async def dependents(self, job_id: int) -> list[int]:
+        """As Queue.dependents."""
+        return await self.run(dependencies.dependents(job_id))
 
     async def cancel(self, job_id: int) -> Job:
         return await self.run(t.cancel(job_id))

@@ -7,7 +7,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Self, TypeVar
 from uuid import UUID
 
-from ..core import queue_controls, reads, runtime_schedules, schedules, sealing, workflows
+from ..core import (
+    dependencies,
+    queue_controls,
+    reads,
+    runtime_schedules,
+    schedules,
+    sealing,
+    workflows,
+)
 from ..core import transitions as t
 from ..core.bulk import BulkAction, JobFilter, retry_dead
 from ..core.dependencies import WorkflowJobs
@@ -110,6 +118,15 @@ class Queue(Common):
         """A workflow's jobs, after ``action``: show, cancel (every job not
         ended) or retry (its dead and cancelled jobs)."""
         return self.run(workflows.act(action, workflow_id), transaction=True)
+
+    def list_workflows(
+        self, *, state: str | None = None, before: int | None = None, limit: int = 50
+    ) -> list[workflows.WorkflowSummary]:
+        """Workflows newest first, each with its jobs counted by state. ``state``
+        keeps those with a job not ended (running), with none (finished), with
+        only succeeded jobs (succeeded), with a dead or a cancelled job (dead,
+        cancelled); ``before``: the last one's ``first_job``, for the next page."""
+        return self.run(workflows.list_workflows(state=state, before=before, limit=limit))
 
     def enqueue_many(
         self, jobs: Iterable[JobSpec | Mapping[str, Any]], *, connection: Any = None
@@ -217,6 +234,11 @@ class Queue(Common):
 
     def get(self, job_id: int) -> Job:
         return self.run(reads.get(job_id))
+
+    def dependents(self, job_id: int) -> list[int]:
+        """The ids of the jobs that depend on this one (the first 1,000, by
+        id); JobNotFound for an unknown id."""
+        return self.run(dependencies.dependents(job_id))
 
     def cancel(self, job_id: int) -> Job:
         return self.run(t.cancel(job_id))

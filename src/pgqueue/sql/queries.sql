@@ -750,6 +750,16 @@ LEFT JOIN (SELECT finished_at, id FROM matching ORDER BY finished_at DESC, id DE
 -- One job by id.
 SELECT * FROM pgqueue_jobs WHERE id = %(id)s;
 
+-- name: job_dependents
+-- The jobs that wait (or waited) for one job: the edges out of it, a range
+-- of pgqueue_job_deps' primary key (migration 0011). One row when the job
+-- exists (its dependents, the first `limit` by id), none otherwise.
+SELECT j.id,
+       ARRAY(SELECT d.child FROM pgqueue_job_deps d WHERE d.parent = j.id
+             ORDER BY d.child LIMIT %(limit)s) AS dependents
+FROM pgqueue_jobs j
+WHERE j.id = %(id)s;
+
 -- name: job_watch
 -- One job by id, as job_get reads it, for wait(): unless it has ended, its
 -- waiter is registered (until `seconds` from now), so that the statement
@@ -1435,6 +1445,45 @@ SELECT j.* FROM pgqueue_workflows w
 JOIN pgqueue_jobs j ON j.id BETWEEN w.first_job AND w.last_job AND j.workflow_id = w.id
 WHERE w.id = %(workflow_id)s::uuid
 ORDER BY j.id;
+
+-- name: workflow_list
+-- Workflows newest first, a page at a time after a keyset cursor (the
+-- first_job of the last one seen), each with how many of its jobs are in
+-- each state. A walk down pgqueue_workflows_first_job (migration 0029) that
+-- stops after `limit` matches; each workflow's jobs are read once, as a
+-- range of the jobs' primary key (0014), never a scan of the table. `state`
+-- keeps the workflows that have a job not ended (running), none (finished),
+-- only succeeded jobs (succeeded), a dead job (dead) or a cancelled one
+-- (cancelled): each page reads the workflows it skips, as job_list does
+-- the jobs. created_at: when its first job still kept was enqueued.
+SELECT w.id AS workflow_id, w.first_job, c.*
+FROM pgqueue_workflows w
+CROSS JOIN LATERAL (
+    SELECT count(*) AS jobs,
+           count(*) FILTER (WHERE j.state = 'waiting') AS waiting,
+           count(*) FILTER (WHERE j.state = 'queued') AS queued,
+           count(*) FILTER (WHERE j.state = 'running') AS running,
+           count(*) FILTER (WHERE j.state = 'succeeded') AS succeeded,
+           count(*) FILTER (WHERE j.state = 'dead') AS dead,
+           count(*) FILTER (WHERE j.state = 'cancelled') AS cancelled,
+           min(j.enqueued_at) AS created_at,
+           max(j.finished_at) AS last_finished_at,
+           (array_agg(j.task ORDER BY j.id))[1] AS first_task
+    FROM pgqueue_jobs j
+    WHERE j.id BETWEEN w.first_job AND w.last_job AND j.workflow_id = w.id
+) c
+WHERE (%(before)s::bigint IS NULL OR w.first_job < %(before)s::bigint)
+  AND c.jobs > 0
+  AND CASE %(state)s::text
+        WHEN 'running' THEN c.waiting + c.queued + c.running > 0
+        WHEN 'finished' THEN c.waiting + c.queued + c.running = 0
+        WHEN 'succeeded' THEN c.succeeded = c.jobs
+        WHEN 'dead' THEN c.dead > 0
+        WHEN 'cancelled' THEN c.cancelled > 0
+        ELSE true
+      END
+ORDER BY w.first_job DESC
+LIMIT %(limit)s;
 
 -- name: workflow_cancel
 -- Cancel every job of a workflow that has not ended, as job_cancel does
