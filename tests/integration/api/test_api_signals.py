@@ -95,13 +95,13 @@ async def test_unknown_and_finished_jobs_are_refused(
     assert stored(sql) == []
 
 
-@pytest.mark.parametrize("name", ["", "no%20spaces", "x" * 201, "-lead", "%C3%A9", "a%00b"])
 async def test_bad_names_are_422_naming_the_field(
-    api: httpx.AsyncClient, aqueue: AsyncQueue, sql: psycopg.Connection[Any], name: str
+    api: httpx.AsyncClient, aqueue: AsyncQueue, sql: psycopg.Connection[Any]
 ) -> None:
     job = await aqueue.enqueue("t")
-    response = await api.post(f"/jobs/{job.id}/signals/{name}", json=1)
-    assert error_of(response, 422)["field"] == "name"
+    for name in ["", "no%20spaces", "x" * 201, "-lead", "%C3%A9", "a%00b"]:
+        response = await api.post(f"/jobs/{job.id}/signals/{name}", json=1)
+        assert error_of(response, 422)["field"] == "name", name
     assert stored(sql) == []
 
 
