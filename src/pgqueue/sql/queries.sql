@@ -489,8 +489,11 @@ RETURNING id;
 -- though the queue's counters count it as snoozed. Returns the wake time
 -- and whether the job went to sleep; no row for a stale attempt.
 WITH job AS (
-    SELECT j.id FROM pgqueue_jobs j
-    WHERE j.id = %(id)s AND j.lease_token = %(token)s AND j.state = 'running'
+    -- Reached by primary key whatever the statistics say (job_heartbeat):
+    -- the state, hidden from the planner, cannot pick the partial index
+    -- of running jobs.
+    SELECT j.id FROM pgqueue_jobs j, (SELECT 'running'::text OFFSET 0) AS expected(state)
+    WHERE j.id = %(id)s AND j.lease_token = %(token)s AND j.state = expected.state
     FOR NO KEY UPDATE OF j
 ), stored AS (
     INSERT INTO pgqueue_job_steps (job_id, name, result)
@@ -525,9 +528,10 @@ SELECT w.at AS wake_at, (SELECT count(*) FROM slept) > 0 AS asleep FROM wake w;
 -- the transaction (job.wait_for_signal(): the wait's job_signal_wait
 -- follows, and a signal sent meanwhile waits for both; see job_signal).
 -- Returns the id, or nothing for a stale attempt.
-SELECT id FROM pgqueue_jobs
-WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running'
-FOR NO KEY UPDATE;
+-- Reached by primary key whatever the statistics say (job_sleep).
+SELECT j.id FROM pgqueue_jobs j, (SELECT 'running'::text OFFSET 0) AS expected(state)
+WHERE j.id = %(id)s AND j.lease_token = %(token)s AND j.state = expected.state
+FOR NO KEY UPDATE OF j;
 
 -- name: job_signal_wait
 -- A handler's wait for the signal `signal` (job.wait_for_signal()), after
@@ -573,8 +577,8 @@ WITH prior AS (
     UPDATE pgqueue_jobs j
     SET state = 'queued', attempts = j.attempts - 1,
         run_at = (d.result ->> 'deadline')::timestamptz, lease_expires_at = NULL
-    FROM decided d
-    WHERE j.id = %(id)s AND j.lease_token = %(token)s AND j.state = 'running'
+    FROM decided d, (SELECT 'running'::text OFFSET 0) AS expected(state)
+    WHERE j.id = %(id)s AND j.lease_token = %(token)s AND j.state = expected.state
       AND NOT d.result ? 'outcome'
     RETURNING j.queue
 ), counted AS (
