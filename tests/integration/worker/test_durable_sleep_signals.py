@@ -9,7 +9,9 @@ refused and writes nothing."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,7 +32,9 @@ from pgqueue import (
     StaleAttempt,
     chain,
 )
-from pgqueue.core.sleeps import MAX_SIGNAL_NAME
+from pgqueue.core.outcomes import attempt_token
+from pgqueue.core.sleeps import MAX_SIGNAL_NAME, wait_for_signal
+from pgqueue.sql import QUERIES
 from pgqueue.worker import AsyncWorker
 from tests.support import running, take_over, until
 
@@ -55,6 +59,12 @@ def snoozed(sql: psycopg.Connection[Any]) -> int:
     row = sql.execute("SELECT coalesce(sum(snoozed), 0) FROM pgqueue_counters").fetchone()
     assert row is not None
     return int(row[0])
+
+
+def db_now(sql: psycopg.Connection[Any]) -> datetime:
+    row = sql.execute("SELECT now()").fetchone()
+    assert row is not None
+    return row[0]  # type: ignore[no-any-return]
 
 
 def asleep_waiting(sql: psycopg.Connection[Any], job_id: int, signal: str) -> bool:
@@ -210,7 +220,7 @@ async def test_a_signal_wakes_a_waiting_job_at_once(
         asleep = queue.get(job.id)
         assert (asleep.state, asleep.attempts) == (JobState.QUEUED, 0)
         woken = await aqueue.signal(job.id, "go", [1, 2])
-        assert woken.run_at <= datetime.now(UTC)  # due now, not in an hour
+        assert woken.run_at <= db_now(sql)  # due now, not in an hour
         # (An hour's timeout: only the wake can end this wait in time.)
         done = await aqueue.wait(job.id, 30)
     assert (done.state, done.result, done.attempts) == (JobState.SUCCEEDED, [1, 2], 1)
@@ -281,6 +291,63 @@ async def test_a_workflows_next_step_runs_after_the_signalled_step(
     assert done.result == {"shipped": {"by": "ops"}}
     assert done.started_at is not None and approved.finished_at is not None
     assert done.started_at >= approved.finished_at
+
+
+def _blocked(sql: psycopg.Connection[Any]) -> bool:
+    row = sql.execute("SELECT count(*) FROM pg_locks WHERE NOT granted").fetchone()
+    return bool(row and row[0])
+
+
+def _until_blocked(sql: psycopg.Connection[Any]) -> None:
+    deadline = time.monotonic() + 10
+    while not _blocked(sql):
+        assert time.monotonic() < deadline, "the other side never waited for the lock"
+        time.sleep(0.01)
+
+
+def test_a_signal_sent_as_the_wait_decides_is_taken_by_it(
+    settings: Settings, queue: Queue, sql: psycopg.Connection[Any]
+) -> None:
+    """A signal whose transaction holds the job's row when the wait starts:
+    the wait waits for it, then takes the signal instead of sleeping."""
+    queue.enqueue("w")
+    [job] = queue.claim(1)
+    connections = _connections(settings)
+    flow = wait_for_signal(job.id, attempt_token(job), "pgqueue:wait:go:1", "go", LONG)
+    with psycopg.connect(settings.database_url) as sender:
+        sender.execute(QUERIES["job_signal_lock"], {"id": job.id})
+        sender.execute(QUERIES["job_signal"], {"id": job.id, "name": "go", "payload": '"late"'})
+        with ThreadPoolExecutor(1) as pool:
+            waited = pool.submit(connections.run_in_transaction, flow)
+            _until_blocked(sql)
+            sender.commit()
+            result, asleep = waited.result(10)
+    assert (result["outcome"], result["payload"], asleep) == ("received", "late", False)
+    assert queue.get(job.id).state is JobState.RUNNING
+    assert signals(sql, job.id) == []
+
+
+def test_a_signal_sent_as_the_job_goes_to_sleep_wakes_it(
+    settings: Settings, queue: Queue, sql: psycopg.Connection[Any]
+) -> None:
+    """A wait whose transaction holds the job's row (no signal found, the
+    job asleep) when the signal comes: the signal waits for it, then finds
+    the job asleep waiting for it and wakes it."""
+    queue.enqueue("w")
+    [job] = queue.claim(1)
+    params = {"id": job.id, "token": attempt_token(job)}
+    with psycopg.connect(settings.database_url) as waiter:
+        assert waiter.execute(QUERIES["job_lock_running"], params).fetchone()
+        wait = {**params, "name": "pgqueue:wait:go:1", "signal": "go", "timeout": LONG}
+        assert waiter.execute(QUERIES["job_signal_wait"], wait).fetchone()[1] is True  # type: ignore[index]
+        with ThreadPoolExecutor(1) as pool:
+            sent = pool.submit(queue.signal, job.id, "go", "now")
+            _until_blocked(sql)
+            waiter.commit()
+            woken = sent.result(10)
+    assert woken.state is JobState.QUEUED
+    assert woken.run_at <= db_now(sql)  # due now, not in an hour
+    assert signals(sql, job.id) == [("go", "now")]
 
 
 # -- bad input ---------------------------------------------------------------------------
