@@ -227,28 +227,32 @@ async def test_a_signal_wakes_a_waiting_job_at_once(
     assert calls["before"] == 1
 
 
-async def test_a_wait_past_its_deadline_raises_signal_timeout(
-    settings: Settings, aqueue: AsyncQueue, sql: psycopg.Connection[Any]
+async def test_a_wait_past_its_deadline_raises_signal_timeout_on_every_run(
+    settings: Settings, queue: Queue, aqueue: AsyncQueue, sql: psycopg.Connection[Any]
 ) -> None:
+    """The deadline is fixed by the wait's first call: the run that wakes
+    at it raises SignalTimeout, and so does the run after an operator's
+    retry, at once, with the same deadline."""
+    deadlines: list[datetime] = []
+
     def handler(job: Job) -> Any:
         try:
-            job.wait_for_signal("never", 0.2)
+            return job.wait_for_signal("never", 0.2)
         except SignalTimeout as exc:
-            return {"name": exc.name, "deadline": exc.deadline.isoformat()}
-        return "signalled"
+            deadlines.append(exc.deadline)
+            raise
 
-    job = await aqueue.enqueue("w")
+    job = await aqueue.enqueue("w", max_attempts=1)
     async with running(AsyncWorker({"w": handler}, settings=settings)):
-        done = await aqueue.wait(job.id, 30)
-    assert done.state is JobState.SUCCEEDED
+        dead = await aqueue.wait(job.id, 30)
+        assert (dead.state, dead.attempts) == (JobState.DEAD, 1)
+        await aqueue.retry(job.id)
+        again = await aqueue.wait(job.id, 30)
+    assert again.state is JobState.DEAD
+    assert all("SignalTimeout" in e.error and "'never'" in e.error for e in again.errors)
     stored = steps(sql, job.id)["pgqueue:wait:never:1"]
     assert stored["outcome"] == "timed_out"
-    # The deadline fixed by the first call is the one the timeout reports.
-    assert done.result == {
-        "name": "never",
-        "deadline": datetime.fromisoformat(stored["deadline"]).isoformat(),
-    }
-    assert done.attempts == 1
+    assert deadlines == [datetime.fromisoformat(stored["deadline"])] * 2
 
 
 async def test_two_waits_for_one_name_need_two_signals(
