@@ -400,11 +400,27 @@ async def test_bad_sleeps_and_waits_are_refused_in_the_handler(
             except InvalidJob as exc:
                 refusals.append(exc.field)
 
+    blocking: list[str] = []
+
+    async def blocking_in_async(job: Job) -> None:
+        for call in (lambda: job.sleep(1), lambda: job.wait_for_signal("go", 1)):
+            try:
+                call()
+            except TypeError as exc:  # it would block the worker's loop
+                blocking.append(str(exc))
+
     job = await aqueue.enqueue("b")
-    async with running(AsyncWorker({"b": handler}, settings=settings)):
+    other = await aqueue.enqueue("a")
+    handlers = {"b": handler, "a": blocking_in_async}
+    async with running(AsyncWorker(handlers, settings=settings)):
         assert (await aqueue.wait(job.id, 30)).state is JobState.SUCCEEDED
+        assert (await aqueue.wait(other.id, 30)).state is JobState.SUCCEEDED
     assert refusals == ["seconds", "seconds", "when", "name", "timeout", "step"]
-    assert steps(sql, job.id) == {}
+    assert [text.split(" in an async handler: use ")[1][:30] for text in blocking] == [
+        "`await job.sleep_async(...)` (",
+        "`await job.wait_for_signal_asy",
+    ]
+    assert steps(sql, job.id) == {} and steps(sql, other.id) == {}
     read_back = await aqueue.get(job.id)
     with pytest.raises(NotInHandler):
         read_back.sleep(1)
