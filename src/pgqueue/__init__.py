@@ -5,6 +5,7 @@ Layout (one guess finds each part; docs/architecture.md has the whole plan):
     sql/queries.sql     every statement, named; migrations/*.sql, the schema
     core/               no I/O: transitions.py (the state machine: claim, finish,
                         reap...), reads.py, outcomes.py (Outcome, Snooze, CancelJob),
+                        steps.py and sleeps.py (durable steps, sleeps, signals),
                         enqueue.py, job_spec.py (the one shape of a new job), jobs.py
                         (Job, JobState), rules.py and json_text.py, schedules.py,
                         workflows.py, bulk.py, queue_controls.py, settings.py, errors.py
@@ -28,6 +29,8 @@ A job's life (see docs/architecture.md):
     running --fail or lease expired, attempts left--> queued (after backoff)
     running --fail or lease expired, no attempts left--> dead
     running --the handler raised Snooze--> queued (after its delay; the attempt given back)
+    running --job.sleep(), job.wait_for_signal()--> queued (until its wake time, or
+        the signal; the attempt given back: docs/howto/durable-sleep-and-signals.md)
     running --the handler raised CancelJob--> cancelled
     queued, running --cancel--> cancelled;  dead, cancelled --retry--> queued
     waiting (for the jobs it depends on) --the last one ended--> queued (docs/workflows.md)
@@ -59,6 +62,7 @@ from .core.errors import (
     ScheduleConflict,
     ScheduleNotFound,
     SchemaNotMigrated,
+    SignalTimeout,
     StaleAttempt,
     WaitTimeout,
     WorkerFailed,
@@ -109,6 +113,7 @@ __all__ = [
     "ScheduleRecord",
     "SchemaNotMigrated",
     "Settings",
+    "SignalTimeout",
     "Snooze",
     "StaleAttempt",
     "WaitTimeout",

@@ -9,6 +9,9 @@ operators read one, list them, cancel and retry.
     GET  /jobs                 jobs newest first, filtered, a page at a time
     POST /jobs/{id}/cancel     cancel a queued or running job
     POST /jobs/{id}/retry      retry a dead or cancelled job
+    POST /jobs/{id}/signals/{name}
+                               send a signal (the body: its payload) to a
+                               job's job.wait_for_signal()
 
 The batch's size limit is a setting, so its route is made per app
 (``batch_router``); the others are ``router``'s.
@@ -27,6 +30,7 @@ from ..core import reads
 from ..core.dependencies import MAX_DEPENDENTS
 from ..core.jobs import JobState
 from ..core.redaction import Redaction
+from ..core.sleeps import MAX_SIGNAL_NAME, SIGNAL_NAME
 from ..queue import AsyncQueue
 from .access import shown_to
 from .http_errors import documented_errors
@@ -56,6 +60,17 @@ class _JobIdSegment(StringConvertor):
 
 
 register_url_convertor("pgqueue_job_id", _JobIdSegment())
+
+
+class _SignalNameSegment(StringConvertor):
+    """Any path segment, the empty one too: a signal's name is judged by
+    its rule (core/sleeps.py), so that an empty or bad name is a 422 naming
+    ``name``, not a 404 for a route that does not exist."""
+
+    regex = r"[^/]*"
+
+
+register_url_convertor("pgqueue_signal_name", _SignalNameSegment())
 
 JobId = Annotated[int, Path(ge=1, le=MAX_JOB_ID, description="A job id.")]
 
@@ -274,3 +289,30 @@ async def cancel_job(job_id: JobId, request: Request) -> JobOut:
 )
 async def retry_job(job_id: JobId, request: Request) -> JobOut:
     return JobOut.of(await _queue(request).retry(job_id), _redaction(request))
+
+
+@router.post(
+    "/jobs/{job_id:pgqueue_job_id}/signals/{name:pgqueue_signal_name}",
+    response_model=JobOut,
+    responses=documented_errors(403, 404, 409),
+    summary="Send a signal to a job",
+    description="The JSON body (any JSON; none: null) is the signal's payload, which a "
+    "handler's job.wait_for_signal(name, ...) receives; each signal is consumed once. "
+    "A job asleep waiting for it runs at once. Returns the job as it is then. 422 for a "
+    "bad name or payload, 409 if the job already finished (nothing is stored).",
+)
+async def signal_job(
+    job_id: JobId,
+    name: Annotated[
+        str,
+        Path(
+            description=f"The signal's name: 1 to {MAX_SIGNAL_NAME} letters, digits and "
+            "_ . : - (not starting with . : -).",
+            json_schema_extra={"pattern": f"^{SIGNAL_NAME.pattern}$"},
+        ),
+    ],
+    request: Request,
+    payload: Annotated[Any, Body(description="The signal's payload: any JSON.")] = None,
+) -> JobOut:
+    job = await _queue(request).signal(job_id, name, payload)
+    return JobOut.of(job, _redaction(request))

@@ -1,5 +1,5 @@
 """Single jobs: ``jobs list``, ``jobs show``, ``jobs watch``, ``jobs cancel``,
-``jobs retry``."""
+``jobs retry``, ``jobs signal``."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from ..core.reads import LIST_VIEWS, MAX_ERROR_SEARCH
 from ..queue import Queue
 from . import output
 from .app import jobs_app, state_of, wants_json
-from .options import JsonFlag
+from .options import JsonFlag, read_json
 
 __all__: list[str] = []
 
@@ -236,6 +236,33 @@ def jobs_cancel(ctx: typer.Context, job_id: JobIdArgument, json_out: JsonFlag = 
         json_out,
         lambda q: q.cancel(job_id),
         lambda out, job: out.print(f"cancelled job [bold]{job.id}[/] ({escape(job.task)})"),
+    )
+
+
+@jobs_app.command("signal")
+def jobs_signal(
+    ctx: typer.Context,
+    job_id: JobIdArgument,
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The signal's name.")],
+    payload: Annotated[
+        str, typer.Option(help="The signal's payload: any JSON (default: null).")
+    ] = "null",
+    json_out: JsonFlag = False,
+) -> None:
+    """Send a signal to a job, for its handler's job.wait_for_signal(NAME): consumed once;
+    a job asleep waiting for it runs now."""
+    try:
+        body = read_json(payload)
+    except ValueError as exc:
+        raise typer.BadParameter(f"not valid JSON: {exc}", param_hint="'--payload'") from None
+    _on_one_job(
+        ctx,
+        json_out,
+        lambda q: q.signal(job_id, name, body),
+        lambda out, job: out.print(
+            f"sent signal {escape(name)} to job [bold]{job.id}[/] ({escape(job.task)}, "
+            f"{output.state_text(job.state)})"
+        ),
     )
 
 

@@ -4,10 +4,11 @@ times, repeated lists."""
 from __future__ import annotations
 
 import enum
+import json
 import re
 from collections.abc import Callable
 from datetime import datetime
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 
@@ -17,6 +18,7 @@ __all__ = [
     "option",
     "parse_duration",
     "parse_time",
+    "read_json",
     "redact",
     "split",
 ]
@@ -85,3 +87,17 @@ def split(values: list[str] | None) -> list[str] | None:
 def redact(url: str) -> str:
     """A URL without its password, for banners."""
     return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)
+
+
+def read_json(text: str) -> Any:
+    """json.loads, with what it cannot read at all (nested about a thousand
+    levels, past Python's recursion limit; an integer of more than 4,300
+    digits) as a ValueError saying so, not a traceback."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply to read") from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError as exc:  # int() refused the digits
+        raise ValueError(f"a number too long to read ({exc})") from None

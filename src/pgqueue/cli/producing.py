@@ -25,7 +25,7 @@ from ..db.driver import DRIVER_ERRORS
 from ..queue import Queue
 from . import output
 from .app import State, app, describe, state_of, wants_json
-from .options import JsonFlag, option, parse_duration, parse_time
+from .options import JsonFlag, option, parse_duration, parse_time, read_json
 
 __all__ = ["parse_line"]
 
@@ -79,7 +79,7 @@ def enqueue_cmd(
     """Add one job."""
     state = state_of(ctx)
     try:
-        body = _read_json(payload)
+        body = read_json(payload)
     except ValueError as exc:
         raise typer.BadParameter(f"not valid JSON: {exc}", param_hint="'--payload'") from None
     if not isinstance(body, dict):
@@ -127,24 +127,10 @@ class _Rejected(Exception):
     pass
 
 
-def _read_json(text: str) -> Any:
-    """json.loads, with what it cannot read at all (nested about a thousand
-    levels, past Python's recursion limit; an integer of more than 4,300
-    digits) as a ValueError saying so, not a traceback."""
-    try:
-        return json.loads(text)
-    except RecursionError:
-        raise ValueError("nested too deeply to read") from None
-    except json.JSONDecodeError:
-        raise
-    except ValueError as exc:  # int() refused the digits
-        raise ValueError(f"a number too long to read ({exc})") from None
-
-
 def parse_line(text: str, settings: Settings) -> JobSpec:
     """One line of a jobs file as a validated job, or _Rejected saying why."""
     try:
-        value = _read_json(text)
+        value = read_json(text)
     except json.JSONDecodeError as exc:
         raise _Rejected(f"not valid JSON: {exc.msg} (column {exc.colno})") from None
     except ValueError as exc:

@@ -11,12 +11,13 @@ PgQueueError
 │                         apply to it (one declared in code); nothing was written
 ├── WorkflowNotFound      no job has that workflow id
 ├── JobStateConflict      the transition does not apply to the job's state
-│   ├── JobAlreadyFinished   cancel of a succeeded, dead or cancelled job
+│   ├── JobAlreadyFinished   cancel of (or a signal to) a succeeded, dead or cancelled job
 │   ├── JobNotRetryable      retry of a job that is not dead or cancelled
 │   └── JobKeyHeld           retry of a job whose key another job holds now
 ├── KeyTaken              (internal) a statement met a key taken at the same
 │                         moment; the flows that can meet it try again
 ├── WaitTimeout           wait() gave up before the job finished
+├── SignalTimeout         job.wait_for_signal(): its deadline passed before the signal came
 ├── DatabaseUnavailable   the database did not answer in time; nothing was written
 │   ├── DatabaseReadOnly        it answers but refuses writes; nothing was written
 │   └── OutcomeUnknown          a write went out and its answer never came back
@@ -30,6 +31,7 @@ PgQueueError
 
 from __future__ import annotations
 
+from datetime import datetime
 from uuid import UUID
 
 __all__ = [
@@ -53,6 +55,7 @@ __all__ = [
     "ScheduleConflict",
     "ScheduleNotFound",
     "SchemaNotMigrated",
+    "SignalTimeout",
     "StaleAttempt",
     "WaitTimeout",
     "WorkerFailed",
@@ -148,7 +151,8 @@ class JobStateConflict(PgQueueError):
 
 
 class JobAlreadyFinished(JobStateConflict):
-    """Cancel of a job that already succeeded, died or was cancelled."""
+    """Cancel of a job that already succeeded, died or was cancelled, or a
+    signal sent to one (nothing was stored)."""
 
 
 class JobNotRetryable(JobStateConflict):
@@ -180,6 +184,23 @@ class WaitTimeout(PgQueueError, TimeoutError):
     def __init__(self, job_id: int, timeout: float) -> None:
         self.job_id = job_id
         super().__init__(f"job {job_id} did not finish within {timeout:g} s")
+
+
+class SignalTimeout(PgQueueError, TimeoutError):
+    """``job.wait_for_signal()``: the signal ``name`` did not come before
+    the wait's ``deadline`` (fixed by the wait's first call, database
+    clock). Every later attempt's same wait raises it again: the wait's
+    outcome is stored, and a signal that comes later waits for the next
+    wait of that name."""
+
+    def __init__(self, job_id: int, name: str, deadline: datetime) -> None:
+        self.job_id = job_id
+        self.name = name
+        self.deadline = deadline
+        super().__init__(
+            f"job {job_id}: no signal {name!r} came before the wait's deadline, "
+            f"{deadline.isoformat()}"
+        )
 
 
 class DatabaseUnavailable(PgQueueError, ConnectionError):

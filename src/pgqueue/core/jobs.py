@@ -11,12 +11,13 @@ import operator
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, make_dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 from uuid import UUID
 
 from .errors import InvalidJob, NotInHandler
 from .json_text import MAX_JSON_BYTES, MAX_JSON_DEPTH, dump_json
+from .sleeps import checked_signal_name, checked_sleep, checked_wait_timeout
 from .steps import checked_step_name, checkpoint_json, step_result_json
 
 __all__ = [
@@ -169,6 +170,20 @@ class AttemptHandle(Protocol):
 
     async def store_checkpoint_async(self, value_json: str) -> None: ...
 
+    # Durable sleeps and waits (core/sleeps.py): return once ended, or put
+    # the job to sleep and raise Asleep.
+    def sleep(self, seconds: float | None, until: datetime | None) -> None: ...
+
+    async def sleep_async(self, seconds: float | None, until: datetime | None) -> None: ...
+
+    def wait_for_signal(self, name: str, timeout: float) -> Any: ...
+
+    async def wait_for_signal_async(
+        self,
+        name: str,
+        timeout: float,  # noqa: ASYNC109
+    ) -> Any: ...
+
 
 @dataclass(frozen=True, slots=True)
 class Job:
@@ -316,6 +331,68 @@ class Job:
     async def checkpoint_async(self, value: Any) -> None:
         """``checkpoint`` for an async handler."""
         await self._running("checkpoint_async").store_checkpoint_async(checkpoint_json(value))
+
+    def sleep(self, seconds: float | timedelta) -> None:
+        """Sleep ``seconds`` (0 to ten years), durably, in a sync handler:
+        the job goes back to queued until then and its worker slot is free
+        for other jobs meanwhile; then the handler runs again from the top,
+        its completed steps taken from storage, and this call returns at
+        once. The wake time is fixed by the first call (database clock)
+        and stored as a step of the job, fenced by this attempt's token.
+        The attempt is given back (a sleep is not a failed attempt), and
+        it is not one of the job's snoozes (max_snoozes does not bound
+        sleeps). Sleeps are told apart by their order in the handler, as
+        steps by their names: the n-th sleep of an attempt is the n-th of
+        the next one. To unwind the handler it raises ``Asleep``, a
+        BaseException that ``except Exception`` lets through. Raises
+        InvalidJob for a length out of range, StaleAttempt if the attempt no
+        longer holds the job, NotInHandler outside the handler running the
+        job (docs/howto/durable-sleep-and-signals.md)."""
+        checked, _ = checked_sleep(seconds, None)
+        self._running("sleep").sleep(checked, None)
+
+    async def sleep_async(self, seconds: float | timedelta) -> None:
+        """``sleep`` for an async handler."""
+        checked, _ = checked_sleep(seconds, None)
+        await self._running("sleep_async").sleep_async(checked, None)
+
+    def sleep_until(self, when: datetime) -> None:
+        """``sleep`` until ``when`` (a datetime with a zone; in the past: return at once)."""
+        _, until = checked_sleep(None, when)
+        self._running("sleep_until").sleep(None, until)
+
+    async def sleep_until_async(self, when: datetime) -> None:
+        """``sleep_until`` for an async handler."""
+        _, until = checked_sleep(None, when)
+        await self._running("sleep_until_async").sleep_async(None, until)
+
+    def wait_for_signal(self, name: str, timeout: float | timedelta) -> Any:
+        """Wait, durably, for the signal ``name`` sent to this job
+        (``Queue.signal``, ``POST /jobs/{id}/signals/{name}``, ``pgqueue
+        jobs signal``), in a sync handler, and return its payload. A signal
+        already sent and not consumed is consumed now (the oldest first;
+        each signal by one wait only). Otherwise the job sleeps (as
+        ``sleep`` does) until a signal of that name wakes it, or until
+        ``timeout`` seconds after the wait's first call (database clock; a
+        later attempt does not move it): then SignalTimeout. The wait's
+        outcome (the payload, or the timeout) is stored as a step of the
+        job, so a later attempt gets it back without waiting again, and
+        two waits for one name take two signals. Raises InvalidJob for a
+        bad name or timeout, StaleAttempt and NotInHandler as ``sleep``."""
+        name = checked_signal_name(name)
+        seconds = checked_wait_timeout(timeout)
+        return self._running("wait_for_signal").wait_for_signal(name, seconds)
+
+    async def wait_for_signal_async(
+        self,
+        name: str,
+        timeout: float | timedelta,  # noqa: ASYNC109
+    ) -> Any:
+        """``wait_for_signal`` for an async handler."""
+        name = checked_signal_name(name)
+        seconds = checked_wait_timeout(timeout)
+        attempt = self._running("wait_for_signal_async")
+        return await attempt.wait_for_signal_async(name, seconds)
 
     @property
     def cancelled(self) -> bool:

@@ -23,6 +23,7 @@ __all__ = [
     "MAX_STEP_NAME",
     "MAX_STEP_RESULT_BYTES",
     "NOTHING_STORED",
+    "PGQUEUE_STEP_PREFIX",
     "checked_step_name",
     "checkpoint_json",
     "recall_steps",
@@ -38,6 +39,9 @@ MAX_STEP_RESULT_BYTES = 1024 * 1024
 # A checkpoint sits on the job's row, which every claim and read of the job
 # returns: a cursor (an offset, a key, a page token), not a data set.
 MAX_CHECKPOINT_BYTES = 64 * 1024
+# The steps of this prefix are pgqueue's own (a durable sleep or wait:
+# core/sleeps.py); a handler's steps may not take it.
+PGQUEUE_STEP_PREFIX = "pgqueue:"
 # What came of a step or checkpoint of a stale attempt (StaleAttempt's message).
 NOTHING_STORED = "nothing was stored"
 
@@ -49,6 +53,12 @@ def checked_step_name(name: Any) -> str:
         raise InvalidJob(
             "step",
             f"a step's name is text of 1 to {MAX_STEP_NAME} printable characters, got {name!r}",
+        )
+    if name.startswith(PGQUEUE_STEP_PREFIX):
+        raise InvalidJob(
+            "step",
+            f"{name!r}: step names starting with {PGQUEUE_STEP_PREFIX!r} are pgqueue's own "
+            "(its durable sleeps and waits)",
         )
     return name
 

@@ -1,7 +1,8 @@
 """The connections of handlers' transactions (``job.transaction()``): a
 handler's writes and its job's completion, committed together; and of their
-durable steps and checkpoints (``job.step()``, ``job.checkpoint()``), each
-statement committed on its own.
+durable steps, checkpoints and sleeps (``job.step()``, ``job.checkpoint()``,
+``job.sleep()``), each statement committed on its own, and waits for a
+signal (``job.wait_for_signal()``), each a transaction of its own.
 
 A worker keeps two small lists of idle connections, sync ones for the
 handlers that run on its threads and async ones for those on its loop,
@@ -83,6 +84,17 @@ class HandlerConnections:
     async def run_async(self, flow: Flow[T]) -> T:
         """``run`` for an async handler."""
         async with self._connection_async() as conn:
+            return await self._drive_async(conn, flow)
+
+    def run_in_transaction(self, flow: Flow[T]) -> T:
+        """Drive ``flow`` on a sync connection in one transaction (a
+        handler's wait for a signal: it locks its job's row first)."""
+        with self._connection() as conn, conn.transaction():
+            return self._drive(conn, flow)
+
+    async def run_in_transaction_async(self, flow: Flow[T]) -> T:
+        """``run_in_transaction`` for an async handler."""
+        async with self._connection_async() as conn, conn.transaction():
             return await self._drive_async(conn, flow)
 
     def _drive(self, conn: psycopg.Connection[Any], flow: Flow[T]) -> T:

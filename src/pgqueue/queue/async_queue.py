@@ -264,6 +264,16 @@ class AsyncQueue(Common):
     async def retry(self, job_id: int) -> Job:
         return await self.run(t.retry(job_id))
 
+    async def signal(self, job_id: int, name: str, payload: Any = None) -> Job:
+        """Send the signal ``name`` (letters, digits, ``_ . : -``; at most
+        200) to a job, with ``payload`` (any JSON, checked as a job's
+        payload is): a handler's ``job.wait_for_signal(name, ...)`` consumes
+        it, once. A job asleep waiting for it is woken now. Returns the job
+        as it is then. Raises InvalidJob for a bad name or payload,
+        JobNotFound, or JobAlreadyFinished for a job that succeeded, died
+        or was cancelled; nothing is stored then."""
+        return await self.run(self._signal(job_id, name, payload), transaction=True)
+
     async def retry_dead(self, queue: str | None = None) -> int:
         return await self.run(retry_dead(queue))
 

@@ -246,6 +246,16 @@ class Queue(Common):
     def retry(self, job_id: int) -> Job:
         return self.run(t.retry(job_id))
 
+    def signal(self, job_id: int, name: str, payload: Any = None) -> Job:
+        """Send the signal ``name`` (letters, digits, ``_ . : -``; at most
+        200) to a job, with ``payload`` (any JSON, checked as a job's
+        payload is): a handler's ``job.wait_for_signal(name, ...)`` consumes
+        it, once. A job asleep waiting for it is woken now. Returns the job
+        as it is then. Raises InvalidJob for a bad name or payload,
+        JobNotFound, or JobAlreadyFinished for a job that succeeded, died
+        or was cancelled; nothing is stored then."""
+        return self.run(self._signal(job_id, name, payload), transaction=True)
+
     def retry_dead(self, queue: str | None = None) -> int:
         return self.run(retry_dead(queue))
 

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from .. import tracing
-from ..core import runtime_schedules
+from ..core import runtime_schedules, sleeps
 from ..core import transitions as t
 from ..core.bulk import BulkAction, JobFilter, bulk
 from ..core.errors import InvalidSchedule
@@ -16,6 +16,7 @@ from ..core.every_queue import EveryQueue
 from ..core.flows import Flow
 from ..core.job_spec import JobSpec, build_specs
 from ..core.jobs import Job
+from ..core.reads import checked_job_id
 from ..core.schedules import Schedule, ScheduleRecord
 from ..core.settings import Settings
 from ..db.retrying import Retrying
@@ -57,6 +58,15 @@ class Common:
         if queues is None:
             return self._every_queue.claim(self.settings, limit=limit, worker=worker)
         return t.claim(self.settings, limit=limit, worker=worker, queues=queues)
+
+    @staticmethod
+    def _signal(job_id: int, name: str, payload: Any) -> Flow[Job]:
+        """The flow of a signal, its input checked now (before any connection)."""
+        return sleeps.send_signal(
+            checked_job_id(job_id),
+            sleeps.checked_signal_name(name),
+            sleeps.signal_payload_json(payload),
+        )
 
     @staticmethod
     def _bulk(

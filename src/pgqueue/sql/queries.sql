@@ -498,6 +498,148 @@ FROM unnest(%(ids)s::bigint[], %(payloads)s::jsonb[]) AS v(id, payload)
 WHERE j.id = v.id AND j.payload ->> 'key' IS DISTINCT FROM %(primary)s
 RETURNING j.id;
 
+-- name: job_sleep
+-- A handler's durable sleep (job.sleep(), job.sleep_until()), fenced by
+-- the attempt's token (FOR NO KEY UPDATE: a claim or cancel in flight waits
+-- for it, as for job_step_record). The first call stores the wake time
+-- (`until`, or now() + `seconds`: the database clock) as the job's step
+-- `name`; a later attempt's call finds it and keeps it. While the wake time
+-- is ahead, the job goes back to queued until then, in this same
+-- statement: the attempt given back (as a snooze gives it back), the lease
+-- ended; not one of the job's snoozes (max_snoozes does not bound sleeps),
+-- though the queue's counters count it as snoozed. Returns the wake time
+-- and whether the job went to sleep; no row for a stale attempt.
+WITH job AS (
+    -- Reached by primary key whatever the statistics say (job_heartbeat):
+    -- the state, hidden from the planner, cannot pick the partial index
+    -- of running jobs.
+    SELECT j.id FROM pgqueue_jobs j, (SELECT 'running'::text OFFSET 0) AS expected(state)
+    WHERE j.id = %(id)s AND j.lease_token = %(token)s AND j.state = expected.state
+    FOR NO KEY UPDATE OF j
+), stored AS (
+    INSERT INTO pgqueue_job_steps (job_id, name, result)
+    SELECT id, %(name)s, jsonb_build_object('wake_at', coalesce(
+        %(until)s::timestamptz, now() + make_interval(secs => %(seconds)s::double precision)))
+    FROM job
+    ON CONFLICT (job_id, name) DO NOTHING
+    RETURNING result
+), wake AS (
+    -- The wake time stored now, or by an earlier attempt (this statement's
+    -- snapshot sees that row; the insert above then did nothing).
+    SELECT (coalesce((SELECT result FROM stored),
+                     (SELECT s.result FROM pgqueue_job_steps s
+                      WHERE s.job_id = %(id)s AND s.name = %(name)s)) ->> 'wake_at')::timestamptz
+           AS at
+    FROM job
+), slept AS (
+    UPDATE pgqueue_jobs j
+    SET state = 'queued', attempts = j.attempts - 1, run_at = w.at, lease_expires_at = NULL
+    FROM wake w
+    WHERE j.id = %(id)s AND w.at > now()
+    RETURNING j.queue
+), counted AS (
+    INSERT INTO pgqueue_counters AS c (queue, shard, snoozed)
+    SELECT queue, pg_backend_pid() %% 16, 1 FROM slept
+    ON CONFLICT (queue, shard) DO UPDATE SET snoozed = c.snoozed + 1
+)
+SELECT w.at AS wake_at, (SELECT count(*) FROM slept) > 0 AS asleep FROM wake w;
+
+-- name: job_lock_running
+-- Lock a running job's row, fenced by the attempt's token, for the rest of
+-- the transaction (job.wait_for_signal(): the wait's job_signal_wait
+-- follows, and a signal sent meanwhile waits for both; see job_signal).
+-- Returns the id, or nothing for a stale attempt.
+-- Reached by primary key whatever the statistics say (job_sleep).
+SELECT j.id FROM pgqueue_jobs j, (SELECT 'running'::text OFFSET 0) AS expected(state)
+WHERE j.id = %(id)s AND j.lease_token = %(token)s AND j.state = expected.state
+FOR NO KEY UPDATE OF j;
+
+-- name: job_signal_wait
+-- A handler's wait for the signal `signal` (job.wait_for_signal()), after
+-- job_lock_running in the same transaction. The wait is the job's step
+-- `name`: stored on the first call with its deadline (now() + `timeout`:
+-- the database clock, so that a later attempt does not move it), and with
+-- its outcome once decided: "received" (the oldest signal of that name
+-- not consumed, deleted here: consumed once, as its payload is stored) or
+-- "timed_out" (the deadline passed first). A decided wait stays decided for
+-- every later attempt. Undecided, the job goes back to queued until the
+-- deadline, as job_sleep puts it to sleep; job_signal wakes it sooner.
+-- Returns the wait's step result.
+WITH prior AS (
+    SELECT result FROM pgqueue_job_steps WHERE job_id = %(id)s AND name = %(name)s
+), taken AS (
+    DELETE FROM pgqueue_job_signals s
+    WHERE s.job_id = %(id)s AND s.name = %(signal)s
+      AND s.id = (SELECT min(o.id) FROM pgqueue_job_signals o
+                  WHERE o.job_id = %(id)s AND o.name = %(signal)s)
+      AND NOT EXISTS (SELECT FROM prior WHERE result ? 'outcome')
+    RETURNING s.payload
+), wait AS (
+    SELECT coalesce((SELECT result FROM prior),
+                    jsonb_build_object('signal', %(signal)s::text, 'deadline',
+                                       now() + make_interval(secs => %(timeout)s::double precision)))
+           AS result
+), decided AS (
+    SELECT CASE
+        WHEN w.result ? 'outcome' THEN w.result
+        WHEN EXISTS (SELECT FROM taken)
+            THEN w.result || jsonb_build_object('outcome', 'received',
+                                                'payload', (SELECT payload FROM taken))
+        WHEN (w.result ->> 'deadline')::timestamptz <= now()
+            THEN w.result || jsonb_build_object('outcome', 'timed_out')
+        ELSE w.result END AS result
+    FROM wait w
+), stored AS (
+    INSERT INTO pgqueue_job_steps (job_id, name, result)
+    SELECT %(id)s, %(name)s, result FROM decided
+    ON CONFLICT (job_id, name) DO UPDATE SET result = excluded.result
+    WHERE pgqueue_job_steps.result IS DISTINCT FROM excluded.result
+), slept AS (
+    UPDATE pgqueue_jobs j
+    SET state = 'queued', attempts = j.attempts - 1,
+        run_at = (d.result ->> 'deadline')::timestamptz, lease_expires_at = NULL
+    FROM decided d, (SELECT 'running'::text OFFSET 0) AS expected(state)
+    WHERE j.id = %(id)s AND j.lease_token = %(token)s AND j.state = expected.state
+      AND NOT d.result ? 'outcome'
+    RETURNING j.queue
+), counted AS (
+    INSERT INTO pgqueue_counters AS c (queue, shard, snoozed)
+    SELECT queue, pg_backend_pid() %% 16, 1 FROM slept
+    ON CONFLICT (queue, shard) DO UPDATE SET snoozed = c.snoozed + 1
+)
+SELECT d.result, (SELECT count(*) FROM slept) > 0 AS asleep FROM decided d;
+
+-- name: job_signal_lock
+-- Lock a job's row for a signal sent to it (Queue.signal()), for the rest
+-- of the transaction, and return its state (nothing: no such job). Taken
+-- before job_signal looks at the job, so that a wait deciding at the same
+-- moment (job_lock_running, then job_signal_wait) is wholly before or
+-- wholly after it: either the wait consumes the signal, or the signal
+-- finds the job asleep for it and wakes it. Never both missing each other.
+SELECT state FROM pgqueue_jobs WHERE id = %(id)s FOR NO KEY UPDATE;
+
+-- name: job_signal
+-- Store a signal for a job (after job_signal_lock, which found it not
+-- finished); if the job is asleep waiting for a signal of that name (an
+-- undecided wait step, job_signal_wait), it runs now: run_at now(), and
+-- its queue's workers are told. Returns whether it was woken.
+WITH sent AS (
+    INSERT INTO pgqueue_job_signals (job_id, name, payload)
+    VALUES (%(id)s, %(name)s, %(payload)s::jsonb)
+), woken AS (
+    UPDATE pgqueue_jobs j
+    SET run_at = now()
+    WHERE j.id = %(id)s AND j.state = 'queued' AND j.run_at > now()
+      AND EXISTS (
+          SELECT FROM pgqueue_job_steps s
+          WHERE s.job_id = %(id)s AND s.name LIKE 'pgqueue:wait:%%'
+            AND s.result ->> 'signal' = %(name)s AND NOT s.result ? 'outcome')
+    RETURNING j.queue
+), notified AS (
+    SELECT pg_notify('pgqueue_jobs', queue) FROM woken
+)
+SELECT (SELECT count(*) FROM woken) > 0 AS woken, (SELECT count(*) FROM notified) AS n;
+
 -- name: job_release
 -- Give back claimed jobs that never started (a stopping worker's prefetched
 -- jobs), each fenced by its token: queued again at once in their old place
@@ -736,6 +878,8 @@ WITH matching AS (
     RETURNING j.id
 ), steps_deleted AS (
     DELETE FROM pgqueue_job_steps s USING deleted d WHERE s.job_id = d.id
+), signals_deleted AS (
+    DELETE FROM pgqueue_job_signals s USING deleted d WHERE s.job_id = d.id
 ), ready AS (
     SELECT pg_notify('pgqueue_jobs', queue) FROM (SELECT DISTINCT queue FROM retried) q
 )
@@ -866,6 +1010,9 @@ RETURNING id, has_dependents, workflow_id
     -- A job's steps (job.step()) go with it: one probe of the steps'
     -- primary key per pruned job.
     DELETE FROM pgqueue_job_steps s USING pruned p WHERE s.job_id = p.id
+), signals_deleted AS (
+    -- And its signals not consumed (Queue.signal()), by the same prefix.
+    DELETE FROM pgqueue_job_signals s USING pruned p WHERE s.job_id = p.id
 ), emptied AS (
     -- This statement still sees the rows it deletes: they are left out by id.
     DELETE FROM pgqueue_workflows w

@@ -93,9 +93,13 @@ class Completer:
 
     def completed(self, held: Held, outcome: Outcome | None) -> None:
         """The handler's own transaction (job.transaction()) completed its
-        job: nothing to write; what the handler did afterwards is not
-        recorded."""
+        job, or its sleep or wait (job.sleep(), job.wait_for_signal(): stage
+        ASLEEP) put it to sleep: nothing to write; what the handler did
+        afterwards is not recorded."""
         self.held.release(held.job.id, held)
+        if held.stage is Stage.ASLEEP:
+            self._slept(held, outcome)
+            return
         self.stats["succeeded"] += 1
         if outcome is not None and not outcome.succeeded:
             self.events(
@@ -107,6 +111,22 @@ class Completer:
                 (outcome.error or "")[:500],
                 job=held.job,
             )
+        self.ended({held.job.queue})
+
+    def _slept(self, held: Held, outcome: Outcome | None) -> None:
+        self.stats["snoozed"] += 1
+        if outcome is not None and outcome.snooze_seconds is None:
+            self.events(
+                logging.WARNING,
+                "ignored",
+                "job %d: put to sleep by job.sleep() or job.wait_for_signal(); the handler "
+                "then went on and %s, which changes nothing",
+                held.job.id,
+                "returned" if outcome.succeeded else f"failed ({(outcome.error or '')[:500]})",
+                job=held.job,
+            )
+        elif self.events.enabled(logging.DEBUG):
+            self.events(logging.DEBUG, "sleep", "job %d asleep", held.job.id, job=held.job)
         self.ended({held.job.queue})
 
     def flush(self) -> None:

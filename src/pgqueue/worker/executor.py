@@ -11,7 +11,9 @@ or ``CancelJob`` (pgqueue.control) gets what it asked for: a snooze (bounded
 by the task's max_snoozes, else the setting's) or a cancel. An exception the
 task declared ``retry_without_attempt`` is a snooze after a backoff (the
 setting's, by the job's snoozes so far) within the same bound, and past it a
-failed attempt like any other.
+failed attempt like any other. A handler that ``job.sleep()`` or
+``job.wait_for_signal()`` put to sleep unwinds by ``Asleep``: its job is
+already queued again, and its outcome is not written (running.py).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from ..core.errors import PayloadNotOpened
 from ..core.jobs import Job
 from ..core.outcomes import CancelJob, Outcome, Snooze
 from ..core.sealing import Sealing, is_sealed
+from ..core.sleeps import Asleep
 from .handlers import Task
 from .isolation import HandlerProcesses, HandlerTimedOut
 from .supervision import EventLog, backoff_delay, describe
@@ -113,6 +116,11 @@ class Executor:
             return Outcome.snooze(job, request.seconds, max_snoozes=self._snoozes(spec))
         except CancelJob as request:
             return Outcome.cancel(job, request.reason)
+        except Asleep:
+            # job.sleep() or job.wait_for_signal() put the job to sleep in
+            # its own statement (its stage ASLEEP): the runner writes no
+            # outcome for it. A snooze says what happened.
+            return Outcome.snooze(job, 0.0)
         except Exception as exc:
             return self._failed(job, spec, exc)
         return Outcome.success(job, result)

@@ -1,5 +1,6 @@
 """What a handler's job reaches of its worker: ``job.transaction()``,
-``job.progress()``, ``job.step()`` and ``job.checkpoint()``.
+``job.progress()``, ``job.step()``, ``job.checkpoint()``, ``job.sleep()``
+and ``job.wait_for_signal()``.
 
 The worker sets each running job's ``attempt`` to its ``Held`` (held.py),
 whose methods come here. A transaction's block runs on a connection of the
@@ -23,16 +24,25 @@ Steps (core/steps.py): an attempt reads the steps its job's attempts
 stored at its first step (``Held.steps``), then stores each step it
 completes, and each checkpoint, in a statement of its own on a handler
 connection, fenced by the token. A job that takes no step reads nothing.
+
+Sleeps and waits (core/sleeps.py): each call is numbered within the attempt
+(``Held.sleeps``) and sends one statement (a wait: a transaction of two),
+which stores its step and may put the job to sleep. The stage is SLEEPING
+while it is out (the heartbeat leaves the job alone: the statement's reply
+decides its lease), then ASLEEP if the job went to sleep, and the handler
+unwinds by ``Asleep``; RUNNING again otherwise.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime
+from typing import Any, TypeVar
 
+from ..core import sleeps
 from ..core.errors import InvalidJob, StaleAttempt
 from ..core.flows import Flow
 from ..core.settings import Settings
@@ -44,6 +54,8 @@ from .held import Held, Stage
 from .supervision import WAIT_OUT, Backoff, EventLog
 
 __all__ = ["PROGRESS_SECONDS", "Handles", "ProgressWriter"]
+
+T = TypeVar("T")
 
 # The worker writes each running job's latest progress at most this often.
 PROGRESS_SECONDS = 1.0
@@ -100,6 +112,34 @@ class Handles:
 
     async def store_checkpoint_async(self, held: Held, value_json: str) -> None:
         await self.connections.run_async(write_checkpoint(*_fence(held), value_json))
+
+    def sleep(self, held: Held, seconds: float | None, until: datetime | None) -> None:
+        _refuse_on_a_loop("sleep")
+        flow = _sleep_flow(held, seconds, until)
+        _awake_or_asleep(held, *_sleeping(held, self.connections.run, flow))
+
+    async def sleep_async(self, held: Held, seconds: float | None, until: datetime | None) -> None:
+        flow = _sleep_flow(held, seconds, until)
+        with _staged_sleep(held):
+            wake_at, asleep = await self.connections.run_async(flow)
+        _awake_or_asleep(held, wake_at, asleep)
+
+    def wait_for_signal(self, held: Held, name: str, timeout: float) -> Any:
+        _refuse_on_a_loop("wait_for_signal")
+        flow = _wait_flow(held, name, timeout)
+        result, asleep = _sleeping(held, self.connections.run_in_transaction, flow)
+        return _waited(held, name, result, asleep)
+
+    async def wait_for_signal_async(
+        self,
+        held: Held,
+        name: str,
+        timeout: float,  # noqa: ASYNC109
+    ) -> Any:
+        flow = _wait_flow(held, name, timeout)
+        with _staged_sleep(held):
+            result, asleep = await self.connections.run_in_transaction_async(flow)
+        return _waited(held, name, result, asleep)
 
 
 @dataclass
@@ -209,6 +249,58 @@ def _fence(held: Held, what: str = NOTHING_STORED) -> tuple[int, int]:
     if held.stage is not Stage.RUNNING or held.lost or held.interrupted:
         raise StaleAttempt(held.job.id, token, what)
     return held.job.id, token
+
+
+def _numbered(held: Held, kind: str) -> int:
+    """The number of this attempt's call of ``kind`` (1, 2, ...)."""
+    if held.sleeps is None:
+        held.sleeps = {}
+    n = held.sleeps[kind] = held.sleeps.get(kind, 0) + 1
+    return n
+
+
+def _sleep_flow(
+    held: Held, seconds: float | None, until: datetime | None
+) -> Flow[tuple[datetime, bool]]:
+    name = sleeps.sleep_step_name(_numbered(held, "sleep"))
+    return sleeps.sleep(*_fence(held), name, seconds, until)
+
+
+def _wait_flow(held: Held, signal: str, timeout: float) -> Flow[tuple[Any, bool]]:
+    name = sleeps.wait_step_name(signal, _numbered(held, f"wait:{signal}"))
+    return sleeps.wait_for_signal(*_fence(held), name, signal, timeout)
+
+
+@contextlib.contextmanager
+def _staged_sleep(held: Held) -> Iterator[None]:
+    """SLEEPING while a sleep's or wait's statement is out; RUNNING again
+    if it failed (nothing was decided: the job still runs)."""
+    held.stage = Stage.SLEEPING
+    try:
+        yield
+    except BaseException:
+        if held.stage is Stage.SLEEPING:
+            held.stage = Stage.RUNNING
+        raise
+
+
+def _sleeping(held: Held, run: Callable[[Flow[T]], T], flow: Flow[T]) -> T:
+    with _staged_sleep(held):
+        return run(flow)
+
+
+def _awake_or_asleep(held: Held, wake_at: datetime, asleep: bool) -> None:
+    """The job went to sleep: ASLEEP, and the handler unwinds (Asleep);
+    else it runs on."""
+    if asleep:
+        held.stage = Stage.ASLEEP
+        raise sleeps.Asleep(held.job.id, wake_at)
+    held.stage = Stage.RUNNING
+
+
+def _waited(held: Held, signal: str, result: dict[str, Any], asleep: bool) -> Any:
+    _awake_or_asleep(held, datetime.fromisoformat(result["deadline"]), asleep)
+    return sleeps.waited(held.job.id, signal, result)
 
 
 def _found(held: Held, name: str) -> tuple[bool, Any]:

@@ -17,6 +17,10 @@ claimed jobs would otherwise wait here while another worker could run them.
         ─executor─> DONE ─completer─> WRITING ─release()
     job.transaction() (handles.py): RUNNING ─its COMMIT─> COMPLETING ─> COMPLETED
         ─the handler returns─> release() (nothing left to write)
+    job.sleep(), job.wait_for_signal() (handles.py): RUNNING ─its statement─>
+        SLEEPING ─> ASLEEP (the job queued until its wake time) ─the handler
+        unwinds─> release() (nothing left to write); or back to RUNNING (the
+        sleep had ended, the signal had come)
     call_off() (lease keeper: a lost lease, a cancel's notice): a prefetched
     job is never started; a running one is cancelled, or told (job.cancelled)
     and its result dropped; take_prefetched() (shutdown): given back.
@@ -29,6 +33,7 @@ import enum
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ..core.jobs import Job, Transaction, call_off
@@ -48,14 +53,18 @@ class Stage(enum.Enum):
     # then has completed it: no lease to keep, nothing left to write.
     COMPLETING = "completing"
     COMPLETED = "completed"
+    # Its handler's sleep or wait (job.sleep(), job.wait_for_signal()) may
+    # be putting the job to sleep, then has: no lease to keep, nothing to write.
+    SLEEPING = "sleeping"
+    ASLEEP = "asleep"
 
 
 @dataclass(slots=True, eq=False)
 class Held:
     """A job this worker holds a lease on; also, while its handler runs,
     the job's ``attempt`` (core.jobs.AttemptHandle), through which the
-    handler's job.transaction(), job.progress(), job.step() and
-    job.checkpoint() reach the worker."""
+    handler's job.transaction(), job.progress(), job.step(),
+    job.checkpoint(), job.sleep() and job.wait_for_signal() reach the worker."""
 
     job: Job
     task: asyncio.Task[None] | None = None
@@ -69,6 +78,9 @@ class Held:
     # the steps this attempt completed.
     steps: dict[str, Any] | None = None
     steps_done: set[str] | None = None
+    # The sleeps and waits this attempt made, by kind ("sleep", or the
+    # signal's name), which number them (core/sleeps.py).
+    sleeps: dict[str, int] | None = None
 
     def transaction(self, result_json: str) -> Transaction:
         assert self.handles is not None
@@ -102,9 +114,29 @@ class Held:
         assert self.handles is not None
         await self.handles.store_checkpoint_async(self, value_json)
 
+    def sleep(self, seconds: float | None, until: datetime | None) -> None:
+        assert self.handles is not None
+        self.handles.sleep(self, seconds, until)
+
+    async def sleep_async(self, seconds: float | None, until: datetime | None) -> None:
+        assert self.handles is not None
+        await self.handles.sleep_async(self, seconds, until)
+
+    def wait_for_signal(self, name: str, timeout: float) -> Any:
+        assert self.handles is not None
+        return self.handles.wait_for_signal(self, name, timeout)
+
+    async def wait_for_signal_async(
+        self,
+        name: str,
+        timeout: float,  # noqa: ASYNC109
+    ) -> Any:
+        assert self.handles is not None
+        return await self.handles.wait_for_signal_async(self, name, timeout)
+
 
 # The stages whose lease a write decides: the heartbeat leaves them alone.
-_WRITTEN = (Stage.WRITING, Stage.COMPLETING, Stage.COMPLETED)
+_WRITTEN = (Stage.WRITING, Stage.COMPLETING, Stage.COMPLETED, Stage.SLEEPING, Stage.ASLEEP)
 
 
 class HeldJobs:

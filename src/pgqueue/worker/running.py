@@ -9,7 +9,8 @@ claimed ahead of a free slot) one after another.
     JobRunners._run_job  -> Executor.execute: the handler, an Outcome
                          -> submit (Completer.submit): written in a batch
                          (or, when the handler's job.transaction() completed
-                         the job, -> completed: nothing left to write)
+                         the job, or its job.sleep() or job.wait_for_signal()
+                         put it to sleep, -> completed: nothing left to write)
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ __all__ = ["JobRunners"]
 # (an enum member's lookup costs 80 ns).
 _set_attempt = Job.__dict__["attempt"].__set__
 _COMPLETED = Stage.COMPLETED
+_ASLEEP = Stage.ASLEEP
 
 # A runner lets the other parts have the loop after this many jobs (a job
 # that never waits on anything would otherwise keep it to the last one).
@@ -144,7 +146,7 @@ class JobRunners:
             self.held.handler_finished(held)
             if self.threads.hung != self._hung_reported:
                 self._report_hung()
-        if held.stage is _COMPLETED:
+        if held.stage is _COMPLETED or held.stage is _ASLEEP:
             self._completed(held, outcome)
             return
         if outcome is None or held.lost:

@@ -76,7 +76,7 @@ CONNECTIONS = 5
 
 
 # The stages in which a held job's handler may still run.
-_HANDLER_RUNS = (Stage.RUNNING, Stage.COMPLETING, Stage.COMPLETED)
+_HANDLER_RUNS = (Stage.RUNNING, Stage.COMPLETING, Stage.COMPLETED, Stage.SLEEPING, Stage.ASLEEP)
 
 
 def default_worker_name() -> str:

@@ -23,6 +23,7 @@ import psycopg
 import pytest
 
 from pgqueue import Job, Queue, Settings
+from pgqueue.core import sleeps
 from pgqueue.core import transitions as t
 from pgqueue.core.flows import Flow, Statement
 from pgqueue.core.outcomes import Outcome, attempt_token
@@ -228,3 +229,40 @@ def test_next_wake_reads_index_entries_only(loaded: str, queues: list[str] | Non
         reads = plan_reads(sql, "queue_next_wake", _first(next_wake(queues)).params)
     assert all(scan.startswith("Index Only Scan") for scan in reads.scans), reads.scans
     assert reads.buffers <= 200, reads
+
+
+def test_a_sleep_a_wait_and_a_signal_reach_their_job_by_primary_key(loaded: str) -> None:
+    """The statements of job.sleep(), job.wait_for_signal() and
+    Queue.signal() (one job each) reach the job by its primary key, and its
+    steps and signals without a scan, reading a bounded number of rows."""
+    with Queue(loaded) as queue:
+        [job] = queue.claim(1, worker="w", queues=["default"])
+        waiting = queue.enqueue("waits")
+    token = attempt_token(job)
+    statements = [
+        _first(sleeps.sleep(job.id, token, "pgqueue:sleep:1", 60.0, None)),
+        _first(sleeps.wait_for_signal(job.id, token, "pgqueue:wait:go:1", "go", 60.0)),
+        Statement(
+            "job_signal_wait",
+            {
+                "id": job.id,
+                "token": token,
+                "name": "pgqueue:wait:go:1",
+                "signal": "go",
+                "timeout": 60.0,
+            },
+        ),
+        _first(sleeps.send_signal(waiting.id, "go", "null")),
+        Statement("job_signal", {"id": waiting.id, "name": "go", "payload": "null"}),
+    ]
+    for statement in statements:
+        with psycopg.connect(loaded) as sql:
+            reads = plan_reads(sql, statement.name, statement.params)
+            scanned = _sequential_scans(sql)
+            sql.rollback()
+        assert reads.scans <= BY_ID, f"{statement.name} reached pgqueue_jobs by {reads.scans}"
+        assert not {"pgqueue_jobs", "pgqueue_job_steps", "pgqueue_job_signals"} & set(scanned)
+        assert reads.rows <= ROWS_PER_JOB, f"{statement.name} read {reads.rows} rows"
+        # A few probes and the job's update (each index it writes): 37
+        # buffers for job_sleep; a scan of the table, its 400 pages.
+        assert reads.buffers <= 3 * BUFFERS_PER_JOB, f"{statement.name}: {reads.buffers} buffers"
