@@ -19,6 +19,7 @@ import uvicorn
 from pgqueue import Job, JobState, Queue, Settings
 from pgqueue.api import create_app
 from pgqueue.api.server import uvicorn_config
+from pgqueue.db.migrate import NO_TRANSACTION, statements
 from pgqueue.sql import QUERIES, migration_files
 from pgqueue.worker import AsyncWorker
 
@@ -176,5 +177,7 @@ def migrated_before(url: str, version: str) -> None:
         conn.execute(QUERIES["migration_table"])
         for name, text in migration_files():
             if name < version:
-                conn.execute(text)
+                parts = statements(text) if text.startswith(NO_TRANSACTION) else [text]
+                for part in parts:
+                    conn.execute(part)
                 conn.execute(QUERIES["migration_record"], {"version": name})

@@ -1,3 +1,4 @@
+-- pgqueue: no-transaction
 -- The workflows newest first (GET /workflows, pgqueue workflows list): a
 -- walk down this index, one entry per workflow, read a page at a time after
 -- a keyset cursor. Without it each page sorted every row of
@@ -5,7 +6,7 @@
 -- jobs' ids are reserved together when it is enqueued (0014).
 --
 -- One entry is written per workflow, when it is enqueued (job_insert_graph);
--- claims and acks do not touch pgqueue_workflows. CREATE INDEX holds off
--- workflow enqueues while it reads this table (one row per workflow), not
--- the jobs.
-CREATE INDEX pgqueue_workflows_first_job ON pgqueue_workflows (first_job);
+-- claims and acks do not touch pgqueue_workflows. Built CONCURRENTLY
+-- (db/migrate.py): workflow enqueues go on while the table is read.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS pgqueue_workflows_first_job
+    ON pgqueue_workflows (first_job);

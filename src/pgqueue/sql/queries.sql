@@ -1762,11 +1762,16 @@ LISTEN pgqueue_finished;
 -- comma-separated; job_progress), for wait()'s on_progress.
 LISTEN pgqueue_progress;
 
--- name: migration_lock
--- Serialise concurrent migrators, one migration at a time. Held until the
--- transaction ends, not by the session, so that it also works through a
--- transaction-mode pooler (where a session is not the client's own).
-SELECT pg_advisory_xact_lock(hashtext('pgqueue.migrate'));
+-- name: migration_try_lock
+-- Serialise concurrent migrators, one migration at a time: true if this
+-- transaction now holds the lock (until it ends: not the session's, so that
+-- it also works through a transaction-mode pooler). A migrator that gets
+-- false ends its transaction and tries again a moment later (db/migrate.py):
+-- one waiting inside a statement would hold a snapshot all along, and a
+-- CREATE INDEX CONCURRENTLY under way, which waits for every transaction
+-- with a snapshot older than its own, would wait for the migrators waiting
+-- for it.
+SELECT pg_try_advisory_xact_lock(hashtext('pgqueue.migrate')) AS locked;
 
 -- name: migration_table
 -- The record of applied migrations.
@@ -1795,6 +1800,11 @@ SELECT nextval('pgqueue_lease_token_seq');
 -- name: migration_applied
 -- Versions already applied.
 SELECT version FROM pgqueue_migrations ORDER BY version;
+
+-- name: migration_index_valid
+-- Whether an index of that name is valid (no row: there is none); a
+-- CREATE INDEX CONCURRENTLY cut short leaves it invalid (db/migrate.py).
+SELECT i.indisvalid AS valid FROM pg_index i WHERE i.indexrelid = to_regclass(%(name)s);
 
 -- name: migration_record
 -- Record one applied version.

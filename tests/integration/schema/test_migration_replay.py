@@ -31,6 +31,7 @@ import pytest
 
 from pgqueue import migrate
 from pgqueue.db.embedded import EmbeddedPostgres
+from pgqueue.db.migrate import NO_TRANSACTION, statements
 from pgqueue.sql import QUERIES, migration_files
 from tests.integration.schema.released_migrations import (
     REFRESH,
@@ -156,6 +157,11 @@ def apply_as_released(url: str, files: Iterable[tuple[str, str]]) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(QUERIES["migration_table"])
         for version, text in files:
+            if text.startswith(NO_TRANSACTION):  # CREATE INDEX CONCURRENTLY: one by one
+                for statement in statements(text):
+                    conn.execute(statement)
+                conn.execute(QUERIES["migration_record"], {"version": version})
+                continue
             with conn.transaction():
                 conn.execute(text)
                 conn.execute(QUERIES["migration_record"], {"version": version})
