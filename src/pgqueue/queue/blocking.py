@@ -7,13 +7,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Self, TypeVar
 from uuid import UUID
 
+from ..core import doctor as doctor_flows
 from ..core import queue_controls, reads, workflows
 from ..core import transitions as t
 from ..core.bulk import BulkAction, JobFilter, retry_dead
 from ..core.dependencies import WorkflowJobs
+from ..core.doctor import DoctorOptions
 from ..core.enqueue import CallKey, Enqueued, PerAttempt, per_attempt
 from ..core.errors import WaitTimeout
 from ..core.flows import Flow
+from ..core.health import HealthReport
 from ..core.job_spec import JobSpec
 from ..core.jobs import Job, JobState
 from ..core.outcomes import Outcome, attempt_token
@@ -258,3 +261,20 @@ class Queue(Common):
     def read(self, name: str, **params: Any) -> list[dict[str, Any]]:
         """Rows of a read-only named query (queue_stats, counters_totals, ...)."""
         return self.run(reads.read(name, **params))
+
+    def doctor(
+        self,
+        *,
+        window_seconds: float = 5.0,
+        long_transaction_seconds: float = 60.0,
+        cores: int | None = None,
+    ) -> HealthReport:
+        """A live capacity and health check (docs/howto/health-check.md): the
+        rate, cost and WAL per job measured over ``window_seconds`` (which
+        this call waits), the headroom on ``cores`` cores, and what threatens
+        the queue. A bad option raises InvalidSettings naming it."""
+        options = DoctorOptions(window_seconds, long_transaction_seconds, cores)
+        first = self.run(doctor_flows.sample())
+        time.sleep(options.window_seconds)
+        second = self.run(doctor_flows.sample())
+        return self.run(doctor_flows.examine(self.settings, options, first, second))
