@@ -105,10 +105,10 @@ def vacuum(tables: Sequence[Row], server: Mapping[str, Any]) -> HealthCheck:
         if row["dead"] <= trigger:
             continue
         off = server["autovacuum"] != "on" or row["autovacuum_off"]
-        ago = row["vacuumed_seconds_ago"]
-        late = row["dead"] > 2 * trigger and (ago is None or ago > VACUUM_LAG_SECONDS)
+        vacuumed = row["vacuumed_seconds_ago"]
+        late = row["dead"] > 2 * trigger and (vacuumed is None or vacuumed > VACUUM_LAG_SECONDS)
         if off or late:
-            why = "autovacuum is off for it" if off else f"last vacuumed {ago(ago)}"
+            why = "autovacuum is off for it" if off else f"last vacuumed {ago(vacuumed)}"
             behind.append((row, trigger, why))
     if not behind:
         most = max((int(row["dead"]) for row in tables), default=0)
