@@ -313,6 +313,8 @@ def test_the_report_is_as_bad_as_its_worst_check() -> None:
         ({"long_transaction_seconds": 0}, "long_transaction_seconds"),
         ({"cores": 0}, "cores"),
         ({"cores": True}, "cores"),
+        ({"cores": 2.5}, "cores"),
+        ({"window_seconds": "5"}, "window_seconds"),
     ],
 )
 def test_bad_options_are_refused_naming_them(fields: dict[str, Any], field: str) -> None:

@@ -38,6 +38,10 @@ class DoctorOptions:
     cores: int | None = None
 
     def __post_init__(self) -> None:
+        for name in ("window_seconds", "long_transaction_seconds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise InvalidSettings(f"{name} must be a number of seconds, got {value!r}")
         if not 0.1 <= self.window_seconds <= 60:
             raise InvalidSettings(
                 f"window_seconds must be between 0.1 and 60, got {self.window_seconds!r}"
@@ -47,8 +51,17 @@ class DoctorOptions:
                 "long_transaction_seconds must be more than 0 and at most 86400, "
                 f"got {self.long_transaction_seconds!r}"
             )
-        if self.cores is not None and (isinstance(self.cores, bool) or not 1 <= self.cores <= 4096):
-            raise InvalidSettings(f"cores must be between 1 and 4096, got {self.cores!r}")
+        if self.cores is not None and (
+            isinstance(self.cores, bool)
+            or not isinstance(self.cores, int)
+            or not 1 <= self.cores <= 4096
+        ):
+            raise InvalidSettings(
+                f"cores must be a whole number from 1 to 4096, got {self.cores!r}"
+            )
+
+
+# -- the flows -------------------------------------------------------------------------
 
 
 def sample() -> Flow[Sample]:

@@ -1581,7 +1581,8 @@ SELECT current_user AS role,
 -- The sessions of this database (other than this one) in a transaction or
 -- holding a snapshot: how long (NULL: another role's, not visible to this
 -- one without pg_read_all_stats) and how many transactions of dead rows
--- they keep vacuum from removing (visible to every role).
+-- they keep vacuum from removing (visible to every role). Autovacuum's
+-- workers hold back no vacuum, and are left out (when they are visible).
 SELECT a.pid, a.usename AS role, a.application_name, a.state, a.backend_type,
        extract(epoch FROM clock_timestamp() - a.xact_start)::double precision AS seconds,
        age(a.backend_xmin)::bigint AS xmin_age,
@@ -1589,6 +1590,7 @@ SELECT a.pid, a.usename AS role, a.application_name, a.state, a.backend_type,
 FROM pg_stat_activity a
 WHERE a.datname = current_database()
   AND a.pid <> pg_backend_pid()
+  AND a.backend_type IS DISTINCT FROM 'autovacuum worker'
   AND (a.xact_start IS NOT NULL OR a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL)
 ORDER BY a.xact_start NULLS LAST, a.pid;
 

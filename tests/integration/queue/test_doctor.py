@@ -112,6 +112,14 @@ def test_a_schema_behind_the_library_fails_and_leaves_the_table_checks_undone(
         assert report.check(name).finding.startswith("not checked")
 
 
+def test_a_database_never_migrated_gets_a_report_that_says_so(empty_db: str) -> None:
+    with Queue(empty_db, settings=Settings(database_url=empty_db)) as bare:
+        report = bare.doctor(**QUICK)
+    assert report.check("schema").status == "fail"
+    assert report.check("rate").finding == "not measured: the schema is not up to date"
+    assert report.check("durability").status == "ok"
+
+
 def test_an_idle_queue_has_no_rate_and_no_invented_cost(queue: Queue) -> None:
     report = queue.doctor(**QUICK)
     assert report.check("rate").value == 0.0
