@@ -130,6 +130,22 @@ def test_sessions_of_other_roles_are_said_to_be_not_visible() -> None:
     assert "pg_read_all_stats" in check.advice
 
 
+def test_an_inactive_replication_slot_keeping_wal_warns() -> None:
+    active = {
+        "name": "s1",
+        "type": "physical",
+        "active": True,
+        "retained_bytes": 10,
+        "xmin_age": None,
+    }
+    assert threats.replication_slots([active]).status == "ok"
+    gone = {"name": "old", "type": "physical", "active": False, "retained_bytes": 5_000_000}
+    check = threats.replication_slots([active, gone | {"xmin_age": 77}])
+    assert check.status == "warn" and check.value == 1
+    assert "'old'" in check.finding and "5,000,000 bytes" in check.finding and "77" in check.finding
+    assert "pg_drop_replication_slot('old')" in check.advice
+
+
 SERVER: dict[str, Any] = {
     "role": "app",
     "standby": False,

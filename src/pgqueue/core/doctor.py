@@ -111,6 +111,8 @@ def examine(
             sessions, options.long_transaction_seconds, server["read_all_stats"]
         )
     )
+    slots = yield Statement("health_slots", {})
+    checks.append(threats.replication_slots(slots))
     checks += [threats.synchronous_standby(server), threats.durability(server)]
     checks.append(threats.schema(applied, migration_versions()))
     if checks[-1].status == "fail":

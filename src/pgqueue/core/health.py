@@ -8,8 +8,8 @@ functions that the unit tier hands crafted rows:
     rate, cost, wal, headroom   here: what one job costs the server now, and how
                                 far it goes at that cost (docs/scaling.md's model:
                                 one core does 1e6 / cost jobs a second)
-    long_transactions, vacuum, statistics, claim_plan, synchronous_standby,
-    durability, schema, stuck_jobs, workers
+    long_transactions, replication_slots, vacuum, statistics, claim_plan,
+    synchronous_standby, durability, schema, stuck_jobs, workers
                                 threats.py: what threatens it
 
 Each check says ok, warn or fail, with a one-line finding that carries its

@@ -18,6 +18,7 @@ __all__ = [
     "claim_plan",
     "durability",
     "long_transactions",
+    "replication_slots",
     "schema",
     "statistics",
     "stuck_jobs",
@@ -85,6 +86,37 @@ def long_transactions(
         source,
         len(long),
         "transactions",
+    )
+
+
+def replication_slots(slots: Sequence[Row]) -> HealthCheck:
+    """A slot no consumer reads keeps every WAL segment since its restart
+    point (the disk fills at the queue's WAL rate), and with an xmin it
+    holds back vacuum too."""
+    source = "pg_replication_slots"
+    idle = [slot for slot in slots if not slot["active"]]
+    if not idle:
+        return HealthCheck(
+            "replication_slots",
+            "ok",
+            f"no inactive replication slot ({len(slots)} active)",
+            source=source,
+            value=0,
+            unit="slots",
+        )
+    worst = max(idle, key=lambda slot: slot["retained_bytes"] or 0)
+    kept = worst["retained_bytes"]
+    held = f", holds back vacuum by {worst['xmin_age']:,} transactions" if worst["xmin_age"] else ""
+    return HealthCheck(
+        "replication_slots",
+        "warn",
+        f"{len(idle)} inactive replication slot(s); {worst['name']!r} ({worst['type']}) keeps "
+        f"{'an unknown amount of' if kept is None else f'{kept:,} bytes of'} WAL{held}",
+        f"if its consumer is gone, SELECT pg_drop_replication_slot({worst['name']!r}); "
+        "max_slot_wal_keep_size bounds the WAL a slot may keep",
+        source,
+        len(idle),
+        "slots",
     )
 
 

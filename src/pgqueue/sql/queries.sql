@@ -1621,3 +1621,14 @@ SELECT count(*)::bigint AS jobs,
 FROM pgqueue_jobs
 WHERE state = 'running'
   AND lease_expires_at < now() - make_interval(secs => %(grace_seconds)s);
+
+-- name: health_slots
+-- The server's replication slots: whether a consumer is connected, the WAL
+-- each keeps from being recycled (from its restart_lsn to now) and how far
+-- its xmin (a standby's hot_standby_feedback) holds back vacuum.
+SELECT slot_name AS name, slot_type AS type, active,
+       (CASE WHEN pg_is_in_recovery() THEN NULL
+             ELSE pg_current_wal_lsn() - restart_lsn END)::bigint AS retained_bytes,
+       age(xmin)::bigint AS xmin_age
+FROM pg_replication_slots
+ORDER BY slot_name;

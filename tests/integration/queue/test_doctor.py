@@ -129,7 +129,8 @@ def test_an_idle_queue_has_no_rate_and_no_invented_cost(queue: Queue) -> None:
     # The shared server runs as users do: nothing else to report.
     assert report.status == "ok", [c for c in report.checks if c.status != "ok"]
     assert [c.name for c in report.checks] == [
-        "rate", "cost", "wal", "headroom", "long_transactions", "synchronous_standby",
+        "rate", "cost", "wal", "headroom", "long_transactions", "replication_slots",
+        "synchronous_standby",
         "durability", "schema", "vacuum", "statistics", "claim_plan", "stuck_jobs", "workers",
     ]  # fmt: skip
 

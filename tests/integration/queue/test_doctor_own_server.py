@@ -113,3 +113,18 @@ def test_a_synchronous_standby_named_but_absent_fails_the_check_and_the_command(
         assert failed["name"] == "synchronous_standby"
     finally:
         _reload(own_server.url, "ALTER SYSTEM RESET synchronous_standby_names", "")
+
+
+def test_an_inactive_replication_slot_is_a_warning(
+    own_server: EmbeddedPostgres, own_url: str
+) -> None:
+    with psycopg.connect(own_server.url, autocommit=True) as admin:
+        admin.execute("SELECT pg_create_physical_replication_slot('doctor_gone', true)")
+    try:
+        with Queue(own_url, settings=Settings(database_url=own_url)) as queue:
+            check = queue.doctor(window_seconds=0.1).check("replication_slots")
+        assert check.status == "warn" and check.value == 1
+        assert "'doctor_gone' (physical)" in check.finding and "bytes of WAL" in check.finding
+    finally:
+        with psycopg.connect(own_server.url, autocommit=True) as admin:
+            admin.execute("SELECT pg_drop_replication_slot('doctor_gone')")
