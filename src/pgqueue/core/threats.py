@@ -57,7 +57,8 @@ def long_transactions(
         return HealthCheck(
             "long_transactions",
             "ok",
-            f"no transaction open longer than {threshold_seconds:g} s{note}",
+            f"no {'visible ' if note else ''}transaction open longer than "
+            f"{threshold_seconds:g} s{note}",
             "grant pg_read_all_stats to see every role's sessions" if note else "",
             source,
             0,
@@ -140,7 +141,10 @@ def vacuum(tables: Sequence[Row], server: Mapping[str, Any]) -> HealthCheck:
         vacuumed = row["vacuumed_seconds_ago"]
         late = row["dead"] > 2 * trigger and (vacuumed is None or vacuumed > VACUUM_LAG_SECONDS)
         if off or late:
-            why = "autovacuum is off for it" if off else f"last vacuumed {ago(vacuumed)}"
+            why = f"last vacuumed {ago(vacuumed)}"
+            if off:
+                where = "on the server" if server["autovacuum"] != "on" else "for this table"
+                why = f"autovacuum is off {where}, {why}"
             behind.append((row, trigger, why))
     if not behind:
         most = max((int(row["dead"]) for row in tables), default=0)
