@@ -8,7 +8,8 @@ Layout (one guess finds each part; docs/architecture.md has the whole plan):
                         steps.py and sleeps.py (durable steps, sleeps, signals),
                         enqueue.py, job_spec.py (the one shape of a new job), jobs.py
                         (Job, JobState), rules.py and json_text.py, schedules.py,
-                        workflows.py, bulk.py, queue_controls.py, settings.py, errors.py
+                        workflows.py, bulk.py, queue_controls.py, settings.py, errors.py,
+                        doctor.py with health.py and threats.py (the doctor's checks)
     db/                 the only code that talks to PostgreSQL: driver.py drives the
                         flows; connections, retries, deadlines, group commit,
                         wait()'s listener, the worker's connection, migrate, the
@@ -68,6 +69,7 @@ from .core.errors import (
     WorkerFailed,
     WorkflowNotFound,
 )
+from .core.health import HealthCheck, HealthReport
 from .core.job_spec import JobSpec
 from .core.jobs import AttemptError, Job, JobState
 from .core.outcomes import CancelJob, Outcome, Snooze
@@ -87,6 +89,8 @@ __all__ = [
     "DatabaseUnavailable",
     "EnqueueOutcomeUnknown",
     "Enqueued",
+    "HealthCheck",
+    "HealthReport",
     "InvalidJob",
     "InvalidQueueControl",
     "InvalidSchedule",

@@ -3,6 +3,10 @@
     GET /metrics   Prometheus text from one database snapshot (metrics.py)
     GET /healthz   200 when the database answers, takes writes and its
                    schema is up to date; 503 within 2 s otherwise
+    GET /health/details
+                   the doctor (core/doctor.py): capacity and what threatens
+                   it, as JSON; behind the API's tokens like every route
+                   but /healthz
 
 The other monitoring routes are workers.py (GET /workers) and access.py
 (GET /access).
@@ -12,12 +16,16 @@ The other monitoring routes are workers.py (GET /workers) and access.py
 
 import asyncio
 import logging
+from datetime import datetime
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, Field
 
 from ..core import reads
+from ..core.doctor import DoctorOptions
 from ..core.errors import DatabaseReadOnly, DatabaseUnavailable, SchemaNotMigrated
 from ..queue import AsyncQueue
 from . import metrics
@@ -30,7 +38,7 @@ from .http_errors import (
 )
 from .models import Health
 
-__all__ = ["HEALTH_TIMEOUT_SECONDS", "router"]
+__all__ = ["HEALTH_TIMEOUT_SECONDS", "HealthCheckOut", "HealthReportOut", "router"]
 
 log = logging.getLogger("pgqueue.api")
 
@@ -88,3 +96,53 @@ async def healthz(request: Request) -> Health | JSONResponse:
     if pending:
         return schema_not_migrated(SchemaNotMigrated(pending))
     return Health(status="ok")
+
+
+class HealthCheckOut(BaseModel):
+    name: str
+    status: Literal["ok", "warn", "fail"]
+    finding: str = Field(description="One line, with the number.")
+    advice: str = Field(description="What to do (empty when nothing).")
+    source: str = Field(description="Where the number came from.")
+    value: float | None = Field(description="The number, in unit; null: not measured.")
+    unit: str
+
+
+class HealthReportOut(BaseModel):
+    status: Literal["ok", "warn", "fail"] = Field(description="The worst check's status.")
+    window_seconds: float = Field(description="The window the rate and costs were measured over.")
+    role: str = Field(description="The database role the checks ran as.")
+    measured_at: datetime
+    checks: list[HealthCheckOut]
+
+
+_DEFAULTS = DoctorOptions()
+
+
+@router.get(
+    "/health/details",
+    response_model=HealthReportOut,
+    responses=documented_errors(),
+    summary="The doctor: measured cost and headroom, and what threatens them "
+    "(waits window_seconds to measure the rate)",
+)
+async def health_details(
+    request: Request,
+    window_seconds: Annotated[
+        float, Query(ge=0.1, le=60, description="How long to measure the rate over.")
+    ] = _DEFAULTS.window_seconds,
+    long_transaction_seconds: Annotated[
+        float, Query(gt=0, le=86_400, description="A transaction open longer is reported.")
+    ] = _DEFAULTS.long_transaction_seconds,
+    cores: Annotated[
+        int | None,
+        Query(ge=1, le=4096, description="The server's cores, for the headroom in jobs/s."),
+    ] = None,
+) -> HealthReportOut:
+    queue: AsyncQueue = request.app.state.queue
+    report = await queue.doctor(
+        window_seconds=window_seconds,
+        long_transaction_seconds=long_transaction_seconds,
+        cores=cores,
+    )
+    return HealthReportOut.model_validate(report.to_dict())

@@ -11,6 +11,7 @@ watching.py     queues (the table), top
 queues.py       queues, queues pause, resume, limit
 history.py      queues history (a queue's last minutes)
 workers.py      workers (the registry)
+doctor.py       doctor (the live capacity and health check)
 server.py       db start, stop, status, url (the embedded server)
 maintenance.py  prune
 schedules.py    schedules (list), schedules enable, disable, delete
@@ -34,5 +35,6 @@ from . import schedules  # noqa: F401  # isort: skip
 from . import workflows  # noqa: F401  # isort: skip
 from . import history  # noqa: F401  # isort: skip
 from . import keys  # noqa: F401  # isort: skip
+from . import doctor  # noqa: F401  # isort: skip
 
 __all__ = ["app", "main"]

@@ -18,12 +18,15 @@ from ..core import (
     sealing,
     workflows,
 )
+from ..core import doctor as doctor_flows
 from ..core import transitions as t
 from ..core.bulk import BulkAction, JobFilter, retry_dead
 from ..core.dependencies import WorkflowJobs
+from ..core.doctor import DoctorOptions
 from ..core.enqueue import CallKey, Enqueued, PerAttempt, per_attempt
 from ..core.errors import WaitTimeout
 from ..core.flows import Flow
+from ..core.health import HealthReport
 from ..core.job_spec import JobSpec
 from ..core.jobs import Job, JobState
 from ..core.outcomes import Outcome, attempt_token
@@ -343,3 +346,20 @@ class AsyncQueue(Common):
         """As Queue.run_schedule_now."""
         flow = runtime_schedules.run_now(name, self.settings.default_max_attempts)
         return await self.run(flow)
+
+    async def doctor(
+        self,
+        *,
+        window_seconds: float = 5.0,
+        long_transaction_seconds: float = 60.0,
+        cores: int | None = None,
+    ) -> HealthReport:
+        """A live capacity and health check (docs/howto/health-check.md): the
+        rate, cost and WAL per job measured over ``window_seconds`` (which
+        this call waits), the headroom on ``cores`` cores, and what threatens
+        the queue. A bad option raises InvalidSettings naming it."""
+        options = DoctorOptions(window_seconds, long_transaction_seconds, cores)
+        first = await self.run(doctor_flows.sample())
+        await asyncio.sleep(options.window_seconds)
+        second = await self.run(doctor_flows.sample())
+        return await self.run(doctor_flows.examine(self.settings, options, first, second))

@@ -1,8 +1,9 @@
 """All SQL of pgqueue: ``queries.sql`` loaded into a dict keyed by name, and
 the migration files of ``pgqueue/migrations``.
 
-Each block in queries.sql starts with ``-- name: <entity>_<action>``. Nothing
-else in the package holds SQL.
+Each block in queries.sql starts with ``-- name: <entity>_<action>``; one
+more, ``job_claim_explain``, is job_claim's EXPLAIN. Nothing else in the
+package holds SQL.
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ def _load() -> dict[str, LiteralString]:
 
 QUERIES = _load()
 
+# The claim's plan as the planner would choose it now (EXPLAIN without
+# ANALYZE: nothing runs), for the doctor's claim_plan check: the same text
+# as job_claim, so that what is checked is what the worker sends.
+QUERIES["job_claim_explain"] = "EXPLAIN (FORMAT JSON) " + QUERIES["job_claim"]
+
 # What may change data: a write, a sequence, a notification, DDL, or a call
 # of one of pgqueue's functions (some of which write). pgqueue_key_held
 # (migration 0004) and pgqueue_error_kind (0024) are IMMUTABLE.
@@ -43,7 +49,12 @@ _WRITES = re.compile(
 
 # The statements that write nothing: one whose answer was lost left nothing
 # written (retrying.py judges a call's outcome by them).
-READS = frozenset(name for name, query in QUERIES.items() if not _WRITES.search(query))
+# An EXPLAIN without ANALYZE runs nothing, whatever it explains.
+READS = frozenset(
+    name
+    for name, query in QUERIES.items()
+    if query.startswith("EXPLAIN (FORMAT JSON) ") or not _WRITES.search(query)
+)
 
 
 @functools.cache

@@ -1809,3 +1809,130 @@ SELECT i.indisvalid AS valid FROM pg_index i WHERE i.indexrelid = to_regclass(%(
 -- name: migration_record
 -- Record one applied version.
 INSERT INTO pgqueue_migrations (version) VALUES (%(version)s);
+
+-- The doctor (core/health.py): what the database says of its own capacity
+-- and of what threatens it. Every statement here reads; none needs a
+-- superuser: what a role may not see comes back NULL, and the checks say so.
+
+-- name: health_sample_server
+-- The server's side of one sample of the doctor's window: the database
+-- clock, the WAL position (of the whole server: every database's writes),
+-- and this database's cumulative transactions and time spent in statements
+-- (pg_stat_database, flushed by each session about once a second).
+SELECT clock_timestamp() AS at,
+       ((CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
+              ELSE pg_current_wal_lsn() END) - '0/0'::pg_lsn)::bigint AS wal_bytes,
+       d.xact_commit::bigint AS xact_commit,
+       d.active_time::double precision AS active_ms
+FROM pg_stat_database d
+WHERE d.datname = current_database();
+
+-- name: health_sample_jobs
+-- The jobs that ended (succeeded or dead) since the queues began: the
+-- counters the transitions write in their own transaction, so the
+-- difference of two samples is exact.
+SELECT coalesce(sum(succeeded + dead), 0)::bigint AS finished FROM pgqueue_counters;
+
+-- name: health_statements_available
+-- Whether pg_stat_statements can be read here: the view exists in this
+-- database and its library is loaded (its settings then have their types;
+-- reading the view without the library raises).
+SELECT to_regclass('pg_stat_statements') IS NOT NULL
+       AND EXISTS (SELECT 1 FROM pg_settings
+                   WHERE name = 'pg_stat_statements.max' AND vartype = 'integer') AS available;
+
+-- name: health_sample_statements
+-- The executor time of pgqueue's statements in this database so far: those
+-- whose text names one of its tables or functions (the doctor's own, which
+-- read pg_stat views, left out). Another role's statements show no text
+-- unless this role has pg_read_all_stats, and are then left out too.
+SELECT coalesce(sum(s.total_exec_time), 0)::double precision AS exec_ms,
+       coalesce(sum(s.calls), 0)::bigint AS calls
+FROM pg_stat_statements s
+WHERE s.dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND s.toplevel
+  AND s.query LIKE '%%pgqueue\_%%'
+  AND s.query NOT LIKE '%%pg\_stat%%';
+
+-- name: health_server
+-- The settings that decide whether an acknowledged job survives a crash or
+-- a failover, the standbys connected (whether one is synchronous is
+-- visible only with pg_read_all_stats), and what this role may do.
+SELECT current_user AS role,
+       pg_is_in_recovery() AS standby,
+       pg_has_role('pg_read_all_stats', 'USAGE') AS read_all_stats,
+       current_setting('fsync') AS fsync,
+       current_setting('full_page_writes') AS full_page_writes,
+       current_setting('synchronous_commit') AS synchronous_commit,
+       current_setting('synchronous_standby_names') AS synchronous_standby_names,
+       current_setting('autovacuum') AS autovacuum,
+       current_setting('autovacuum_vacuum_threshold')::double precision AS vacuum_threshold,
+       current_setting('autovacuum_vacuum_scale_factor')::double precision AS vacuum_scale_factor,
+       current_setting('autovacuum_analyze_threshold')::double precision AS analyze_threshold,
+       current_setting('autovacuum_analyze_scale_factor')::double precision AS analyze_scale_factor,
+       (SELECT count(*) FROM pg_stat_replication)::integer AS standbys,
+       (SELECT count(*) FROM pg_stat_replication
+        WHERE sync_state IN ('sync', 'quorum'))::integer AS synchronous_standbys,
+       (SELECT count(*) FROM pg_stat_replication WHERE sync_state IS NULL)::integer
+           AS hidden_standbys,
+       coalesce(has_table_privilege(to_regclass('pgqueue_jobs'), 'UPDATE')
+                AND has_table_privilege(to_regclass('pgqueue_queues'), 'SELECT')
+                AND has_table_privilege(to_regclass('pgqueue_start_latency'), 'INSERT')
+                AND has_sequence_privilege(to_regclass('pgqueue_lease_token_seq'), 'USAGE'),
+                false) AS may_claim;
+
+-- name: health_transactions
+-- The sessions of this database (other than this one) in a transaction or
+-- holding a snapshot: how long (NULL: another role's, not visible to this
+-- one without pg_read_all_stats) and how many transactions of dead rows
+-- they keep vacuum from removing (visible to every role). Autovacuum's
+-- workers hold back no vacuum, and are left out (when they are visible).
+SELECT a.pid, a.usename AS role, a.application_name, a.state, a.backend_type,
+       extract(epoch FROM clock_timestamp() - a.xact_start)::double precision AS seconds,
+       age(a.backend_xmin)::bigint AS xmin_age,
+       age(a.backend_xid)::bigint AS xid_age
+FROM pg_stat_activity a
+WHERE a.datname = current_database()
+  AND a.pid <> pg_backend_pid()
+  AND a.backend_type IS DISTINCT FROM 'autovacuum worker'
+  AND (a.xact_start IS NOT NULL OR a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL)
+ORDER BY a.xact_start NULLS LAST, a.pid;
+
+-- name: health_tables
+-- pgqueue's tables as the statistics collector and the planner see them:
+-- live and dead row versions, changes since the last ANALYZE, the rows the
+-- planner believes the table has (reltuples: -1 when never analyzed), and
+-- when each was last vacuumed and analyzed (by hand or by autovacuum).
+SELECT s.relname AS name, s.n_live_tup::bigint AS live, s.n_dead_tup::bigint AS dead,
+       s.n_mod_since_analyze::bigint AS changed, c.reltuples::double precision AS planned,
+       extract(epoch FROM clock_timestamp() - greatest(s.last_vacuum, s.last_autovacuum))
+           ::double precision AS vacuumed_seconds_ago,
+       extract(epoch FROM clock_timestamp() - greatest(s.last_analyze, s.last_autoanalyze))
+           ::double precision AS analyzed_seconds_ago,
+       EXISTS (SELECT 1 FROM unnest(c.reloptions) o
+               WHERE o ~* '^autovacuum_enabled=(false|off|no|0)$') AS autovacuum_off
+FROM pg_stat_user_tables s
+JOIN pg_class c ON c.oid = s.relid
+WHERE s.relname LIKE 'pgqueue\_%%' AND s.schemaname = current_schema()
+ORDER BY s.relname;
+
+-- name: health_stuck
+-- Running jobs whose lease expired more than `grace_seconds` ago: a
+-- running worker's reaper would have taken them back by now.
+SELECT count(*)::bigint AS jobs,
+       coalesce(max(extract(epoch FROM now() - lease_expires_at)), 0)::double precision
+           AS oldest_seconds
+FROM pgqueue_jobs
+WHERE state = 'running'
+  AND lease_expires_at < now() - make_interval(secs => %(grace_seconds)s);
+
+-- name: health_slots
+-- The server's replication slots: whether a consumer is connected, the WAL
+-- each keeps from being recycled (from its restart_lsn to now) and how far
+-- its xmin (a standby's hot_standby_feedback) holds back vacuum.
+SELECT slot_name AS name, slot_type AS type, active,
+       (CASE WHEN pg_is_in_recovery() THEN NULL
+             ELSE pg_current_wal_lsn() - restart_lsn END)::bigint AS retained_bytes,
+       age(xmin)::bigint AS xmin_age
+FROM pg_replication_slots
+ORDER BY slot_name;

@@ -350,6 +350,7 @@ async def test_healthz_docs_and_openapi(api: httpx.AsyncClient) -> None:
         "/queues/{name}/history",
         "/metrics",
         "/healthz",
+        "/health/details",
         "/schedules",
         "/schedules/{name}",
         "/schedules/{name}/enable",

@@ -34,7 +34,11 @@ SETTINGS = Settings(
     api_max_body_bytes=256 * 1024, pool_timeout_seconds=2.0,
 )  # fmt: skip
 
-schema = schemathesis.openapi.from_dict(create_app(SETTINGS).openapi())
+# GET /health/details waits its window_seconds (up to a minute) on every
+# call, so it is left out here; test_api_health_details.py checks its answers.
+schema = schemathesis.openapi.from_dict(create_app(SETTINGS).openapi()).exclude(
+    path="/health/details"
+)
 schema.config.generation.update(
     modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE],
     with_security_parameters=False,  # the real token is sent instead
