@@ -47,3 +47,12 @@ test: setup lint docs $(CHROMIUM) $(PGBOUNCER) $(IPROUTE)
 
 # The failover tests (tests/ha.py) need etcd too.
 test: $(ETCD)
+
+# The generated-client test (tests/integration/api/test_api_generated_client.py)
+# runs openapi-python-client (PyPI) and the client it generates in a venv of
+# their own: the generator pins httpx and typer below the dev venv's versions.
+OPENAPI_GEN := .venv-openapi/bin/openapi-python-client
+$(OPENAPI_GEN):
+	python3 -m venv .venv-openapi
+	.venv-openapi/bin/python -m pip install --quiet "openapi-python-client==0.29.1" python-dateutil
+test: $(OPENAPI_GEN)

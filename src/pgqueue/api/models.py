@@ -13,6 +13,7 @@ are not read from strings, and booleans are not integers.
 from __future__ import annotations
 
 import dataclasses
+import json
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 from uuid import UUID
@@ -58,17 +59,33 @@ class _Job(_Strict):
 
 def field_schema(job_field: JobField, *, alias: bool = False) -> Any:
     """A pydantic Field for a JobField: its rule's JSON Schema (a value is
-    judged by the rule, not by pydantic), its description and its default."""
+    judged by the rule, not by pydantic), its description and its default.
+
+    The schema shows a default only for a field that cannot be null (queue,
+    priority...): a client generated from the OpenAPI document sends every
+    default the schema shows, and a null field or an alias sent with its
+    default would be a field given twice (``delay`` with ``delay_seconds``,
+    ``delay_seconds`` with ``run_at``). Their default is in the description
+    (tests/integration/api/test_api_generated_client.py)."""
     schema = job_field.rule.json_schema()
-    if job_field.nullable:
-        schema = {"anyOf": [schema, {"type": "null"}]}
     description = job_field.description
     if alias:
         description = f"Alias of `{job_field.name}`; give one or the other. {description}"
+    shows_default = not (job_field.nullable or alias or job_field.required)
+    if job_field.nullable:
+        schema = {"anyOf": [schema, {"type": "null"}]}
+        if job_field.default is not None:
+            description = f"{description} Default: {json.dumps(job_field.default)}."
+
+    def extra(shown: dict[str, Any]) -> None:
+        shown.update(schema)
+        if not shows_default:
+            shown.pop("default", None)
+
     return Field(
         default=... if job_field.required else job_field.default,
         description=description,
-        json_schema_extra=schema,
+        json_schema_extra=extra,
     )
 
 

@@ -13,7 +13,9 @@ A new job has fifteen fields, named after the columns of the jobs table:
 ``enqueue`` and ``enqueue_many``, the HTTP API and ``pgqueue enqueue-file``
 all call it, and the HTTP request model and its OpenAPI schema are built from
 the same table (``api/models.py``). Errors name the field as the caller
-spelled it.
+spelled it. The SQL functions ``pgqueue_enqueue`` and ``pgqueue_enqueue_many``
+(migrations/0030_sql_enqueue.sql) apply the same rules in PL/pgSQL;
+tests/integration/queue/test_sql_enqueue_property.py holds the two together.
 
 Unique jobs: ``idempotency_key`` is the job's one key, and ``unique_scope``
 says while which states the job holds it (``UNIQUE_SCOPES``; the index that

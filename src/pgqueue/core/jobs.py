@@ -44,6 +44,8 @@ __all__ = [
     "dump_json",
 ]
 
+# The limits of a job's fields. migrations/0030_sql_enqueue.sql repeats them
+# (test_sql_enqueue_property.py fails when the two differ).
 MAX_PRIORITY = 32767
 MAX_ATTEMPTS = 1000
 DEFAULT_MAX_ATTEMPTS = 5
