@@ -31,7 +31,7 @@ from typing import Any
 from .errors import InvalidSchedule, ScheduleConflict, ScheduleNotFound
 from .flows import Flow, Row, Statement, db_now
 from .jobs import Job
-from .schedules import Schedule, ScheduleRecord
+from .schedules import Schedule, ScheduleRecord, stored_row
 from .ticks import next_tick
 
 __all__ = ["FIELDS", "RUN_KEY_PREFIX", "create", "run_key", "run_now", "update"]
@@ -59,24 +59,6 @@ def run_key(name: str, now: datetime) -> str:
     return f"{RUN_KEY_PREFIX}{name}@{now.astimezone(UTC).strftime(_SECOND_FORMAT)}"
 
 
-def _row(schedule: Schedule, next_run_at: datetime | None) -> dict[str, Any]:
-    return {
-        "name": schedule.name,
-        "task": schedule.task,
-        "payload": schedule.payload_json,
-        "queue": schedule.queue,
-        "priority": schedule.priority,
-        "max_attempts": schedule.max_attempts,
-        "timeout_seconds": schedule.timeout_seconds,
-        "cron": schedule.cron,
-        "every_seconds": schedule.every_seconds,
-        "tz": schedule.tz,
-        "catch_up": schedule.catch_up,
-        "catch_up_limit": schedule.catch_up_limit,
-        "next_run_at": next_run_at,
-    }
-
-
 def _taken(name: str, origin: str) -> ScheduleConflict:
     holder = "a schedule declared in a worker's code" if origin == "code" else "a runtime schedule"
     return ScheduleConflict(name, "name", f"is taken by {holder}")
@@ -86,7 +68,7 @@ def create(schedule: Schedule, *, enabled: bool = True) -> Flow[ScheduleRecord]:
     """Store a runtime schedule; it starts at its first tick after now.
     ScheduleConflict when the name is in the table (nothing is written)."""
     now = (yield from db_now()).astimezone(UTC)
-    params = _row(schedule, next_tick(schedule.timing, now))
+    params = stored_row(schedule, next_tick(schedule.timing, now))
     rows = yield Statement("schedule_create", {**params, "enabled": enabled})
     if not rows:
         held = yield Statement("schedule_get", {"name": schedule.name})
@@ -123,7 +105,7 @@ def update(name: str, changes: Mapping[str, Any]) -> Flow[ScheduleRecord]:
     next_run_at = row["next_run_at"]
     if timing != (row["cron"], row["every_seconds"], row["tz"]) or next_run_at is None:
         next_run_at = next_tick(schedule.timing, row["now"].astimezone(UTC))
-    rows = yield Statement("schedule_update", _row(schedule, next_run_at))
+    rows = yield Statement("schedule_update", stored_row(schedule, next_run_at))
     return ScheduleRecord.from_row(rows[0])
 
 

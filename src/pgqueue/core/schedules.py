@@ -37,6 +37,7 @@ __all__ = [
     "list_schedules",
     "next_due",
     "set_enabled",
+    "stored_row",
     "sync",
     "tick_of",
 ]
@@ -273,7 +274,7 @@ def sync(declared: Sequence[Schedule], tasks: Collection[str]) -> Flow[Synced]:
         shadowed = [row["name"] for row in (yield Statement("schedule_shadowed", names))]
         columns: dict[str, list[Any]] = {name: [] for name in _UPSERT_COLUMNS}
         for schedule in ordered:
-            for name, value in _upsert_row(schedule, now).items():
+            for name, value in stored_row(schedule, next_tick(schedule.timing, now)).items():
                 columns[name].append(value)
         written = [row["name"] for row in (yield Statement("schedule_upsert", columns))]
     retired = yield Statement(
@@ -299,7 +300,8 @@ _UPSERT_COLUMNS = (
 )
 
 
-def _upsert_row(schedule: Schedule, now: datetime) -> dict[str, Any]:
+def stored_row(schedule: Schedule, next_run_at: datetime | None) -> dict[str, Any]:
+    """A schedule's columns, as the statements that write it take them."""
     return {
         "name": schedule.name,
         "task": schedule.task,
@@ -313,7 +315,7 @@ def _upsert_row(schedule: Schedule, now: datetime) -> dict[str, Any]:
         "tz": schedule.tz,
         "catch_up": schedule.catch_up,
         "catch_up_limit": schedule.catch_up_limit,
-        "next_run_at": next_tick(schedule.timing, now),
+        "next_run_at": next_run_at,
     }
 
 
