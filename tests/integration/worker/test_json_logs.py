@@ -65,8 +65,10 @@ def test_a_json_line_carries_the_message_the_fields_and_the_traceback() -> None:
 def test_the_worker_command_logs_json_lines_naming_each_job(
     db_url: str, settings: Settings, queue: Queue, processes: int
 ) -> None:
-    """With 2 processes, the lines come from the supervisor's children."""
-    failing = queue.enqueue("fail", {"message": "no"}, queue="mail", max_attempts=2)
+    """With 2 processes, the lines come from the supervisor's children. The
+    lines name jobs, never carry their payloads."""
+    secret = "4242-card-number-4242"
+    failing = queue.enqueue("fail", {"message": "no", "card": secret}, queue="mail", max_attempts=2)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
     env.update(
         PGQUEUE_DATABASE_URL=db_url, PGQUEUE_BACKOFF_BASE_SECONDS="0.01", PYTHONPATH=str(ROOT)
@@ -88,6 +90,7 @@ def test_the_worker_command_logs_json_lines_naming_each_job(
         worker.send_signal(signal.SIGTERM)
         _, stderr = worker.communicate(timeout=30)
     assert worker.returncode == 0, stderr
+    assert secret not in stderr
     lines = [json.loads(text) for text in stderr.splitlines()]  # every line is JSON
     assert {line["action"] for line in lines} >= {"start", "retry", "dead", "stopped"}
     about_the_job = [line for line in lines if line.get("job_id") == failing.id]
