@@ -278,6 +278,7 @@ class QueueLimits(BaseModel):
     rate_limit: int | None = Field(description=LIMITS["rate_limit"][1])
     rate_limit_per_key: int | None = Field(description=LIMITS["rate_limit_per_key"][1])
     rate_period_seconds: float | None = Field(description=LIMITS["rate_period_seconds"][1])
+    fair: bool | None = Field(default=None, description=LIMITS["fair"][1])
 
 
 class QueueControlsOut(BaseModel):

@@ -76,6 +76,13 @@ def limit_cmd(
         str | None,
         typer.Option(help="At most N starts per period per concurrency_key: 10/1m; none."),
     ] = None,
+    fair: Annotated[
+        bool | None,
+        typer.Option(
+            "--fair/--no-fair",
+            help="Share the queue's slots across concurrency_key values, round robin.",
+        ),
+    ] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Change a queue's limits; those not given stay ("none" removes one)."""
@@ -94,9 +101,12 @@ def limit_cmd(
             changes[key], period = option(parse_rate, value, flag)
             if period is not None and changes.setdefault("rate_period_seconds", period) != period:
                 raise typer.BadParameter("--rate and --rate-per-key have one period")
+    if fair is not None:
+        changes["fair"] = fair
     if not changes:
         raise typer.BadParameter(
-            "give at least one of --concurrency, --concurrency-per-key, --rate, --rate-per-key"
+            "give at least one of --concurrency, --concurrency-per-key, --rate, --rate-per-key, "
+            "--fair/--no-fair"
         )
     with state_of(ctx).queue() as q:
         _print(ctx, q.set_limits(name, **changes), json_out)

@@ -12,6 +12,7 @@ commits; a limited queue is claimed under its own lock, within its limits
     rate_limit                 at most this many start within any rate_period_seconds
     rate_limit_per_key         ... and at most this many with one concurrency_key
     rate_period_seconds        the window of both rate limits (given with them)
+    fair                       slots shared round robin across concurrency_key values
 
 ``change(queue, changes)`` is the one way to set them (the library's
 ``pause``, ``resume`` and ``set_limits``, the HTTP API and the command line
@@ -30,7 +31,7 @@ from .errors import InvalidJob, InvalidQueueControl
 from .flows import Flow, Statement
 from .jobs import QUEUE_NAME
 from .json_text import printable
-from .rules import Integer, Name, Rule, Seconds
+from .rules import Integer, Name, Rule, Seconds, Switch
 
 __all__ = ["CONTROLS", "LIMITS", "QueueControls", "change", "read_all"]
 
@@ -60,6 +61,11 @@ LIMITS: dict[str, tuple[Rule, str]] = {
         Seconds(0.0, MAX_PERIOD_SECONDS, exclusive_low=True),
         "The window of the rate limits; needed with them, removed with them.",
     ),
+    "fair": (
+        Switch(),
+        "Share the queue's slots across its jobs' concurrency_key values, round robin: every "
+        "key's next job starts before any key's second (false or null: claim order).",
+    ),
 }
 CONTROLS = ("paused", *LIMITS)
 _QUEUE = Name(QUEUE_NAME)
@@ -76,6 +82,7 @@ class QueueControls:
     rate_limit: int | None = None
     rate_limit_per_key: int | None = None
     rate_period_seconds: float | None = None
+    fair: bool | None = None
     updated_at: datetime | None = None
 
     @property

@@ -93,6 +93,20 @@ class Integer:
 
 
 @dataclass(frozen=True, slots=True)
+class Switch:
+    """A control that is on or off: true, or false / null (stored as NULL,
+    as a limit that is not set)."""
+
+    def check(self, name: str, value: Any) -> bool | None:
+        if not isinstance(value, bool):
+            raise InvalidJob(name, f"must be true or false, got {type(value).__name__}")
+        return True if value else None
+
+    def json_schema(self) -> dict[str, Any]:
+        return {"type": "boolean"}
+
+
+@dataclass(frozen=True, slots=True)
 class JobIds:
     """A list of 1 to ``max_items`` job ids, kept as a tuple in the order
     given, without repeats (a job depends on another once)."""

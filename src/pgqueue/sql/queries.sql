@@ -1119,7 +1119,7 @@ WITH written AS (
     SET paused = %(paused)s, concurrency_limit = %(concurrency_limit)s,
         concurrency_limit_per_key = %(concurrency_limit_per_key)s,
         rate_limit = %(rate_limit)s, rate_limit_per_key = %(rate_limit_per_key)s,
-        rate_period_seconds = %(rate_period_seconds)s, updated_at = now()
+        rate_period_seconds = %(rate_period_seconds)s, fair = %(fair)s, updated_at = now()
     WHERE name = %(queue)s
     RETURNING *
 ), forgotten AS (

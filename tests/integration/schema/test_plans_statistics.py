@@ -179,14 +179,21 @@ def test_an_ack_releases_the_waiting_children_by_key(loaded: str) -> None:
     _assert_bounded(statement, loaded, 2 * BATCH, BY_ID)
 
 
-@pytest.mark.parametrize("limited", [False, True], ids=["free", "limited"])
-def test_a_large_claim_walks_its_queue_index(loaded: str, limited: bool) -> None:
-    if limited:  # chosen by pgqueue_pick_limited, under the queue's lock
+CONTROLS = {
+    "free": None,
+    # Chosen by pgqueue_pick_limited, under the queue's lock.
+    "limited": "(name, concurrency_limit, rate_limit, rate_period_seconds)"
+    " VALUES ('default', 100000, 100000, 60)",
+    # Also by pgqueue_pick_limited: its keys by a skip scan, round robin.
+    "fair": "(name, fair) VALUES ('default', true)",
+}
+
+
+@pytest.mark.parametrize("controls", sorted(CONTROLS))
+def test_a_large_claim_walks_its_queue_index(loaded: str, controls: str) -> None:
+    if CONTROLS[controls] is not None:
         with psycopg.connect(loaded, autocommit=True) as sql:
-            sql.execute(
-                "INSERT INTO pgqueue_queues (name, concurrency_limit, rate_limit,"
-                " rate_period_seconds) VALUES ('default', 100000, 100000, 60)"
-            )
+            sql.execute(f"INSERT INTO pgqueue_queues {CONTROLS[controls]}")
     statement = _first(t.claim(SETTINGS, limit=BATCH, worker="w", queues=["default"]))
     _assert_bounded(statement, loaded, BATCH, BY_ID | {"Index Scan pgqueue_jobs_claim_queue"})
 
