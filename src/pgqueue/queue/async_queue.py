@@ -9,8 +9,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Self, TypeVar
 from uuid import UUID
 
-from ..core import queue_controls, reads, workflows
+from ..core import batches, queue_controls, reads, workflows
 from ..core import transitions as t
+from ..core.batches import Batch, Callback
 from ..core.bulk import BulkAction, JobFilter, retry_dead
 from ..core.dependencies import WorkflowJobs
 from ..core.enqueue import CallKey, Enqueued, PerAttempt, per_attempt
@@ -130,11 +131,14 @@ class AsyncQueue(Common):
         if connection is not None or spec.depends_on:
             flow = self._enqueue_flows.enqueue(spec)
             return await self.run(flow, connection, transaction=bool(spec.depends_on))
-        if self._group_commit:  # with other callers' single enqueues, in one commit
+        # (A job that joins a batch goes alone: a closed batch refuses it,
+        # which must not fail the other callers of a group.)
+        if self._group_commit and spec.batch_id is None:  # with other callers' single enqueues
             await self.open()
             assert self._group is not None
             return await self._enqueue_flows.grouped(self._group.enqueue, spec)
-        return await self._retried(per_attempt(self._enqueue_flows.enqueue, spec), "enqueue")
+        attempts = per_attempt(self._enqueue_flows.enqueue, spec)
+        return await self._retried(attempts, "enqueue", transaction=spec.batch_id is not None)
 
     async def enqueue_workflow(
         self, flow: workflows.Workflow, *, connection: Any = None
@@ -145,6 +149,27 @@ class AsyncQueue(Common):
     async def workflow(self, workflow_id: UUID | str, action: str = "show") -> WorkflowJobs:
         """As Queue.workflow."""
         return await self.run(workflows.act(action, workflow_id), transaction=True)
+
+    async def open_batch(
+        self,
+        *,
+        on_success: Callback | None = None,
+        on_death: Callback | None = None,
+        on_finish: Callback | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Batch:
+        """As Queue.open_batch."""
+        callbacks = {"on_success": on_success, "on_death": on_death, "on_finish": on_finish}
+        flow = batches.open_batch(callbacks, metadata, self.settings.default_max_attempts)
+        return await self.run(flow)
+
+    async def close_batch(self, batch_id: UUID | str) -> Batch:
+        """As Queue.close_batch."""
+        return await self.run(batches.close_batch(batch_id), transaction=True)
+
+    async def get_batch(self, batch_id: UUID | str) -> Batch:
+        """As Queue.get_batch."""
+        return await self.run(batches.get_batch(batch_id))
 
     async def enqueue_many(
         self, jobs: Iterable[JobSpec | Mapping[str, Any]], *, connection: Any = None
