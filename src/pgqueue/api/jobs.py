@@ -27,13 +27,13 @@ from ..core.redaction import Redaction
 from ..queue import AsyncQueue
 from .http_errors import documented_errors
 from .models import (
-    ErrorBody,
     MAX_JOB_ID,
     QUEUE_PATTERN,
     TASK_PATTERN,
     BatchEnqueued,
     BatchItem,
     EnqueueRequest,
+    ErrorBody,
     JobList,
     JobOut,
     JobSummary,

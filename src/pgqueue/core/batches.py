@@ -154,7 +154,9 @@ def checked_callbacks(
             except InvalidJob as exc:
                 raise InvalidJob(f"{name}.{exc.field}", exc.problem) from None
         else:
-            raise InvalidJob(name, f"must be a job's fields (a mapping), got {type(given).__name__}")
+            raise InvalidJob(
+                name, f"must be a job's fields (a mapping), got {type(given).__name__}"
+            )
         for refused, present in (
             ("idempotency_key", spec.idempotency_key is not None),
             ("depends_on", bool(spec.depends_on)),
