@@ -831,7 +831,7 @@ SELECT id, queue, task, priority, state, run_at, attempts, max_attempts, snoozes
        timeout_seconds, idempotency_key, unique_scope, concurrency_key, worker,
        lease_expires_at,
        enqueued_at, started_at, finished_at, workflow_id, depends_on,
-       progress_fraction, progress_at
+       progress_fraction, progress_at, batch_id
 FROM pgqueue_jobs
 WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
   AND (NOT %(scheduled)s OR run_at > now())

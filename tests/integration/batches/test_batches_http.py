@@ -45,6 +45,7 @@ async def test_a_batch_opened_joined_and_closed_over_http_fires_its_callback(
     assert batch["callbacks"]["on_success"]["task"] == "done"
     one = await api.post("/jobs", json={"task": "work", "batch": batch["id"]}, headers=JSON)
     assert one.status_code == 201, one.text
+    assert one.json()["batch_id"] == batch["id"]
     many = await api.post(
         "/jobs/batch",
         json={"jobs": [{"task": "work", "batch": batch["id"]}] * 2},
