@@ -19,7 +19,7 @@ from uuid import UUID, uuid4
 
 from .batches import lock_batches
 from .dependencies import Graph, enqueue_graph
-from .errors import KeyTaken
+from .errors import BatchClosed, KeyTaken
 from .flows import Flow, Statement, db_now
 from .job_spec import JobSpec
 from .jobs import Job
@@ -161,7 +161,17 @@ def enqueue(spec: JobSpec, call: CallKey | None = None) -> Flow[Job]:
         [job] = yield from enqueue_graph(Graph((spec,), ((),)))
         return job
     retry = call is not None and call.begin()
-    yield from lock_batches([spec])
+    try:
+        yield from lock_batches([spec])
+    except BatchClosed:
+        # Closed since an earlier attempt of this call, which may have
+        # committed the job before: then that job is the answer.
+        if not (retry and call is not None and call.ids):
+            raise
+        rows = yield Statement("job_get", {"id": call.ids[0]})
+        if rows and made_by(rows[0], call):
+            return Job.from_row(rows[0])
+        raise
     job_id = (yield from _reserve(call, 1))[0] if call is not None else None
     [spec] = yield from _in_periods([spec])
     params = _spec_params(spec) | {"id": job_id, "call_key": call.key if call else None}

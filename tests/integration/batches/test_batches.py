@@ -194,3 +194,28 @@ def test_bad_callbacks_and_a_batch_with_dependencies_name_the_field(queue: Queue
     with pytest.raises(InvalidJob) as both:
         queue.enqueue("work", queue="batch", batch=batch.id, depends_on=[parent.id])
     assert both.value.field == "batch"
+
+
+def test_a_bulk_cancel_and_a_reap_end_jobs_of_a_batch_too(
+    queue: Queue, sql: psycopg.Connection[Any]
+) -> None:
+    batch = queue.open_batch(on_death={"task": "died"}, on_finish={"task": "finished"})
+    for _ in range(3):
+        queue.enqueue("work", queue="batch", batch=batch.id, max_attempts=1)
+    queue.close_batch(batch.id)
+    [lost] = queue.claim(1, queues=["batch"])
+    sql.execute(
+        "UPDATE pgqueue_jobs SET lease_expires_at = now() - interval '1 s' WHERE id = %s",
+        [lost.id],
+    )
+    assert queue.reap() == {lost.id: JobState.DEAD}
+    assert callback_jobs(queue, "finished") == []
+    assert queue.bulk_cancel(queue="batch") == 2
+    shown = queue.get_batch(batch.id)
+    assert (shown.state, shown.dead, shown.cancelled, shown.pending) == (
+        BatchState.FINISHED,
+        1,
+        2,
+        0,
+    )
+    assert len(callback_jobs(queue, "died")) == len(callback_jobs(queue, "finished")) == 1
