@@ -37,6 +37,11 @@ CREATE TABLE pgqueue_batches (
     finished_at timestamptz
 );
 
+-- Retention reads only finished batches, oldest first (job_prune deletes
+-- them with the finished jobs, after the same retention period).
+CREATE INDEX pgqueue_batches_finished ON pgqueue_batches (finished_at)
+    WHERE state = 'finished';
+
 -- The batch a job joined. Nullable without a default: adding it rewrites
 -- nothing. The statements that end jobs look at the batches only for rows
 -- where it is set, so plain jobs pay nothing; the partial index holds the

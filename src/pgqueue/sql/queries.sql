@@ -873,7 +873,8 @@ LIMIT %(limit)s;
 -- counters already hold their outcomes, so metrics do not move. The edges
 -- from pruned jobs to their dependents go too (only for jobs that have
 -- some: a plain job's prune does not look at the edges), and so does the
--- row of a workflow whose last job this prunes.
+-- row of a workflow whose last job this prunes. Batches finished before the
+-- retention period go too, up to `limit` (pgqueue_batches_finished).
 WITH pruned AS (
 DELETE FROM pgqueue_jobs
 WHERE id IN (
@@ -899,6 +900,15 @@ RETURNING id, has_dependents, workflow_id
           SELECT 1 FROM pgqueue_jobs j
           WHERE j.id BETWEEN w.first_job AND w.last_job AND j.workflow_id = w.id
             AND j.id NOT IN (SELECT id FROM pruned))
+), batches_pruned AS (
+    DELETE FROM pgqueue_batches
+    WHERE id IN (
+        SELECT id FROM pgqueue_batches
+        WHERE state = 'finished'
+          AND finished_at < now() - make_interval(secs => %(retention_seconds)s)
+        ORDER BY finished_at
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED)
 )
 SELECT count(*) AS pruned FROM pruned;
 

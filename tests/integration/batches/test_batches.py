@@ -219,3 +219,22 @@ def test_a_bulk_cancel_and_a_reap_end_jobs_of_a_batch_too(
         0,
     )
     assert len(callback_jobs(queue, "died")) == len(callback_jobs(queue, "finished")) == 1
+
+
+def test_a_finished_batch_is_pruned_after_the_retention_period(
+    queue: Queue, sql: psycopg.Connection[Any]
+) -> None:
+    old = queue.open_batch()
+    queue.close_batch(old.id)
+    young = queue.open_batch()
+    queue.close_batch(young.id)
+    open_one = queue.open_batch()
+    sql.execute(
+        "UPDATE pgqueue_batches SET finished_at = now() - interval '30 days' WHERE id <> %s",
+        [young.id],
+    )
+    queue.prune()
+    with pytest.raises(BatchNotFound):
+        queue.get_batch(old.id)
+    assert queue.get_batch(young.id).state is BatchState.FINISHED
+    assert queue.get_batch(open_one.id).state is BatchState.OPEN
