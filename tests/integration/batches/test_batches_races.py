@@ -125,8 +125,15 @@ async def test_two_workers_finishing_a_batch_closed_meanwhile_enqueue_one_callba
     settings: Settings, aqueue: AsyncQueue, sql: psycopg.Connection[Any]
 ) -> None:
     fired = asyncio.Event()
+    seen: set[str | None] = set()
+    both = asyncio.Event()
 
     async def work(job: Job) -> int:
+        # Held until both workers run jobs: then they finish side by side.
+        seen.add(job.worker)
+        if len(seen) == 2:
+            both.set()
+        await both.wait()
         return job.id
 
     async def done(job: Job) -> None:
