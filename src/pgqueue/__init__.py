@@ -41,9 +41,12 @@ from __future__ import annotations
 
 import logging
 
+from .core.batches import Batch, BatchState
 from .core.bulk import BulkAction, JobFilter
 from .core.enqueue import Enqueued
 from .core.errors import (
+    BatchClosed,
+    BatchNotFound,
     DatabaseReadOnly,
     DatabaseUnavailable,
     EnqueueOutcomeUnknown,
@@ -83,6 +86,10 @@ from .queue import AsyncQueue, Queue
 __all__ = [
     "AsyncQueue",
     "AttemptError",
+    "Batch",
+    "BatchClosed",
+    "BatchNotFound",
+    "BatchState",
     "BulkAction",
     "CancelJob",
     "DatabaseReadOnly",

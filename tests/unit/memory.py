@@ -88,6 +88,7 @@ class MemoryDatabase:
             "progress_info": None,
             "progress_at": None,
             "last_checkpoint": None,
+            "batch_id": None,
             "call_key": None,
         }
         row.update(fields)

@@ -19,6 +19,7 @@ from ..core.settings import Settings
 from ..queue import AsyncQueue
 from . import (
     access,
+    batches,
     bulk,
     dead,
     history,
@@ -106,6 +107,7 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
     app.include_router(dead.router)
     app.include_router(access.router)
     app.include_router(workflows.router)
+    app.include_router(batches.router)
     app.include_router(history.router)
     install_pages(app)
     return app

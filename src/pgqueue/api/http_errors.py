@@ -9,7 +9,9 @@ InvalidSchedule
 The server refusing a value (DataError) 422 invalid_input  (the database refused a value)
 JobNotFound, WorkflowNotFound,       404 not_found
 ScheduleNotFound
+BatchNotFound                        404 not_found (field: batch, jobs[3].batch or batch_id)
 JobStateConflict, ScheduleConflict   409 conflict
+BatchClosed                          409 conflict  (field: batch, jobs[3].batch)
 DatabaseUnavailable                  503 database_unavailable  (Retry-After: 1)
 DatabaseReadOnly                     503 database_read_only    (Retry-After: 1; failover)
 EnqueueOutcomeUnknown                503 enqueue_outcome_unknown (Retry-After: 1; job_ids:
@@ -34,6 +36,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from ..core.errors import (
+    BatchClosed,
+    BatchNotFound,
     DatabaseReadOnly,
     DatabaseUnavailable,
     EnqueueOutcomeUnknown,
@@ -167,8 +171,15 @@ async def _not_found(request: Request, exc: Exception) -> JSONResponse:
     return error_response(404, "not_found", str(exc))
 
 
+async def _batch_not_found(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, BatchNotFound)
+    return error_response(
+        404, "not_found", str(exc), field=exc.field, problems=[(exc.field, exc.problem)]
+    )
+
+
 async def _conflict(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, JobStateConflict | ScheduleConflict)
+    assert isinstance(exc, JobStateConflict | ScheduleConflict | BatchClosed)
     return error_response(
         409, "conflict", str(exc), field=exc.field, problems=[(exc.field, exc.problem)]
     )
@@ -289,6 +300,8 @@ def install_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ScheduleNotFound, _not_found)
     app.add_exception_handler(JobStateConflict, _conflict)
     app.add_exception_handler(ScheduleConflict, _conflict)
+    app.add_exception_handler(BatchNotFound, _batch_not_found)
+    app.add_exception_handler(BatchClosed, _conflict)
     app.add_exception_handler(DatabaseUnavailable, _unavailable)
     app.add_exception_handler(SchemaNotMigrated, _schema_missing)
     app.add_exception_handler(StarletteHTTPException, _http_error)

@@ -41,6 +41,7 @@ from .models import (
     BatchEnqueued,
     BatchItem,
     EnqueueRequest,
+    ErrorBody,
     JobList,
     JobOut,
     JobSummary,
@@ -76,6 +77,15 @@ JobId = Annotated[int, Path(ge=1, le=MAX_JOB_ID, description="A job id.")]
 
 router = APIRouter(tags=["jobs"])
 
+# A job that joins a batch (its field `batch`) it cannot join.
+_BATCH_ERRORS: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorBody, "description": "batch: no batch has this id; nothing was written."},
+    409: {
+        "model": ErrorBody,
+        "description": "batch: the batch was closed, no job can join it; nothing was written.",
+    },
+}
+
 
 def _queue(request: Request) -> AsyncQueue:
     queue: AsyncQueue = request.app.state.queue
@@ -99,6 +109,7 @@ def _redaction(request: Request) -> Redaction:
             "description": "The idempotency key already belonged to this job; nothing was written.",
         },
         **documented_errors(403),
+        **_BATCH_ERRORS,
     },
     summary="Enqueue a job",
 )
@@ -122,6 +133,7 @@ def batch_router(max_batch: int) -> APIRouter:
         responses={
             200: {"model": BatchEnqueued, "description": "Every job already existed."},
             **documented_errors(403),
+            **_BATCH_ERRORS,
         },
         summary="Enqueue many jobs in one transaction",
         description=f"Up to {max_batch} jobs (setting api_max_batch). All are "

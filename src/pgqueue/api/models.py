@@ -136,6 +136,7 @@ class JobSummary(BaseModel):
     started_at: datetime | None
     finished_at: datetime | None
     workflow_id: UUID | None = Field(default=None, description="The workflow it belongs to.")
+    batch_id: UUID | None = Field(default=None, description="The batch it joined.")
     depends_on: list[int] | None = Field(
         default=None, description="The jobs it waits for (their results are its job.parents)."
     )
@@ -220,6 +221,7 @@ class JobOut(JobSummary):
             started_at=job.started_at,
             finished_at=job.finished_at,
             workflow_id=job.workflow_id,
+            batch_id=job.batch_id,
             depends_on=job.depends_on,
             metadata=job.metadata,
             progress_fraction=job.progress_fraction,

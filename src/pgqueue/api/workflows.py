@@ -39,7 +39,7 @@ class _Strict(BaseModel):
 def _job_model() -> type[_Strict]:
     # Any: the values are judged by JobSpec.from_fields and workflows.by_name.
     fields: dict[str, Any] = {
-        f.name: (Any, field_schema(f)) for f in JOB_FIELDS if f.name != "depends_on"
+        f.name: (Any, field_schema(f)) for f in JOB_FIELDS if f.name not in ("depends_on", "batch")
     }
     fields |= {f.alias: (Any, field_schema(f, alias=True)) for f in JOB_FIELDS if f.alias}
     return create_model(

@@ -33,6 +33,7 @@ from .app import app, main
 from . import running, producing, jobs, bulk, queues, watching, workers, server, maintenance  # noqa: F401  # isort: skip
 from . import schedules  # noqa: F401  # isort: skip
 from . import workflows  # noqa: F401  # isort: skip
+from . import batches  # noqa: F401  # isort: skip
 from . import history  # noqa: F401  # isort: skip
 from . import keys  # noqa: F401  # isort: skip
 from . import doctor  # noqa: F401  # isort: skip

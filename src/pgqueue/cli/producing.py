@@ -74,6 +74,9 @@ def enqueue_cmd(
         typer.Option("--max-attempts", help="Attempts before the job is dead (default: 5)."),
     ] = None,
     timeout: Annotated[str | None, typer.Option(help="Time limit of one attempt: 30s, 5m.")] = None,
+    batch: Annotated[
+        str | None, typer.Option("--batch", help="The id of an open batch the job joins.")
+    ] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Add one job."""
@@ -93,6 +96,7 @@ def enqueue_cmd(
         "unique_scope": unique_scope,
         "concurrency_key": concurrency_key,
         "max_attempts": max_attempts,
+        "batch": batch,
     }
     if unique_period is not None:
         fields["unique_period_seconds"] = option(parse_duration, unique_period, "--unique-period")

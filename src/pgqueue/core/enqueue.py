@@ -17,8 +17,9 @@ from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
 from uuid import UUID, uuid4
 
+from .batches import lock_batches
 from .dependencies import Graph, enqueue_graph
-from .errors import KeyTaken
+from .errors import BatchClosed, KeyTaken
 from .flows import Flow, Statement, db_now
 from .job_spec import JobSpec
 from .jobs import Job
@@ -55,6 +56,7 @@ KEY_ROUNDS = 3
 LOSABLE = frozenset(
     {
         "db_now",
+        "batch_lock",
         "job_reserve_ids",
         "job_get",
         "job_get_by_idempotency_key",
@@ -78,6 +80,7 @@ def _spec_params(spec: JobSpec) -> dict[str, Any]:
         "unique_scope": spec.unique_scope,
         "concurrency_key": spec.concurrency_key,
         "metadata": spec.metadata_json,
+        "batch_id": spec.batch_id,
     }
 
 
@@ -158,6 +161,17 @@ def enqueue(spec: JobSpec, call: CallKey | None = None) -> Flow[Job]:
         [job] = yield from enqueue_graph(Graph((spec,), ((),)))
         return job
     retry = call is not None and call.begin()
+    try:
+        yield from lock_batches([spec])
+    except BatchClosed:
+        # Closed since an earlier attempt of this call, which may have
+        # committed the job before: then that job is the answer.
+        if not (retry and call is not None and call.ids):
+            raise
+        rows = yield Statement("job_get", {"id": call.ids[0]})
+        if rows and made_by(rows[0], call):
+            return Job.from_row(rows[0])
+        raise
     job_id = (yield from _reserve(call, 1))[0] if call is not None else None
     [spec] = yield from _in_periods([spec])
     params = _spec_params(spec) | {"id": job_id, "call_key": call.key if call else None}
@@ -224,6 +238,7 @@ def enqueue_many(
         return [Enqueued(job.id, True) for job in jobs]
     call = call or CallKey()
     fresh = call.ids is None
+    yield from lock_batches(specs, many=True)
     ids = yield from _reserve(call, len(specs))
     if copy and fresh and all(_plain(spec) for spec in specs):
         return (yield from _copy_many(specs, ids, call.key))
@@ -315,7 +330,12 @@ def _new_ids(count: int, held: set[int]) -> Flow[list[int]]:
 
 
 def _plain(spec: JobSpec) -> bool:
-    return spec.idempotency_key is None and spec.run_at is None and not spec.delay_seconds
+    return (
+        spec.idempotency_key is None
+        and spec.run_at is None
+        and not spec.delay_seconds
+        and spec.batch_id is None  # (a COPY does not count it in its batch)
+    )
 
 
 def _copy_many(

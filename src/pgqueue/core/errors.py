@@ -10,6 +10,8 @@ PgQueueError
 ├── ScheduleConflict      a schedule's name is taken, or the change does not
 │                         apply to it (one declared in code); nothing was written
 ├── WorkflowNotFound      no job has that workflow id
+├── BatchNotFound         no batch has that id
+├── BatchClosed           a job cannot join a batch that was closed
 ├── JobStateConflict      the transition does not apply to the job's state
 │   ├── JobAlreadyFinished   cancel of (or a signal to) a succeeded, dead or cancelled job
 │   ├── JobNotRetryable      retry of a job that is not dead or cancelled
@@ -35,6 +37,8 @@ from datetime import datetime
 from uuid import UUID
 
 __all__ = [
+    "BatchClosed",
+    "BatchNotFound",
     "DatabaseReadOnly",
     "DatabaseUnavailable",
     "EnqueueOutcomeUnknown",
@@ -135,6 +139,30 @@ class WorkflowNotFound(PgQueueError, LookupError):
     def __init__(self, workflow_id: object) -> None:
         self.workflow_id = workflow_id
         super().__init__(f"workflow {workflow_id} does not exist")
+
+
+class BatchNotFound(PgQueueError, LookupError):
+    """No batch has this id. ``field`` names where the id was given (``batch``
+    of a job, ``jobs[3].batch`` of a bulk enqueue, ``batch_id``); nothing
+    was written."""
+
+    def __init__(self, batch_id: object, field: str = "batch_id") -> None:
+        self.batch_id = batch_id
+        self.field = field
+        self.problem = f"no batch has the id {batch_id}"
+        super().__init__(f"batch {batch_id} does not exist")
+
+
+class BatchClosed(PgQueueError):
+    """A job cannot join this batch: it was closed (``state``: closed, or
+    finished). ``field`` names where the id was given; nothing was written."""
+
+    def __init__(self, batch_id: object, state: str, field: str = "batch") -> None:
+        self.batch_id = batch_id
+        self.state = state
+        self.field = field
+        self.problem = f"batch {batch_id} is {state}: no job can join it"
+        super().__init__(f"{field}: {self.problem}")
 
 
 class JobStateConflict(PgQueueError):

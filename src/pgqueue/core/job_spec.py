@@ -1,10 +1,10 @@
 """The one shape every new job has on every surface.
 
-A new job has fifteen fields, named after the columns of the jobs table:
+A new job has sixteen fields, named after the columns of the jobs table:
 
     task, payload, queue, priority, delay_seconds, run_at, max_attempts,
     timeout_seconds, idempotency_key, unique_scope, unique_period_seconds,
-    concurrency_key, depends_on, on_dependency_failure, metadata
+    concurrency_key, depends_on, on_dependency_failure, metadata, batch
 
 ``delay`` and ``timeout`` are aliases of ``delay_seconds`` and
 ``timeout_seconds``; a job that gives a name and its alias is refused.
@@ -31,6 +31,10 @@ JSON values (the payload, the metadata, and a handler's result, checked by
 the same ``json_text.dump_json``) must read back as written: at most
 ``MAX_JSON_DEPTH`` levels deep and ``MAX_JSON_BYTES`` bytes, keys strings.
 
+Batches: ``batch`` is the id of an open batch the job joins
+(``Queue.open_batch``; docs/howto/batches.md); a job of a batch has no
+dependencies.
+
 Metadata: a JSON object about the job rather than its arguments, shown with
 it and given to its handler (``Job.metadata``); the key ``otel`` is where
 tracing.py carries the enqueuer's trace context (docs/tracing.md).
@@ -45,6 +49,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
+from uuid import UUID
 
 from .errors import InvalidJob
 from .jobs import (
@@ -65,6 +70,7 @@ from .jobs import (
 from .json_text import MAX_JSON_BYTES, MAX_JSON_DEPTH, printable
 from .rules import (
     SEALED_KEY,
+    BatchId,
     Integer,
     JobIds,
     Key,
@@ -187,6 +193,12 @@ JOB_FIELDS: tuple[JobField, ...] = (
         "trace context of the code that enqueued the job, when tracing is on "
         "(docs/tracing.md).",
     ),
+    JobField(
+        "batch",
+        BatchId(),
+        "The id of an open batch this job joins (POST /batches): its callbacks run once "
+        "the batch is closed and every job of it has ended. Not with depends_on.",
+    ),
 )
 FIELD_ALIASES = {f.alias: f.name for f in JOB_FIELDS if f.alias}
 _REQUIRED = [f.name for f in JOB_FIELDS if f.required]
@@ -225,6 +237,7 @@ class JobSpec(NamedTuple):
     depends_on: tuple[int, ...] = ()
     on_dependency_failure: str = "cancel"
     metadata_json: str | None = None
+    batch_id: UUID | None = None
 
     @classmethod
     def from_fields(
@@ -253,6 +266,8 @@ class JobSpec(NamedTuple):
         if values["run_at"] is not None and delay is not None and given[delay] is not None:
             raise InvalidJob("run_at", f"give {delay} or run_at, not both")
         key, scope, period = _uniqueness(values)
+        if values["batch"] is not None and values["depends_on"]:
+            raise InvalidJob(names["batch"], "a job with dependencies cannot join a batch")
         if key is not None and values["depends_on"]:
             raise InvalidJob(
                 names["depends_on"], "a job with dependencies cannot have a key (unique jobs)"
@@ -273,6 +288,7 @@ class JobSpec(NamedTuple):
             values["depends_on"] or (),
             values["on_dependency_failure"],
             values["metadata"],
+            values["batch"],
         )
 
     @classmethod

@@ -228,6 +228,8 @@ class Job:
     # The value its handler last stored with job.checkpoint() (any attempt),
     # as claimed; None if none.
     last_checkpoint: Any = None
+    # The batch it joined (Queue.open_batch), None if none.
+    batch_id: UUID | None = None
     duplicate: bool = False
     # The results of the jobs of ``depends_on``, in that order (None for a
     # job that did not succeed, or was pruned): filled in by the claim.

@@ -16,11 +16,13 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
+from uuid import UUID
 
 from .errors import InvalidJob
 from .json_text import MAX_JSON_BYTES, dump_json, printable, storable
 
 __all__ = [
+    "BatchId",
     "Cutoff",
     "Integer",
     "JobIds",
@@ -104,6 +106,22 @@ class Switch:
 
     def json_schema(self) -> dict[str, Any]:
         return {"type": "boolean"}
+
+
+@dataclass(frozen=True, slots=True)
+class BatchId:
+    """The id of a batch (a uuid, or its text), as a UUID."""
+
+    def check(self, name: str, value: Any) -> UUID:
+        if isinstance(value, UUID):
+            return value
+        if isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                return UUID(value)
+        raise InvalidJob(name, f"must be a batch id (a uuid), got {printable(repr(value)[:60])}")
+
+    def json_schema(self) -> dict[str, Any]:
+        return {"type": "string", "format": "uuid"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -209,6 +209,8 @@ def specs_maker(default_max_attempts: int, stamp: Stamp = list) -> MakeSpecs:
                 raise InvalidJob(
                     f"jobs[{index}].idempotency_key", "a job of a workflow cannot have a key"
                 )
+            if spec.batch_id is not None:
+                raise InvalidJob(f"jobs[{index}].batch", "a job of a workflow cannot join a batch")
         return specs
 
     return make

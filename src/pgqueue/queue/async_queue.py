@@ -10,6 +10,7 @@ from typing import Any, Self, TypeVar
 from uuid import UUID
 
 from ..core import (
+    batches,
     dependencies,
     queue_controls,
     reads,
@@ -20,6 +21,7 @@ from ..core import (
 )
 from ..core import doctor as doctor_flows
 from ..core import transitions as t
+from ..core.batches import Batch, Callback
 from ..core.bulk import BulkAction, JobFilter, retry_dead
 from ..core.dependencies import WorkflowJobs
 from ..core.doctor import DoctorOptions
@@ -142,11 +144,14 @@ class AsyncQueue(Common):
         if connection is not None or spec.depends_on:
             flow = self._enqueue_flows.enqueue(spec)
             return await self.run(flow, connection, transaction=bool(spec.depends_on))
-        if self._group_commit:  # with other callers' single enqueues, in one commit
+        # (A job that joins a batch goes alone: a closed batch refuses it,
+        # which must not fail the other callers of a group.)
+        if self._group_commit and spec.batch_id is None:  # with other callers' single enqueues
             await self.open()
             assert self._group is not None
             return await self._enqueue_flows.grouped(self._group.enqueue, spec)
-        return await self._retried(per_attempt(self._enqueue_flows.enqueue, spec), "enqueue")
+        attempts = per_attempt(self._enqueue_flows.enqueue, spec)
+        return await self._retried(attempts, "enqueue", transaction=spec.batch_id is not None)
 
     async def enqueue_workflow(
         self, flow: workflows.Workflow, *, connection: Any = None
@@ -163,6 +168,27 @@ class AsyncQueue(Common):
     ) -> list[workflows.WorkflowSummary]:
         """As Queue.list_workflows."""
         return await self.run(workflows.list_workflows(state=state, before=before, limit=limit))
+
+    async def open_batch(
+        self,
+        *,
+        on_success: Callback | None = None,
+        on_death: Callback | None = None,
+        on_finish: Callback | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Batch:
+        """As Queue.open_batch."""
+        callbacks = {"on_success": on_success, "on_death": on_death, "on_finish": on_finish}
+        flow = batches.open_batch(callbacks, metadata, self.settings.default_max_attempts)
+        return await self.run(flow)
+
+    async def close_batch(self, batch_id: UUID | str) -> Batch:
+        """As Queue.close_batch."""
+        return await self.run(batches.close_batch(batch_id), transaction=True)
+
+    async def get_batch(self, batch_id: UUID | str) -> Batch:
+        """As Queue.get_batch."""
+        return await self.run(batches.get_batch(batch_id))
 
     async def enqueue_many(
         self, jobs: Iterable[JobSpec | Mapping[str, Any]], *, connection: Any = None

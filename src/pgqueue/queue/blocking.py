@@ -8,6 +8,7 @@ from typing import Any, Self, TypeVar
 from uuid import UUID
 
 from ..core import (
+    batches,
     dependencies,
     queue_controls,
     reads,
@@ -18,6 +19,7 @@ from ..core import (
 )
 from ..core import doctor as doctor_flows
 from ..core import transitions as t
+from ..core.batches import Batch, Callback
 from ..core.bulk import BulkAction, JobFilter, retry_dead
 from ..core.dependencies import WorkflowJobs
 from ..core.doctor import DoctorOptions
@@ -102,7 +104,9 @@ class Queue(Common):
         ``jobs.JOB_FIELDS``. A bad or unknown field raises InvalidJob naming
         it. With ``connection``, the job is part of the caller's transaction.
         ``job.duplicate`` says the key already existed. With ``depends_on``
-        (job ids) it waits for those jobs (docs/workflows.md). Lost
+        (job ids) it waits for those jobs (docs/workflows.md). With ``batch``
+        (a batch id) it joins that open batch (BatchNotFound, BatchClosed
+        otherwise, and nothing is written; docs/howto/batches.md). Lost
         connections are retried, never adding the job twice, unless given
         ``connection`` or ``depends_on``."""
         spec = self._spec(task, payload, **fields)
@@ -110,7 +114,9 @@ class Queue(Common):
             return self.run(
                 self._enqueue_flows.enqueue(spec), connection, transaction=bool(spec.depends_on)
             )
-        return self._retried(per_attempt(self._enqueue_flows.enqueue, spec), "enqueue")
+        # A job that joins a batch: the batch's lock and the insert in one transaction.
+        attempts = per_attempt(self._enqueue_flows.enqueue, spec)
+        return self._retried(attempts, "enqueue", transaction=spec.batch_id is not None)
 
     def enqueue_workflow(self, flow: workflows.Workflow, *, connection: Any = None) -> WorkflowJobs:
         """Add a workflow (``chain``/``group`` of steps, or a list of named
@@ -130,6 +136,37 @@ class Queue(Common):
         only succeeded jobs (succeeded), with a dead or a cancelled job (dead,
         cancelled); ``before``: the last one's ``first_job``, for the next page."""
         return self.run(workflows.list_workflows(state=state, before=before, limit=limit))
+
+    def open_batch(
+        self,
+        *,
+        on_success: Callback | None = None,
+        on_death: Callback | None = None,
+        on_finish: Callback | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Batch:
+        """Open a batch: jobs join it by ``enqueue(..., batch=batch.id)``
+        (from a handler too) until ``close_batch``. Once closed and every job
+        of it has ended, its callbacks are enqueued exactly once, each a
+        job's fields (as ``enqueue_many`` takes them): ``on_success`` when
+        every job succeeded, ``on_death`` when at least one died,
+        ``on_finish`` in any case. Their metadata gets the key ``batch``:
+        the batch's id, counts and ``metadata``. InvalidJob names a bad
+        callback field (``on_success.priority``); nothing is written."""
+        callbacks = {"on_success": on_success, "on_death": on_death, "on_finish": on_finish}
+        flow = batches.open_batch(callbacks, metadata, self.settings.default_max_attempts)
+        return self.run(flow)
+
+    def close_batch(self, batch_id: UUID | str) -> Batch:
+        """Close a batch: no job may join it any more (BatchClosed). If every
+        job of it has already ended, its callbacks are enqueued now;
+        otherwise when its last job ends. A batch already closed stays as
+        it is. BatchNotFound for an unknown id."""
+        return self.run(batches.close_batch(batch_id), transaction=True)
+
+    def get_batch(self, batch_id: UUID | str) -> Batch:
+        """A batch: its state, counters, jobs by state and callback jobs."""
+        return self.run(batches.get_batch(batch_id))
 
     def enqueue_many(
         self, jobs: Iterable[JobSpec | Mapping[str, Any]], *, connection: Any = None

@@ -15,16 +15,18 @@
 -- another call's under the same id; NULL in a caller's transaction.
 -- A run_at in the past means now: run_at is when the job became runnable,
 -- which the lag gauge and the start-latency histogram measure from.
+-- A job that joins a batch (`batch_id`; the flow locked it first: batch_lock)
+-- counts in it.
 -- Returns the new row (created = true) or nothing on a conflict.
 WITH inserted AS (
     INSERT INTO pgqueue_jobs (id, queue, task, payload, priority, run_at, max_attempts,
                               timeout_seconds, idempotency_key, unique_scope,
-                              concurrency_key, metadata, call_key)
+                              concurrency_key, metadata, call_key, batch_id)
     VALUES (coalesce(%(id)s::bigint, nextval('pgqueue_jobs_id_seq')),
             %(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s,
             greatest(coalesce(%(run_at)s, now() + make_interval(secs => %(delay)s)), now()),
             %(max_attempts)s, %(timeout_seconds)s, %(idempotency_key)s, %(unique_scope)s,
-            %(concurrency_key)s, %(metadata)s::jsonb, %(call_key)s::uuid)
+            %(concurrency_key)s, %(metadata)s::jsonb, %(call_key)s::uuid, %(batch_id)s::uuid)
     ON CONFLICT (idempotency_key)
         WHERE idempotency_key IS NOT NULL AND pgqueue_key_held(unique_scope, state, started_at)
         DO NOTHING
@@ -36,8 +38,12 @@ WITH inserted AS (
     -- Counted for the per-minute history. Appended, not added to a counter
     -- row: a caller's transaction holds no lock another producer could wait on.
     INSERT INTO pgqueue_enqueued (queue, n) SELECT queue, 1 FROM inserted
+), joined AS (
+    -- Its batch counts it (migrations/0027). A plain job calls nothing.
+    SELECT pgqueue_batch_moved(array_agg(batch_id), array_agg(NULL::text), array_agg(state))
+    FROM inserted WHERE batch_id IS NOT NULL HAVING count(*) > 0
 )
-SELECT inserted.* FROM inserted, (SELECT count(*) FROM woken) w;
+SELECT inserted.* FROM inserted, (SELECT count(*) FROM woken) w, (SELECT count(*) FROM joined) b;
 
 -- name: job_get_by_idempotency_key
 -- The job holding a key now (jobs that held it before may share it).
@@ -53,35 +59,41 @@ WHERE idempotency_key = %(idempotency_key)s
 -- target, so that the primary key is an arbiter too. (The chunks of one
 -- call go in one after another: keys are ordered within a chunk.) Every
 -- row carries the call's key (`call_key`: one for all, see job_enqueue).
--- One notification per queue, not per job.
+-- One notification per queue, not per job. Jobs that join a batch count in
+-- it (as in job_enqueue).
 WITH inserted AS (
     INSERT INTO pgqueue_jobs (id, queue, task, payload, priority, run_at, max_attempts,
                               timeout_seconds, idempotency_key, unique_scope,
-                              concurrency_key, metadata, call_key)
+                              concurrency_key, metadata, call_key, batch_id)
     SELECT id, queue, task, payload, priority,
            greatest(coalesce(run_at, now() + make_interval(secs => delay)), now()),
            max_attempts, timeout_seconds, idempotency_key, unique_scope, concurrency_key,
-           metadata, %(call_key)s::uuid
+           metadata, %(call_key)s::uuid, batch_id
     FROM unnest(%(id)s::bigint[], %(queue)s::text[], %(task)s::text[], %(payload)s::jsonb[],
                 %(priority)s::integer[], %(run_at)s::timestamptz[],
                 %(delay)s::double precision[], %(max_attempts)s::integer[],
                 %(timeout_seconds)s::double precision[], %(idempotency_key)s::text[],
-                %(unique_scope)s::text[], %(concurrency_key)s::text[], %(metadata)s::jsonb[])
+                %(unique_scope)s::text[], %(concurrency_key)s::text[], %(metadata)s::jsonb[],
+                %(batch_id)s::uuid[])
          AS t(id, queue, task, payload, priority, run_at, delay, max_attempts,
-              timeout_seconds, idempotency_key, unique_scope, concurrency_key, metadata)
+              timeout_seconds, idempotency_key, unique_scope, concurrency_key, metadata,
+              batch_id)
     -- In key order: two calls whose keys overlap take them in the same
     -- order, so that neither waits for a key the other holds while it
     -- holds one the other waits for (a deadlock).
     ORDER BY idempotency_key
     ON CONFLICT DO NOTHING
-    RETURNING id, queue, run_at
+    RETURNING id, queue, run_at, state, batch_id
 ), woken AS (
     SELECT pg_notify('pgqueue_jobs', queue)
     FROM (SELECT DISTINCT queue FROM inserted WHERE run_at <= now()) q
 ), counted AS (
     INSERT INTO pgqueue_enqueued (queue, n) SELECT queue, count(*) FROM inserted GROUP BY 1
+), joined AS (
+    SELECT pgqueue_batch_moved(array_agg(batch_id), array_agg(NULL::text), array_agg(state))
+    FROM inserted WHERE batch_id IS NOT NULL HAVING count(*) > 0
 )
-SELECT id FROM inserted, (SELECT count(*) FROM woken) w;
+SELECT id FROM inserted, (SELECT count(*) FROM woken) w, (SELECT count(*) FROM joined) b;
 
 -- name: job_get_many
 -- The jobs of a group commit (enqueue.enqueue_group) by id: those it
@@ -330,7 +342,7 @@ WITH outcome AS (
         lease_expires_at = NULL
     FROM outcome o, (SELECT 'running'::text OFFSET 0) AS expected(state)
     WHERE j.id = o.id AND j.lease_token = o.token AND j.state = expected.state
-    RETURNING j.id, j.queue, j.state, o.succeeded, j.has_dependents
+    RETURNING j.id, j.queue, j.state, o.succeeded, j.has_dependents, j.batch_id
 ), counted AS (
     INSERT INTO pgqueue_counters AS c (queue, shard, succeeded, failed, dead)
     SELECT queue, pg_backend_pid() %% 16,
@@ -351,8 +363,16 @@ WITH outcome AS (
     SELECT pgqueue_release(array_agg(id), array_agg(state = 'succeeded'))
     FROM finished WHERE has_dependents AND state <> 'queued'
     HAVING count(*) > 0
+), batched AS (
+    -- The batches of the jobs that ended count them; the last job of a
+    -- closed batch enqueues its callbacks (migrations/0027). Only rows with
+    -- a batch_id reach it; a batch of plain jobs calls nothing.
+    SELECT pgqueue_batch_moved(array_agg(batch_id), array_agg('running'::text), array_agg(state))
+    FROM finished WHERE batch_id IS NOT NULL AND state <> 'queued'
+    HAVING count(*) > 0
 )
-SELECT id, state FROM finished, (SELECT count(*) FROM woken) w, (SELECT count(*) FROM released) r;
+SELECT id, state FROM finished, (SELECT count(*) FROM woken) w, (SELECT count(*) FROM released) r,
+       (SELECT count(*) FROM batched) b;
 
 -- name: job_snooze
 -- Put held jobs back to queued because their handlers asked to run again
@@ -405,7 +425,7 @@ WITH request AS (
     SET state = 'cancelled', last_error = r.reason, finished_at = now(), lease_expires_at = NULL
     FROM request r, (SELECT 'running'::text OFFSET 0) AS expected(state)
     WHERE j.id = r.id AND j.lease_token = r.token AND j.state = expected.state
-    RETURNING j.id, j.queue, j.state, j.has_dependents
+    RETURNING j.id, j.queue, j.state, j.has_dependents, j.batch_id
 ), counted AS (
     INSERT INTO pgqueue_counters AS c (queue, shard, cancelled)
     SELECT queue, pg_backend_pid() %% 16, count(*)
@@ -417,8 +437,13 @@ WITH request AS (
     -- Their dependents follow their policies (as in job_finish).
     SELECT pgqueue_release(array_agg(id), array_agg(false))
     FROM cancelled WHERE has_dependents HAVING count(*) > 0
+), batched AS (
+    -- Their batches count them (as in job_finish).
+    SELECT pgqueue_batch_moved(array_agg(batch_id), array_agg('running'::text), array_agg(state))
+    FROM cancelled WHERE batch_id IS NOT NULL HAVING count(*) > 0
 )
-SELECT id, state FROM cancelled, (SELECT count(*) FROM woken) w, (SELECT count(*) FROM released) r;
+SELECT id, state FROM cancelled, (SELECT count(*) FROM woken) w, (SELECT count(*) FROM released) r,
+       (SELECT count(*) FROM batched) b;
 
 -- name: job_progress
 -- Record the latest progress of many running jobs (job.progress(), written
@@ -680,7 +705,7 @@ WITH expired AS (
         errors = pgqueue_errors_append(j.errors, j.attempts, expired.error, j.worker),
         lease_expires_at = NULL
     FROM expired WHERE j.id = expired.id
-    RETURNING j.id, j.queue, j.state, j.has_dependents
+    RETURNING j.id, j.queue, j.state, j.has_dependents, j.batch_id
 ), counted AS (
     INSERT INTO pgqueue_counters AS c (queue, shard, failed, dead)
     SELECT queue, pg_backend_pid() %% 16, count(*), count(*) FILTER (WHERE state = 'dead')
@@ -694,8 +719,13 @@ WITH expired AS (
     -- The dependents of a job reaped dead follow their policies (as in job_finish).
     SELECT pgqueue_release(array_agg(id), array_agg(false))
     FROM reaped WHERE state = 'dead' AND has_dependents HAVING count(*) > 0
+), batched AS (
+    -- The batches of the jobs reaped dead count them (as in job_finish).
+    SELECT pgqueue_batch_moved(array_agg(batch_id), array_agg('running'::text), array_agg(state))
+    FROM reaped WHERE state = 'dead' AND batch_id IS NOT NULL HAVING count(*) > 0
 )
-SELECT id, state FROM reaped, (SELECT count(*) FROM woken) w, (SELECT count(*) FROM released) r;
+SELECT id, state FROM reaped, (SELECT count(*) FROM woken) w, (SELECT count(*) FROM released) r,
+       (SELECT count(*) FROM batched) b;
 
 -- name: job_cancel
 -- Cancel a waiting, queued or running job; a running job's lease is
@@ -727,29 +757,45 @@ WITH picked AS (
 ), released AS (
     SELECT pgqueue_release(array_agg(id), array_agg(false))
     FROM cancelled WHERE has_dependents HAVING count(*) > 0
+), batched AS (
+    -- Its batch counts it (as in job_finish).
+    SELECT pgqueue_batch_moved(array_agg(c.batch_id), array_agg(p.state), array_agg(c.state))
+    FROM cancelled c JOIN picked p ON p.id = c.id WHERE c.batch_id IS NOT NULL
+    HAVING count(*) > 0
 )
 SELECT cancelled.* FROM cancelled, (SELECT count(*) FROM woken) w,
-       (SELECT count(*) FROM stopped) s, (SELECT count(*) FROM released) r;
+       (SELECT count(*) FROM stopped) s, (SELECT count(*) FROM released) r,
+       (SELECT count(*) FROM batched) b;
 
 -- name: job_retry
 -- Put a dead or cancelled job back to queued with a fresh budget of attempts
 -- and snoozes.
 -- Nothing when that would make it hold a key another job holds now (the
 -- flow then says which job).
-WITH retried AS (
+-- A job of a batch that has not finished counts in it as not ended again.
+WITH picked AS (
+    -- Locked first, to know the state it is retried from.
+    SELECT id, state FROM pgqueue_jobs
+    WHERE id = %(id)s AND state IN ('dead', 'cancelled')
+    FOR NO KEY UPDATE
+), retried AS (
     UPDATE pgqueue_jobs j
     SET state = 'queued', attempts = 0, snoozes = 0, run_at = now(), finished_at = NULL,
         started_at = NULL, result = NULL, lease_token = NULL, worker = NULL
-    WHERE j.id = %(id)s AND j.state IN ('dead', 'cancelled')
+    FROM picked p
+    WHERE j.id = p.id AND j.state IN ('dead', 'cancelled')
       AND NOT EXISTS (
           SELECT 1 FROM pgqueue_jobs o
           WHERE o.idempotency_key = j.idempotency_key AND o.id <> j.id
             AND pgqueue_key_held(o.unique_scope, o.state, o.started_at))
-    RETURNING j.*
+    RETURNING j.*, p.state AS was
 ), woken AS (
     SELECT pg_notify('pgqueue_jobs', queue) FROM retried
+), batched AS (
+    SELECT pgqueue_batch_moved(array_agg(batch_id), array_agg(was), array_agg(state))
+    FROM retried WHERE batch_id IS NOT NULL HAVING count(*) > 0
 )
-SELECT retried.* FROM retried, (SELECT count(*) FROM woken) w;
+SELECT retried.* FROM retried, (SELECT count(*) FROM woken) w, (SELECT count(*) FROM batched) b;
 
 -- name: job_bulk_cancel
 -- One batch of a bulk cancel: up to `limit` waiting, queued or running jobs (of
@@ -798,7 +844,8 @@ WITH candidate AS (
     SET state = 'cancelled', finished_at = now(), lease_expires_at = NULL
     FROM picked p
     WHERE j.id = p.id AND j.state = ANY(%(states)s::text[])
-    RETURNING j.id, j.queue, j.has_dependents, j.lease_token, p.state = 'running' AS was_running
+    RETURNING j.id, j.queue, j.has_dependents, j.lease_token, p.state = 'running' AS was_running,
+              j.batch_id, p.state AS was
 ), counted AS (
     INSERT INTO pgqueue_counters AS c (queue, shard, cancelled)
     SELECT queue, pg_backend_pid() %% 16, count(*) FROM cancelled GROUP BY 1, 2 ORDER BY 1, 2
@@ -813,10 +860,14 @@ WITH candidate AS (
     -- Dependents follow their policies (as in job_finish).
     SELECT pgqueue_release(array_agg(id), array_agg(false))
     FROM cancelled WHERE has_dependents HAVING count(*) > 0
+), batched AS (
+    -- Their batches count them (as in job_finish).
+    SELECT pgqueue_batch_moved(array_agg(batch_id), array_agg(was), array_agg('cancelled'::text))
+    FROM cancelled WHERE batch_id IS NOT NULL HAVING count(*) > 0
 )
 SELECT (SELECT count(*) FROM matching) AS matched, (SELECT count(*) FROM cancelled) AS affected
 FROM (SELECT count(*) FROM ended) e, (SELECT count(*) FROM stopped) s,
-     (SELECT count(*) FROM released) r;
+     (SELECT count(*) FROM released) r, (SELECT count(*) FROM batched) b;
 
 -- name: job_bulk_finished
 -- One batch of a bulk retry or delete (`action`) of finished jobs (of
@@ -851,7 +902,7 @@ WITH matching AS (
 ), picked AS (
     -- Skipped, not waited for, when another statement holds them (a pruner,
     -- another action).
-    SELECT j.id, j.idempotency_key FROM pgqueue_jobs j JOIN matching m ON m.id = j.id
+    SELECT j.id, j.idempotency_key, j.state FROM pgqueue_jobs j JOIN matching m ON m.id = j.id
     WHERE NOT %(dry_run)s
     FOR UPDATE OF j SKIP LOCKED
 ), retried AS (
@@ -861,7 +912,7 @@ WITH matching AS (
     FROM (
         -- One job per key, so that two retried jobs never both take one.
         SELECT DISTINCT ON (p.idempotency_key, CASE WHEN p.idempotency_key IS NULL THEN p.id END)
-               p.id
+               p.id, p.state
         FROM picked p
         WHERE %(action)s::text = 'retry'
           AND NOT EXISTS (
@@ -871,7 +922,7 @@ WITH matching AS (
         ORDER BY p.idempotency_key, CASE WHEN p.idempotency_key IS NULL THEN p.id END, p.id
     ) r
     WHERE j.id = r.id AND j.state = ANY(%(states)s::text[])
-    RETURNING j.id, j.queue
+    RETURNING j.id, j.queue, j.batch_id, r.state AS was
 ), deleted AS (
     DELETE FROM pgqueue_jobs j USING picked p
     WHERE %(action)s::text = 'delete' AND j.id = p.id AND j.state = ANY(%(states)s::text[])
@@ -882,11 +933,16 @@ WITH matching AS (
     DELETE FROM pgqueue_job_signals s USING deleted d WHERE s.job_id = d.id
 ), ready AS (
     SELECT pg_notify('pgqueue_jobs', queue) FROM (SELECT DISTINCT queue FROM retried) q
+), batched AS (
+    -- A retried job of a batch that has not finished counts in it as not
+    -- ended again (as in job_retry); a deleted one stays counted as it ended.
+    SELECT pgqueue_batch_moved(array_agg(batch_id), array_agg(was), array_agg('queued'::text))
+    FROM retried WHERE batch_id IS NOT NULL HAVING count(*) > 0
 )
 SELECT (SELECT count(*) FROM matching) AS matched,
        (SELECT count(*) FROM retried) + (SELECT count(*) FROM deleted) AS affected,
        last.finished_at AS last_at, last.id AS last_id
-FROM (SELECT count(*) FROM ready) r
+FROM (SELECT count(*) FROM ready) r, (SELECT count(*) FROM batched) b
 LEFT JOIN (SELECT finished_at, id FROM matching ORDER BY finished_at DESC, id DESC LIMIT 1) last
     ON true;
 
@@ -950,7 +1006,7 @@ SELECT id, queue, task, priority, state, run_at, attempts, max_attempts, snoozes
        timeout_seconds, idempotency_key, unique_scope, concurrency_key, worker,
        lease_expires_at,
        enqueued_at, started_at, finished_at, workflow_id, depends_on,
-       progress_fraction, progress_at
+       progress_fraction, progress_at, batch_id
 FROM pgqueue_jobs
 WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
   AND (NOT %(scheduled)s OR run_at > now())
@@ -992,7 +1048,8 @@ LIMIT %(limit)s;
 -- counters already hold their outcomes, so metrics do not move. The edges
 -- from pruned jobs to their dependents go too (only for jobs that have
 -- some: a plain job's prune does not look at the edges), and so does the
--- row of a workflow whose last job this prunes.
+-- row of a workflow whose last job this prunes. Batches finished before the
+-- retention period go too, up to `limit` (pgqueue_batches_finished).
 WITH pruned AS (
 DELETE FROM pgqueue_jobs
 WHERE id IN (
@@ -1021,6 +1078,15 @@ RETURNING id, has_dependents, workflow_id
           SELECT 1 FROM pgqueue_jobs j
           WHERE j.id BETWEEN w.first_job AND w.last_job AND j.workflow_id = w.id
             AND j.id NOT IN (SELECT id FROM pruned))
+), batches_pruned AS (
+    DELETE FROM pgqueue_batches
+    WHERE id IN (
+        SELECT id FROM pgqueue_batches
+        WHERE state = 'finished'
+          AND finished_at < now() - make_interval(secs => %(retention_seconds)s)
+        ORDER BY finished_at
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED)
 )
 SELECT count(*) AS pruned FROM pruned;
 
@@ -1700,6 +1766,39 @@ WITH picked AS (
     FROM (SELECT DISTINCT queue FROM retried WHERE state = 'queued') q
 )
 SELECT count(*) AS retried FROM retried, (SELECT count(*) FROM woken) w;
+
+-- name: batch_open
+-- Open a batch (migrations/0027_batches.sql): jobs may join it until it is
+-- closed. `callbacks`: the checked fields of its callback jobs, by when
+-- they run (core/batches.py). Returns the new row.
+INSERT INTO pgqueue_batches (id, callbacks, metadata)
+VALUES (%(id)s::uuid, %(callbacks)s::jsonb, %(metadata)s::jsonb)
+RETURNING *;
+
+-- name: batch_lock
+-- The batches new jobs are about to join, with their states, locked until
+-- the enqueue commits: a close waits for the new jobs to count, and an
+-- enqueue after a close sees the batch closed. In id order, so that two
+-- enqueues never deadlock.
+SELECT id, state FROM pgqueue_batches
+WHERE id = ANY(%(ids)s::uuid[])
+ORDER BY id
+FOR NO KEY UPDATE;
+
+-- name: batch_close
+-- Close a batch; finished at once, its callbacks enqueued, when every job
+-- of it has ended (pgqueue_batch_close). The state after, NULL for no such batch.
+SELECT pgqueue_batch_close(%(id)s::uuid) AS state;
+
+-- name: batch_get
+-- One batch, and its jobs counted by state now (through pgqueue_jobs_batch;
+-- pruned jobs are gone from these, not from its counters).
+SELECT b.*,
+       coalesce((SELECT jsonb_object_agg(state, n)
+                 FROM (SELECT state, count(*) AS n FROM pgqueue_jobs
+                       WHERE batch_id = b.id GROUP BY state) s), '{}'::jsonb) AS counts
+FROM pgqueue_batches b
+WHERE b.id = %(id)s::uuid;
 
 -- name: snapshot_begin
 -- Make the current transaction one read-only snapshot, so that several reads

@@ -363,6 +363,9 @@ async def test_healthz_docs_and_openapi(api: httpx.AsyncClient) -> None:
         "/workflows",
         "/workflows/{workflow_id}",
         "/workflows/{workflow_id}/{action}",
+        "/batches",
+        "/batches/{batch_id}",
+        "/batches/{batch_id}/close",
     }
     assert (
         schema["components"]["schemas"]["BatchEnqueueRequest"]["properties"]["jobs"]["maxItems"]

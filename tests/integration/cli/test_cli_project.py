@@ -38,6 +38,7 @@ ACTING = [
     ["workers"],
     ["schedules"],
     ["workflows", "show", "6"],
+    ["batches", "show", "6"],
     ["prune"],
 ]
 

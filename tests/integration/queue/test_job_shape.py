@@ -38,6 +38,7 @@ CANONICAL = [
     "depends_on",
     "on_dependency_failure",
     "metadata",
+    "batch",
 ]
 
 

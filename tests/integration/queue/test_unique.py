@@ -425,7 +425,9 @@ def test_the_key_is_found_and_guarded_by_its_index(
     queue: Queue, sql: psycopg.Connection[Any]
 ) -> None:
     enqueue = {
-        **dict.fromkeys(("run_at", "timeout_seconds", "concurrency_key", "metadata", "call_key")),
+        **dict.fromkeys(
+            ("run_at", "timeout_seconds", "concurrency_key", "metadata", "call_key", "batch_id")
+        ),
         "queue": "q",
         "task": "t",
         "payload": "{}",

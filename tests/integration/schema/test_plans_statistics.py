@@ -273,3 +273,43 @@ def test_a_sleep_a_wait_and_a_signal_reach_their_job_by_primary_key(loaded: str)
         # A few probes and the job's update (each index it writes): 37
         # buffers for job_sleep; a scan of the table, its 400 pages.
         assert reads.buffers <= 3 * BUFFERS_PER_JOB, f"{statement.name}: {reads.buffers} buffers"
+
+
+def test_an_ack_of_jobs_of_batches_reaches_them_by_key_and_fires_once(loaded: str) -> None:
+    """1,000 jobs of ten batches, enqueued after the statistics were taken
+    (as a batch's jobs are): their ack reaches them by primary key, and
+    counts them in their batches (pgqueue_batch_moved, migrations/0027),
+    the last ack of each closed batch enqueueing its callback."""
+    with Queue(loaded) as queue:
+        batches = [queue.open_batch(on_success={"task": "done"}) for _ in range(10)]
+        queue.enqueue_many(
+            [{"task": "work", "queue": "batched", "batch": b.id} for b in batches] * (BATCH // 10)
+        )
+        for batch in batches:
+            queue.close_batch(batch.id)
+        jobs = queue.claim(BATCH, worker="w", queues=["batched"])
+    assert len(jobs) == BATCH
+    statement = _first(t.finish(SETTINGS, [Outcome.success(j, None) for j in jobs]))
+    # Per row written: each job, and each batch's row and its callback job.
+    _assert_bounded(statement, loaded, BATCH + 2 * len(batches), BY_ID)
+    with psycopg.connect(loaded) as sql:
+        plan_reads(sql, statement.name, statement.params)
+        fired = sql.execute("SELECT count(*) FROM pgqueue_jobs WHERE task = 'done'").fetchone()
+        sql.rollback()
+    assert fired == (10,)
+
+
+def test_an_ack_of_plain_jobs_touches_no_batch(loaded: str) -> None:
+    """Jobs without a batch: the ack reads and writes nothing of the batches."""
+    with Queue(loaded) as queue:
+        queue.open_batch()
+        jobs = queue.claim(BATCH, worker="w", queues=["default"])
+    statement = _first(t.finish(SETTINGS, [Outcome.success(j, None) for j in jobs]))
+    with psycopg.connect(loaded) as sql:
+        plan_reads(sql, statement.name, statement.params)
+        touched = sql.execute(
+            "SELECT seq_scan + coalesce(idx_scan, 0) + n_tup_upd FROM pg_stat_xact_user_tables"
+            " WHERE relname = 'pgqueue_batches'"
+        ).fetchone()
+        sql.rollback()
+    assert touched in (None, (0,)), touched

@@ -113,6 +113,7 @@ def test_reap_and_prune_read_their_partial_indexes(sql: psycopg.Connection) -> N
     assert "pgqueue_expired_leases" in reap
     prune = _plan(sql, "job_prune", {"limit": 10, "retention_seconds": 60})
     assert "pgqueue_jobs_finished" in prune
+    assert "pgqueue_batches_finished" in prune
 
 
 @settings(max_examples=60, deadline=None)
