@@ -194,7 +194,10 @@ async def test_the_http_schema_is_built_from_the_job_fields(api: httpx.AsyncClie
         value_schema = documented["anyOf"][0] if job_field.nullable else documented
         rule = job_field.rule.json_schema()
         assert {key: value_schema[key] for key in rule} == rule, job_field.name
-        assert documented["description"] == job_field.description
+        # A default a null field takes is said in words (api/models.py field_schema).
+        said = job_field.nullable and job_field.default is not None
+        default = f" Default: {json.dumps(job_field.default)}." if said else ""
+        assert documented["description"] == job_field.description + default
     assert properties["priority"]["maximum"] == MAX_PRIORITY
     for alias, name in FIELD_ALIASES.items():
         assert properties[alias]["anyOf"] == properties[name]["anyOf"]
