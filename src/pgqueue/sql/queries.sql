@@ -39,6 +39,29 @@ WITH inserted AS (
 )
 SELECT inserted.* FROM inserted, (SELECT count(*) FROM woken) w;
 
+-- name: job_debounce
+-- An enqueue's on_conflict (replace or extend; enqueue.py), after its insert
+-- found the key held: write the new job's payload, metadata and priority into
+-- the job that holds the key, if it is still waiting (queued, its first
+-- attempt not started); with extend, move its run_at later to the new job's
+-- (never earlier: a debounce, "run after the last event's delay"). By the
+-- key's index (pgqueue_jobs_key). Under READ COMMITTED a concurrent claim or
+-- debounce is waited for and the row checked again: a job that started
+-- meanwhile is left alone (no row returned), and concurrent extends keep the
+-- latest run_at. The database's clock. Returns the changed row.
+UPDATE pgqueue_jobs SET
+    payload = %(payload)s::jsonb,
+    metadata = %(metadata)s::jsonb,
+    priority = %(priority)s,
+    run_at = CASE WHEN %(on_conflict)s::text = 'extend'
+                  THEN greatest(run_at, coalesce(%(run_at)s,
+                                                 now() + make_interval(secs => %(delay)s)))
+                  ELSE run_at END
+WHERE idempotency_key = %(idempotency_key)s
+  AND pgqueue_key_held(unique_scope, state, started_at)
+  AND state = 'queued' AND started_at IS NULL
+RETURNING *;
+
 -- name: job_get_by_idempotency_key
 -- The job holding a key now (jobs that held it before may share it).
 SELECT * FROM pgqueue_jobs
@@ -71,8 +94,10 @@ WITH inserted AS (
               timeout_seconds, idempotency_key, unique_scope, concurrency_key, metadata)
     -- In key order: two calls whose keys overlap take them in the same
     -- order, so that neither waits for a key the other holds while it
-    -- holds one the other waits for (a deadlock).
-    ORDER BY idempotency_key
+    -- holds one the other waits for (a deadlock). Of the rows of one key,
+    -- the first given (the lowest id) goes in; the others may then replace
+    -- or extend it, in their order (on_conflict).
+    ORDER BY idempotency_key, id
     ON CONFLICT DO NOTHING
     RETURNING id, queue, run_at
 ), woken AS (
