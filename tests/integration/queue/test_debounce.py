@@ -118,3 +118,82 @@ def test_bad_on_conflict_is_refused_naming_the_field(
         queue.enqueue_many([{"task": "t"}, {"task": "t", **fields}])
     assert in_batch.value.field == f"jobs[1].{field}"
     assert sql.execute("SELECT count(*) FROM pgqueue_jobs").fetchone() == (0,)
+
+
+PRODUCERS = 50
+
+
+def _race(
+    db_url: str, queue: Queue, mode: str, *, delays: bool = True, claimer: Any = None
+) -> list[tuple[Any, datetime, float]]:
+    """PRODUCERS threads, each on its own connection, enqueue the same key at
+    once with ``mode`` (and ``claimer`` runs beside them); each returns (its
+    job, the database's clock just before its call, its delay)."""
+    barrier = threading.Barrier(PRODUCERS + (claimer is not None))
+    results: list[tuple[Any, datetime, float]] = []
+    errors: list[BaseException] = []
+
+    def produce(n: int) -> None:
+        try:
+            with psycopg.connect(db_url, autocommit=True) as conn:
+                delay = 30.0 + n if delays else 0.0  # each a different wait
+                barrier.wait()
+                before = _now(conn)
+                job = queue.enqueue(
+                    "t", {"n": n}, idempotency_key="k", on_conflict=mode, delay=delay,
+                    connection=conn,
+                )
+                results.append((job, before, delay))
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=produce, args=(n,)) for n in range(PRODUCERS)]
+    if claimer is not None:
+        threads.append(threading.Thread(target=lambda: (barrier.wait(), claimer())))
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    return results
+
+
+@pytest.mark.parametrize("mode", ["replace", "extend"])
+def test_concurrent_producers_leave_one_waiting_job(
+    db_url: str, queue: Queue, sql: psycopg.Connection[Any], mode: str
+) -> None:
+    results = _race(db_url, queue, mode)
+    assert len(results) == PRODUCERS
+    ids = {job.id for job, _, _ in results}
+    assert len(ids) == 1  # every call returned the one job
+    assert sum(not job.duplicate for job, _, _ in results) == 1  # one created it
+    assert all(job.debounced for job, _, _ in results if job.duplicate)
+    # Each call's write was applied (none lost), and reads back as its own.
+    assert all(job.payload == {"n": n} for job, _, n in ((j, b, d - 30) for j, b, d in results))
+    rows = sql.execute(
+        "SELECT id, payload, run_at, state FROM pgqueue_jobs WHERE idempotency_key = 'k'"
+    ).fetchall()
+    assert len(rows) == 1 and rows[0][0] in ids and rows[0][3] == "queued"
+    assert rows[0][1] in [{"n": n} for n in range(PRODUCERS)]
+    if mode == "extend":
+        latest = max(before + timedelta(seconds=delay) for _, before, delay in results)
+        assert rows[0][2] >= latest
+
+
+def test_a_job_claimed_during_the_race_keeps_the_payload_it_was_claimed_with(
+    db_url: str, queue: Queue, sql: psycopg.Connection[Any]
+) -> None:
+    claimed: list[Any] = []
+
+    def claim() -> None:
+        while not claimed:
+            claimed.extend(queue.claim(1, worker="w"))
+
+    results = _race(db_url, queue, "replace", delays=False, claimer=claim)
+    [job] = claimed
+    rows = sql.execute("SELECT payload, state FROM pgqueue_jobs WHERE id = %s", (job.id,)).fetchall()
+    assert rows == [(job.payload, "running")]  # no replace after the claim
+    assert {r.id for r, _, _ in results} == {job.id}
+    changed = [r for r, _, _ in results if r.debounced]
+    assert all(r.state == "queued" for r in changed)
+    assert sql.execute("SELECT count(*) FROM pgqueue_jobs").fetchone() == (1,)
