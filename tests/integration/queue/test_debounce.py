@@ -13,6 +13,7 @@ import pytest
 
 from pgqueue import AsyncQueue, InvalidJob, Queue
 from pgqueue.core.settings import Settings
+from pgqueue.worker import TaskRegistry
 
 
 def _now(sql: psycopg.Connection[Any]) -> datetime:
@@ -98,6 +99,18 @@ async def test_async_queue_and_group_commit_debounce(settings: Settings) -> None
         again = await q.enqueue("t", {"n": 2}, idempotency_key="k", on_conflict="extend", delay=90)
         assert (again.id, again.debounced, again.payload) == (first.id, "extended", {"n": 2})
         assert again.run_at > first.run_at
+
+
+def test_typed_tasks_pass_on_conflict_through(queue: Queue) -> None:
+    registry = TaskRegistry()
+
+    @registry.task
+    def reindex(doc: str) -> None: ...
+
+    first = reindex.using(queue, idempotency_key="doc", delay=60).enqueue("a")
+    keyed = reindex.using(queue, idempotency_key="doc", on_conflict="extend", delay=120)
+    again = keyed.enqueue("b")
+    assert (again.id, again.debounced, again.payload) == (first.id, "extended", {"doc": "b"})
 
 
 @pytest.mark.parametrize(
