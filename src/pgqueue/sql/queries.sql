@@ -868,6 +868,28 @@ GROUP BY task, error
 ORDER BY jobs DESC, last_at DESC, task, error
 LIMIT %(limit)s;
 
+-- name: job_age_priorities
+-- Priority aging (maintenance, every half priority_aging_seconds): raise by
+-- one the priority of up to `limit` queued jobs of negative priority that
+-- became runnable, or took their last step, `aging_seconds` ago or more;
+-- up to 0. Through pgqueue_jobs_aging, oldest first; rows another
+-- transaction holds (a claim) are skipped, and a row that changed meanwhile
+-- (started, or aged by another worker) is checked again and left. Every
+-- worker runs it: a job takes one step per interval whichever does.
+-- Returns the ids raised.
+WITH due AS (
+    SELECT id FROM pgqueue_jobs
+    WHERE state = 'queued' AND priority < 0
+      AND greatest(run_at, aged_at) <= now() - make_interval(secs => %(aging_seconds)s)
+    ORDER BY greatest(run_at, aged_at)
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE pgqueue_jobs j SET priority = j.priority + 1, aged_at = now()
+FROM due
+WHERE j.id = due.id
+RETURNING j.id;
+
 -- name: job_prune
 -- Delete up to `limit` finished jobs older than the retention period. The
 -- counters already hold their outcomes, so metrics do not move. The edges
