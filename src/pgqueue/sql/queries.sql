@@ -44,23 +44,32 @@ SELECT inserted.* FROM inserted, (SELECT count(*) FROM woken) w;
 -- found the key held: write the new job's payload, metadata and priority into
 -- the job that holds the key, if it is still waiting (queued, its first
 -- attempt not started); with extend, move its run_at later to the new job's
--- (never earlier: a debounce, "run after the last event's delay"). By the
--- key's index (pgqueue_jobs_key). Under READ COMMITTED a concurrent claim or
--- debounce is waited for and the row checked again: a job that started
--- meanwhile is left alone (no row returned), and concurrent extends keep the
--- latest run_at. The database's clock. Returns the changed row.
-UPDATE pgqueue_jobs SET
+-- (never earlier: a debounce, "run after the last event's delay"). The
+-- holder is found by the key alone, through its index (pgqueue_jobs_key),
+-- and then reached by id whatever the statistics say, as job_heartbeat
+-- reaches its rows: the state it must still be in comes from a one-row
+-- relation the planner cannot fold (asked for queued jobs as a filter, it
+-- walked a claim index after an ANALYZE that saw none). Under READ COMMITTED a
+-- concurrent claim or debounce of the row is waited for and the row checked
+-- again: a job that started meanwhile is left alone (no row returned), and
+-- concurrent extends keep the latest run_at. The database's clock. Returns
+-- the changed row.
+WITH holder AS MATERIALIZED (
+    SELECT id FROM pgqueue_jobs
+    WHERE idempotency_key = %(idempotency_key)s
+      AND pgqueue_key_held(unique_scope, state, started_at)
+)
+UPDATE pgqueue_jobs j SET
     payload = %(payload)s::jsonb,
     metadata = %(metadata)s::jsonb,
     priority = %(priority)s,
     run_at = CASE WHEN %(on_conflict)s::text = 'extend'
-                  THEN greatest(run_at, coalesce(%(run_at)s,
-                                                 now() + make_interval(secs => %(delay)s)))
-                  ELSE run_at END
-WHERE idempotency_key = %(idempotency_key)s
-  AND pgqueue_key_held(unique_scope, state, started_at)
-  AND state = 'queued' AND started_at IS NULL
-RETURNING *;
+                  THEN greatest(j.run_at, coalesce(%(run_at)s,
+                                                   now() + make_interval(secs => %(delay)s)))
+                  ELSE j.run_at END
+FROM holder, (SELECT 'queued'::text OFFSET 0) AS expected(state)
+WHERE j.id = holder.id AND j.state = expected.state AND j.started_at IS NULL
+RETURNING j.*;
 
 -- name: job_get_by_idempotency_key
 -- The job holding a key now (jobs that held it before may share it).
