@@ -128,8 +128,7 @@ def batch_router(max_batch: int) -> APIRouter:
             response.status_code = 200
         return BatchEnqueued(
             jobs=[
-                BatchItem(id=r.id, outcome=enqueue_outcome(r.created, r.debounced))
-                for r in results
+                BatchItem(id=r.id, outcome=enqueue_outcome(r.created, r.debounced)) for r in results
             ]
         )
 

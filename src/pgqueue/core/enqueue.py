@@ -186,7 +186,9 @@ def enqueue(spec: JobSpec, call: CallKey | None = None) -> Flow[Job]:
         if spec.on_conflict:
             jobs = yield from debounce(spec)
             if jobs:
-                return dataclasses.replace(jobs[0], duplicate=True, debounced=_DONE[spec.on_conflict])
+                return dataclasses.replace(
+                    jobs[0], duplicate=True, debounced=_DONE[spec.on_conflict]
+                )
         jobs = yield Statement(
             "job_get_by_idempotency_key", {"idempotency_key": spec.idempotency_key}, jobs=True
         )

@@ -393,7 +393,9 @@ def checked_progress(fraction: Any, info: Any) -> tuple[float, str | None]:
 
 
 _COLUMNS = tuple(
-    f.name for f in fields(Job) if f.name not in ("duplicate", "parents", "attempt", "_called_off", "debounced")
+    f.name
+    for f in fields(Job)
+    if f.name not in ("duplicate", "parents", "attempt", "_called_off", "debounced")
 )
 # A state column's text as a JobState (quicker than calling JobState).
 STATES = {state.value: state for state in JobState}

@@ -40,7 +40,9 @@ def test_replace_writes_the_later_payload_metadata_and_priority(queue: Queue) ->
     assert queue.get(first.id).payload == {"n": 2}
 
 
-def test_extend_moves_run_at_later_never_earlier(queue: Queue, sql: psycopg.Connection[Any]) -> None:
+def test_extend_moves_run_at_later_never_earlier(
+    queue: Queue, sql: psycopg.Connection[Any]
+) -> None:
     first = queue.enqueue("t", {"n": 1}, idempotency_key="k", delay=60)
     shorter = queue.enqueue("t", {"n": 2}, idempotency_key="k", on_conflict="extend", delay=5)
     assert shorter.debounced == "extended" and shorter.run_at == first.run_at
@@ -153,11 +155,15 @@ def _race(
                 barrier.wait()
                 before = _now(conn)
                 job = queue.enqueue(
-                    "t", {"n": n}, idempotency_key="k", on_conflict=mode, delay=delay,
+                    "t",
+                    {"n": n},
+                    idempotency_key="k",
+                    on_conflict=mode,
+                    delay=delay,
                     connection=conn,
                 )
                 results.append((job, before, delay))
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=produce, args=(n,)) for n in range(PRODUCERS)]
@@ -204,7 +210,9 @@ def test_a_job_claimed_during_the_race_keeps_the_payload_it_was_claimed_with(
 
     results = _race(db_url, queue, "replace", delays=False, claimer=claim)
     [job] = claimed
-    rows = sql.execute("SELECT payload, state FROM pgqueue_jobs WHERE id = %s", (job.id,)).fetchall()
+    rows = sql.execute(
+        "SELECT payload, state FROM pgqueue_jobs WHERE id = %s", (job.id,)
+    ).fetchall()
     assert rows == [(job.payload, "running")]  # no replace after the claim
     assert {r.id for r, _, _ in results} == {job.id}
     changed = [r for r, _, _ in results if r.debounced]

@@ -56,7 +56,9 @@ async def test_post_jobs_says_what_happened(
     assert _jobs(sql) == [(first.json()["id"], {"n": 4})]
 
 
-async def test_post_jobs_batch_outcomes(api: httpx.AsyncClient, sql: psycopg.Connection[Any]) -> None:
+async def test_post_jobs_batch_outcomes(
+    api: httpx.AsyncClient, sql: psycopg.Connection[Any]
+) -> None:
     jobs = [
         {"task": "t", "payload": {"n": 1}, "idempotency_key": "k", "delay": 60},
         {"task": "t", "payload": {"n": 2}, "idempotency_key": "k", "on_conflict": "replace"},

@@ -25,8 +25,8 @@ import pytest
 from pgqueue import Job, Queue, Settings
 from pgqueue.core import transitions as t
 from pgqueue.core.enqueue import debounce
-from pgqueue.core.job_spec import JobSpec
 from pgqueue.core.flows import Flow, Statement
+from pgqueue.core.job_spec import JobSpec
 from pgqueue.core.outcomes import Outcome, attempt_token
 from pgqueue.core.reads import next_wake
 from pgqueue.db.embedded import EmbeddedPostgres
@@ -253,7 +253,8 @@ def test_priority_aging_walks_its_index(loaded: str) -> None:
 def test_priority_aging_with_nothing_due_reads_almost_nothing(loaded: str) -> None:
     with psycopg.connect(loaded, autocommit=True) as sql:
         sql.execute(
-            "INSERT INTO pgqueue_jobs (task, priority) SELECT 'low', -5 FROM generate_series(1, %s)",
+            "INSERT INTO pgqueue_jobs (task, priority)"
+            " SELECT 'low', -5 FROM generate_series(1, %s)",
             [BATCH],
         )
     with psycopg.connect(loaded) as sql:
