@@ -306,7 +306,7 @@ def enqueue_file_cmd(
             help="One JSON job per line ('-' reads stdin): "
             '{"task": ..., "payload": {...}, "queue", "priority", "delay", "run_at", '
             '"max_attempts", "timeout", "idempotency_key", "unique_scope", '
-            '"unique_period_seconds"}.',
+            '"unique_period_seconds", "on_conflict"}.',
         ),
     ],
     chunk_size: Annotated[
