@@ -139,11 +139,19 @@ PRODUCERS = 50
 
 
 def _race(
-    db_url: str, queue: Queue, mode: str, *, delays: bool = True, claimer: Any = None
+    db_url: str,
+    queue: Queue,
+    mode: str,
+    *,
+    delays: bool = True,
+    claimer: Any = None,
+    pooled: bool = False,
 ) -> list[tuple[Any, datetime, float]]:
     """PRODUCERS threads, each on its own connection, enqueue the same key at
     once with ``mode`` (and ``claimer`` runs beside them); each returns (its
-    job, the database's clock just before its call, its delay)."""
+    job, the database's clock just before its call, its delay). ``pooled``:
+    each call on a connection of the queue's pool, as a retried call (with
+    its reserved id and call key), instead of its thread's own."""
     barrier = threading.Barrier(PRODUCERS + (claimer is not None))
     results: list[tuple[Any, datetime, float]] = []
     errors: list[BaseException] = []
@@ -160,7 +168,7 @@ def _race(
                     idempotency_key="k",
                     on_conflict=mode,
                     delay=delay,
-                    connection=conn,
+                    connection=None if pooled else conn,
                 )
                 results.append((job, before, delay))
         except BaseException as exc:
@@ -177,18 +185,22 @@ def _race(
     return results
 
 
-@pytest.mark.parametrize("mode", ["replace", "extend"])
+@pytest.mark.parametrize(
+    ("mode", "pooled"), [("replace", False), ("extend", False), ("extend", True)]
+)
 def test_concurrent_producers_leave_one_waiting_job(
-    db_url: str, queue: Queue, sql: psycopg.Connection[Any], mode: str
+    settings: Settings, sql: psycopg.Connection[Any], mode: str, pooled: bool
 ) -> None:
-    results = _race(db_url, queue, mode)
+    wide = settings.replace(pool_max_size=PRODUCERS)
+    with Queue(settings.database_url, settings=wide) as queue:
+        results = _race(settings.database_url, queue, mode, pooled=pooled)
     assert len(results) == PRODUCERS
     ids = {job.id for job, _, _ in results}
     assert len(ids) == 1  # every call returned the one job
     assert sum(not job.duplicate for job, _, _ in results) == 1  # one created it
     assert all(job.debounced for job, _, _ in results if job.duplicate)
     # Each call's write was applied (none lost), and reads back as its own.
-    assert all(job.payload == {"n": n} for job, _, n in ((j, b, d - 30) for j, b, d in results))
+    assert all(job.payload == {"n": delay - 30} for job, _, delay in results)  # (delay: 30 + n)
     rows = sql.execute(
         "SELECT id, payload, run_at, state FROM pgqueue_jobs WHERE idempotency_key = 'k'"
     ).fetchall()

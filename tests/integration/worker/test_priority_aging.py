@@ -4,7 +4,6 @@ default-priority jobs cannot starve it; the claim's order is untouched."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -81,29 +80,20 @@ def test_priority_aging_seconds_is_checked(settings: Settings) -> None:
 async def test_the_workers_maintenance_ages_a_starved_job(
     settings: Settings, sql: psycopg.Connection[Any]
 ) -> None:
-    """A worker busy with a stream of default-priority jobs runs a job of
-    priority -3 once aging raised it to 0, ahead of stream jobs older than
-    its last step."""
+    """A worker busy with a stream of default-priority jobs (each adds two
+    more: the backlog only grows) runs a job of priority -3 once aging
+    raised it to 0, ahead of stream jobs older than its last step."""
     aging = settings.replace(priority_aging_seconds=AGING, reap_interval_seconds=60)
-
-    async def work(job: Job) -> None:
-        await asyncio.sleep(0.002)
-
     async with AsyncQueue(settings.database_url, settings=aging) as aqueue:
+
+        async def work(job: Job) -> None:
+            if job.payload.get("stream"):
+                await aqueue.enqueue_many([{"task": "work", "payload": {"stream": True}}] * 2)
+
         low = await aqueue.enqueue("work", priority=-3)
-        await aqueue.enqueue_many([{"task": "work"}] * 20)
-
-        async def stream() -> None:
-            while True:  # keep the backlog of default-priority jobs from draining
-                await aqueue.enqueue_many([{"task": "work"}] * 5)
-                await asyncio.sleep(0.01)
-
-        feeder = asyncio.create_task(stream())
-        try:
-            async with running(AsyncWorker({"work": work}, settings=aging, concurrency=1)):
-                done = await aqueue.wait(low.id, timeout=60)
-        finally:
-            feeder.cancel()
+        await aqueue.enqueue_many([{"task": "work", "payload": {"stream": True}}] * 5)
+        async with running(AsyncWorker({"work": work}, settings=aging, concurrency=1)):
+            done = await aqueue.wait(low.id, timeout=60)
     assert done.state is JobState.SUCCEEDED and done.priority == 0
     assert done.started_at is not None
     passed = sql.execute(
