@@ -245,7 +245,10 @@ def _describe(exc: BaseException) -> str:
 
 def _result_attributes(result: Any) -> dict[str, Any]:
     if isinstance(result, Job):
-        return {"messaging.message.id": str(result.id), "pgqueue.duplicate": result.duplicate}
+        attributes = {"messaging.message.id": str(result.id), "pgqueue.duplicate": result.duplicate}
+        if result.debounced:  # on_conflict changed the waiting job: replaced, extended
+            attributes["pgqueue.debounced"] = result.debounced
+        return attributes
     if isinstance(result, WorkflowJobs):
         return {
             "pgqueue.workflow.id": str(result.id),

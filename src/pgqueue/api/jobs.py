@@ -40,12 +40,14 @@ from .models import (
     TASK_PATTERN,
     BatchEnqueued,
     BatchItem,
+    EnqueuedJobOut,
     EnqueueRequest,
     ErrorBody,
     JobList,
     JobOut,
     JobSummary,
     batch_request_model,
+    enqueue_outcome,
 )
 
 __all__ = ["batch_router", "router"]
@@ -102,22 +104,25 @@ def _redaction(request: Request) -> Redaction:
 @router.post(
     "/jobs",
     status_code=201,
-    response_model=JobOut,
+    response_model=EnqueuedJobOut,
     responses={
         200: {
-            "model": JobOut,
-            "description": "The idempotency key already belonged to this job; nothing was written.",
+            "model": EnqueuedJobOut,
+            "description": "The key already belonged to this job: no job was written (the "
+            "job was changed if its outcome is replaced or extended: on_conflict).",
         },
         **documented_errors(403),
         **_BATCH_ERRORS,
     },
     summary="Enqueue a job",
 )
-async def enqueue(body: EnqueueRequest, request: Request, response: Response) -> JobOut:
+async def enqueue(body: EnqueueRequest, request: Request, response: Response) -> EnqueuedJobOut:
     job = await _queue(request).enqueue(**body.fields())
     if job.duplicate:
         response.status_code = 200
-    return JobOut.of(job, _redaction(request))
+    shown = JobOut.of(job, _redaction(request))
+    outcome = enqueue_outcome(not job.duplicate, job.debounced)
+    return EnqueuedJobOut(**dict(shown), outcome=outcome)
 
 
 def batch_router(max_batch: int) -> APIRouter:
@@ -150,7 +155,7 @@ def batch_router(max_batch: int) -> APIRouter:
             response.status_code = 200
         return BatchEnqueued(
             jobs=[
-                BatchItem(id=r.id, outcome="created" if r.created else "existing") for r in results
+                BatchItem(id=r.id, outcome=enqueue_outcome(r.created, r.debounced)) for r in results
             ]
         )
 

@@ -27,7 +27,9 @@ from ..core.redaction import Redaction
 
 __all__ = [
     "BatchEnqueued",
+    "EnqueueOutcome",
     "EnqueueRequest",
+    "EnqueuedJobOut",
     "ErrorBody",
     "Health",
     "JobList",
@@ -39,6 +41,7 @@ __all__ = [
     "QueueList",
     "QueueOut",
     "batch_request_model",
+    "enqueue_outcome",
     "field_schema",
 ]
 
@@ -231,12 +234,32 @@ class JobOut(JobSummary):
         )
 
 
+EnqueueOutcome = Literal["created", "existing", "replaced", "extended"]
+_OUTCOME = (
+    "created: this request added the job; existing: its key already belonged to job `id`, "
+    "and nothing was written; replaced, extended: its key belonged to job `id`, still "
+    "waiting, and its on_conflict changed that job (docs/howto/unique-and-bulk.md)."
+)
+
+
+def enqueue_outcome(created: bool, debounced: str | None) -> EnqueueOutcome:
+    """What an enqueue did, as the API says it."""
+    if created:
+        return "created"
+    if debounced == "replaced":
+        return "replaced"
+    return "extended" if debounced == "extended" else "existing"
+
+
+class EnqueuedJobOut(JobOut):
+    """The job a POST /jobs added, or the one that held its key."""
+
+    outcome: EnqueueOutcome = Field(description=_OUTCOME)
+
+
 class BatchItem(BaseModel):
     id: int
-    outcome: Literal["created", "existing"] = Field(
-        description="created: this request added the job; existing: its idempotency key "
-        "already belonged to job `id`, and nothing was written."
-    )
+    outcome: EnqueueOutcome = Field(description=_OUTCOME)
 
 
 class BatchEnqueued(BaseModel):

@@ -63,6 +63,15 @@ def enqueue_cmd(
             "--unique-period", help="At most one job per key in each such period: 1h, 1d."
         ),
     ] = None,
+    on_conflict: Annotated[
+        str | None,
+        typer.Option(
+            "--on-conflict",
+            help="When another job holds the key and is still waiting: ignore (default), "
+            "replace (its payload, metadata, priority) or extend (replace, and run after "
+            "this delay: a debounce).",
+        ),
+    ] = None,
     concurrency_key: Annotated[
         str | None,
         typer.Option(
@@ -94,6 +103,7 @@ def enqueue_cmd(
         "priority": priority,
         "idempotency_key": idempotency_key,
         "unique_scope": unique_scope,
+        "on_conflict": on_conflict,
         "concurrency_key": concurrency_key,
         "max_attempts": max_attempts,
         "batch": batch,
@@ -109,7 +119,13 @@ def enqueue_cmd(
     with state.queue() as q:
         job = q.enqueue(task, body, **fields)
     if wants_json(ctx, json_out):
-        output.emit_json({**job.to_dict(), "duplicate": job.duplicate})
+        output.emit_json({**job.to_dict(), "duplicate": job.duplicate, "debounced": job.debounced})
+    elif job.debounced:
+        when = job.run_at.astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+        state.out.print(
+            f"job [bold]{job.id}[/] holds idempotency key {escape(repr(job.idempotency_key))}"
+            f" and was waiting: {job.debounced} (its payload is this one; it runs at {when})"
+        )
     elif job.duplicate:
         state.out.print(
             f"job [bold]{job.id}[/] already holds idempotency key "
@@ -280,7 +296,7 @@ def enqueue_file_cmd(
             help="One JSON job per line ('-' reads stdin): "
             '{"task": ..., "payload": {...}, "queue", "priority", "delay", "run_at", '
             '"max_attempts", "timeout", "idempotency_key", "unique_scope", '
-            '"unique_period_seconds"}.',
+            '"unique_period_seconds", "on_conflict"}.',
         ),
     ],
     chunk_size: Annotated[

@@ -1,5 +1,7 @@
 """The producers' transitions: enqueue one job, or many in one statement
-(COPY for plain jobs), returning the existing job when a key is taken.
+(COPY for plain jobs), returning the existing job when a key is taken, after
+changing it if the enqueue's ``on_conflict`` says so and it is still
+waiting (``debounce``: replace or extend).
 
 A call that the queue retries across a lost connection (retrying.py) keeps a
 ``CallKey`` across its attempts, so that an attempt finds what an earlier one
@@ -195,12 +197,31 @@ def enqueue(spec: JobSpec, call: CallKey | None = None) -> Flow[Job]:
                 call.ids, retry = None, False
                 params["id"] = job_id = (yield from _reserve(call, 1))[0]
                 continue
+        if spec.on_conflict:
+            jobs = yield from debounce(spec)
+            if jobs:
+                return dataclasses.replace(
+                    jobs[0], duplicate=True, debounced=_DONE[spec.on_conflict]
+                )
         jobs = yield Statement(
             "job_get_by_idempotency_key", {"idempotency_key": spec.idempotency_key}, jobs=True
         )
         if jobs:
             return dataclasses.replace(jobs[0], duplicate=True)
     raise RuntimeError(f"key {spec.idempotency_key!r} kept changing hands")
+
+
+# What a job that on_conflict changed says it was (Job.debounced).
+_DONE = {"replace": "replaced", "extend": "extended"}
+
+
+def debounce(spec: JobSpec) -> Flow[list[Job]]:
+    """Apply ``spec.on_conflict`` (replace or extend) to the job holding its
+    key, if that job is still waiting (job_debounce); the changed job, or
+    none when the holder started (or let the key go) meanwhile."""
+    params = _spec_params(spec) | {"on_conflict": spec.on_conflict}
+    jobs: list[Job] = yield Statement("job_debounce", params, jobs=True)
+    return jobs
 
 
 def made_by(row: Mapping[str, Any], call: CallKey) -> bool:
@@ -216,10 +237,13 @@ def made_by(row: Mapping[str, Any], call: CallKey) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Enqueued:
-    """Per job of a bulk enqueue: its id and whether this call created it."""
+    """Per job of a bulk enqueue: its id, whether this call created it, and
+    (when it did not) whether its on_conflict changed the waiting job that
+    held its key: "replaced" or "extended", else None."""
 
     id: int
     created: bool
+    debounced: str | None = None
 
 
 def enqueue_many(
@@ -263,11 +287,13 @@ def enqueue_group(specs: Sequence[JobSpec], call: CallKey) -> Flow[list[Job | No
     ids = sorted({r.id for r in results})
     rows: list[Job] = yield Statement("job_get_many", {"ids": ids}, jobs=True)
     found = {job.id: job for job in rows}
-    return [_answer(found.get(r.id), r.created) for r in results]
+    return [_answer(found.get(r.id), r) for r in results]
 
 
-def _answer(job: Job | None, created: bool) -> Job | None:
-    return job if job is None or created else dataclasses.replace(job, duplicate=True)
+def _answer(job: Job | None, result: Enqueued) -> Job | None:
+    if job is None or result.created:
+        return job
+    return dataclasses.replace(job, duplicate=True, debounced=result.debounced)
 
 
 def _insert_chunk(chunk: Sequence[JobSpec], ids: list[int], call: CallKey) -> Flow[list[Enqueued]]:
@@ -307,13 +333,24 @@ def _insert_chunk(chunk: Sequence[JobSpec], ids: list[int], call: CallKey) -> Fl
             if ids[i] in ours:
                 results[i] = Enqueued(ids[i], True)
             elif chunk[i].idempotency_key in holders:
-                results[i] = Enqueued(holders[chunk[i].idempotency_key], False)
+                results[i] = yield from _held(chunk[i], holders[chunk[i].idempotency_key])
         todo = [i for i in todo if i not in results]
         if not todo:
             break
     else:
         raise RuntimeError(f"{len(todo)} key(s) kept changing hands")
     return [results[i] for i in range(len(chunk))]
+
+
+def _held(spec: JobSpec, holder: int) -> Flow[Enqueued]:
+    """A job of a bulk enqueue whose key ``holder`` holds: that job, changed
+    first if the spec's on_conflict says so and it is still waiting (one
+    statement per such job, in the order given: the last one wins)."""
+    if spec.on_conflict:
+        jobs = yield from debounce(spec)
+        if jobs:
+            return Enqueued(jobs[0].id, False, _DONE[spec.on_conflict])
+    return Enqueued(holder, False)
 
 
 def _new_ids(count: int, held: set[int]) -> Flow[list[int]]:

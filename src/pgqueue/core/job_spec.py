@@ -1,10 +1,12 @@
 """The one shape every new job has on every surface.
 
-A new job has sixteen fields, named after the columns of the jobs table:
+A new job has seventeen fields, named after the columns of the jobs table
+(but on_conflict, which says what the enqueue does, not what the job is):
 
     task, payload, queue, priority, delay_seconds, run_at, max_attempts,
     timeout_seconds, idempotency_key, unique_scope, unique_period_seconds,
-    concurrency_key, depends_on, on_dependency_failure, metadata, batch
+    on_conflict, concurrency_key, depends_on, on_dependency_failure, metadata,
+    batch
 
 ``delay`` and ``timeout`` are aliases of ``delay_seconds`` and
 ``timeout_seconds``; a job that gives a name and its alias is refused.
@@ -20,7 +22,9 @@ tests/integration/queue/test_sql_enqueue_property.py holds the two together.
 Unique jobs: ``idempotency_key`` is the job's one key, and ``unique_scope``
 says while which states the job holds it (``UNIQUE_SCOPES``; the index that
 enforces it is in migrations/0004_unique_jobs.sql). A scope or a period
-without a key makes the key from the task and the payload.
+without a key makes the key from the task and the payload. ``on_conflict``
+says what an enqueue does to a waiting job that holds its key (``ON_CONFLICT``:
+ignore it, replace its payload, or extend its wait: a debounce); it needs a key.
 
 Dependencies: ``depends_on`` lists the ids of jobs this one waits for (it is
 ``waiting`` until they end), and ``on_dependency_failure`` what it does when
@@ -63,6 +67,7 @@ from .jobs import (
     MAX_METADATA_BYTES,
     MAX_PRIORITY,
     MAX_TIMEOUT_SECONDS,
+    ON_CONFLICT,
     QUEUE_NAME,
     TASK_NAME,
     UNIQUE_SCOPES,
@@ -163,6 +168,16 @@ JOB_FIELDS: tuple[JobField, ...] = (
         "the key is made of the task and the payload.",
     ),
     JobField(
+        "on_conflict",
+        OneOf(ON_CONFLICT),
+        "When another job holds the key and is still waiting (queued, not started): "
+        "ignore (return it unchanged; the default), replace (write this job's payload, "
+        "metadata and priority into it; it keeps its id and run_at) or extend (replace, "
+        "and move its run_at later to this job's: a debounce, the job runs after the last "
+        "enqueue's delay). A job that started is never changed. Needs a key "
+        "(idempotency_key, unique_scope or unique_period_seconds).",
+    ),
+    JobField(
         "concurrency_key",
         Key(MAX_KEY_LENGTH),
         "What the queue's per-key limits count by (a tenant, a customer...): at most "
@@ -238,6 +253,7 @@ class JobSpec(NamedTuple):
     on_dependency_failure: str = "cancel"
     metadata_json: str | None = None
     batch_id: UUID | None = None
+    on_conflict: str | None = None  # None: ignore
 
     @classmethod
     def from_fields(
@@ -272,6 +288,11 @@ class JobSpec(NamedTuple):
             raise InvalidJob(
                 names["depends_on"], "a job with dependencies cannot have a key (unique jobs)"
             )
+        if key is None and values["on_conflict"] is not None:
+            raise InvalidJob(
+                names["on_conflict"],
+                "needs a key: give idempotency_key, unique_scope or unique_period_seconds",
+            )
         return cls(
             values["task"],
             values["payload"],
@@ -289,6 +310,7 @@ class JobSpec(NamedTuple):
             values["on_dependency_failure"],
             values["metadata"],
             values["batch"],
+            None if values["on_conflict"] == "ignore" else values["on_conflict"],
         )
 
     @classmethod

@@ -32,6 +32,7 @@ __all__ = [
     "MAX_PRIORITY",
     "MAX_PROGRESS_INFO_BYTES",
     "MAX_TIMEOUT_SECONDS",
+    "ON_CONFLICT",
     "QUEUE_NAME",
     "TASK_NAME",
     "UNIQUE_SCOPES",
@@ -64,6 +65,12 @@ QUEUE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,62}")
 # succeeded, dead or cancelled); in every state, until the row is deleted.
 UNIQUE_SCOPES = ("queued", "active", "always")
 DEFAULT_UNIQUE_SCOPE = "always"
+# What an enqueue does when another job holds its key and is still waiting
+# (queued, its first attempt not started): nothing (ignore), or it writes its
+# payload, metadata and priority into that job (replace), and also moves its
+# run_at later to its own (extend: a debounce). A job that started is never
+# changed: the enqueue returns it, as ignore does.
+ON_CONFLICT = ("ignore", "replace", "extend")
 # When a job it depends on dies or is cancelled, a job is cancelled too (and
 # so are its own dependents), or runs anyway, as if that one had succeeded.
 DEPENDENCY_POLICIES = ("cancel", "run")
@@ -190,7 +197,9 @@ class AttemptHandle(Protocol):
 @dataclass(frozen=True, slots=True)
 class Job:
     """A row of the jobs table. ``duplicate`` is set by enqueue when this
-    job held the key asked for (nothing new was written)."""
+    job held the key asked for (no new job was written); ``debounced`` then
+    says whether the enqueue changed it (on_conflict): "replaced" or
+    "extended", else None."""
 
     id: int
     queue: str
@@ -239,6 +248,9 @@ class Job:
     # Set once by the worker that runs this attempt (call_off); read as
     # ``cancelled``.
     _called_off: bool = field(default=False, repr=False, compare=False)
+    # Set by an enqueue whose on_conflict changed this waiting job: "replaced"
+    # or "extended" (and duplicate is True).
+    debounced: str | None = field(default=None, compare=False)
 
     def transaction(self, result: Any = None) -> Transaction:
         """A transaction on the queue's database that completes this job as
@@ -462,7 +474,9 @@ def checked_progress(fraction: Any, info: Any) -> tuple[float, str | None]:
 
 
 _COLUMNS = tuple(
-    f.name for f in fields(Job) if f.name not in ("duplicate", "parents", "attempt", "_called_off")
+    f.name
+    for f in fields(Job)
+    if f.name not in ("duplicate", "parents", "attempt", "_called_off", "debounced")
 )
 # A state column's text as a JobState (quicker than calling JobState).
 STATES = {state.value: state for state in JobState}
@@ -500,7 +514,8 @@ def _reader(names: tuple[str, ...]) -> Callable[[Sequence[Any]], Job]:
 def _made(columns: Iterable[Any], duplicate: bool, parents: tuple[Any, ...]) -> Job:
     """A Job of a row's columns (in the order of _COLUMNS): the state as a
     JobState, the errors (jsonb, NULL when none) as AttemptErrors."""
-    job = _Unfrozen(*columns, duplicate, parents, None, False)  # no attempt, not called off
+    # No attempt, not called off, not debounced.
+    job = _Unfrozen(*columns, duplicate, parents, None, False, None)
     job.state = STATES[job.state]
     errors = job.errors
     if errors and not isinstance(errors, list):  # a row written by SQL

@@ -73,6 +73,12 @@ class Settings:
     retention_seconds: float = 7 * 24 * 3600.0
     prune_interval_seconds: float = 60.0
     prune_batch: int = 5000
+    # Priority aging: a runnable queued job of negative priority gains one
+    # priority level each priority_aging_seconds it waits, up to 0, so that
+    # default-priority work never starves it (docs/howto/limits.md). 0: off,
+    # the default (priorities mean what they were given as; opt in).
+    priority_aging_seconds: float = 0.0
+    priority_aging_batch: int = 1000
     # A killed worker's row in the workers registry stays this long after it
     # stopped heartbeating, listed as gone, before maintenance deletes it.
     worker_retention_seconds: float = 3600.0
@@ -189,6 +195,7 @@ class Settings:
         for name in (
             "reap_batch",
             "prune_batch",
+            "priority_aging_batch",
             "pool_max_size",
             "concurrency",
             "default_max_attempts",
@@ -202,6 +209,11 @@ class Settings:
         for name in ("handler_processes", "max_snoozes", "prefetch"):
             if getattr(self, name) < 0:
                 raise InvalidSettings(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if not 0 <= self.priority_aging_seconds < float("inf"):
+            raise InvalidSettings(
+                "priority_aging_seconds must be >= 0 (0: no aging), "
+                f"got {self.priority_aging_seconds!r}"
+            )
         if not 0 <= self.group_commit_window_seconds <= 1:
             raise InvalidSettings(
                 "group_commit_window_seconds must be between 0 and 1, "

@@ -34,6 +34,7 @@ from .settings import Settings
 __all__ = [
     "CancelNotice",
     "Report",
+    "age_priorities",
     "cancel",
     "claim",
     "complete",
@@ -248,6 +249,20 @@ def reap(settings: Settings, limit: int | None = None) -> Flow[dict[int, JobStat
         },
     )
     return {row["id"]: STATES[row["state"]] for row in rows}
+
+
+def age_priorities(settings: Settings, limit: int | None = None) -> Flow[list[int]]:
+    """Raise by one the priority of the queued jobs of negative priority
+    that waited ``priority_aging_seconds`` since they became runnable or
+    last rose (up to ``limit``); return their ids."""
+    rows = yield Statement(
+        "job_age_priorities",
+        {
+            "aging_seconds": settings.priority_aging_seconds,
+            "limit": limit or settings.priority_aging_batch,
+        },
+    )
+    return [row["id"] for row in rows]
 
 
 def prune(settings: Settings, limit: int | None = None) -> Flow[int]:

@@ -44,10 +44,9 @@ CREATE INDEX pgqueue_batches_finished ON pgqueue_batches (finished_at)
 
 -- The batch a job joined. Nullable without a default: adding it rewrites
 -- nothing. The statements that end jobs look at the batches only for rows
--- where it is set, so plain jobs pay nothing; the partial index holds the
--- jobs of batches only (GET /batches/{id} counts them by state).
+-- where it is set, so plain jobs pay nothing. Its index,
+-- pgqueue_jobs_batch, is built CONCURRENTLY by 0033.
 ALTER TABLE pgqueue_jobs ADD COLUMN batch_id uuid;
-CREATE INDEX pgqueue_jobs_batch ON pgqueue_jobs (batch_id) WHERE batch_id IS NOT NULL;
 
 -- Enqueue a finished batch's callbacks (called by pgqueue_batch_moved and
 -- pgqueue_batch_close, with the batch's row locked and its state just set

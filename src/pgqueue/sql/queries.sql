@@ -45,6 +45,38 @@ WITH inserted AS (
 )
 SELECT inserted.* FROM inserted, (SELECT count(*) FROM woken) w, (SELECT count(*) FROM joined) b;
 
+-- name: job_debounce
+-- An enqueue's on_conflict (replace or extend; enqueue.py), after its insert
+-- found the key held: write the new job's payload, metadata and priority into
+-- the job that holds the key, if it is still waiting (queued, its first
+-- attempt not started); with extend, move its run_at later to the new job's
+-- (never earlier: a debounce, "run after the last event's delay"). The
+-- holder is found by the key alone, through its index (pgqueue_jobs_key),
+-- and then reached by id whatever the statistics say, as job_heartbeat
+-- reaches its rows: the state it must still be in comes from a one-row
+-- relation the planner cannot fold (asked for queued jobs as a filter, it
+-- walked a claim index after an ANALYZE that saw none). Under READ COMMITTED a
+-- concurrent claim or debounce of the row is waited for and the row checked
+-- again: a job that started meanwhile is left alone (no row returned), and
+-- concurrent extends keep the latest run_at. The database's clock. Returns
+-- the changed row.
+WITH holder AS MATERIALIZED (
+    SELECT id FROM pgqueue_jobs
+    WHERE idempotency_key = %(idempotency_key)s
+      AND pgqueue_key_held(unique_scope, state, started_at)
+)
+UPDATE pgqueue_jobs j SET
+    payload = %(payload)s::jsonb,
+    metadata = %(metadata)s::jsonb,
+    priority = %(priority)s,
+    run_at = CASE WHEN %(on_conflict)s::text = 'extend'
+                  THEN greatest(j.run_at, coalesce(%(run_at)s,
+                                                   now() + make_interval(secs => %(delay)s)))
+                  ELSE j.run_at END
+FROM holder, (SELECT 'queued'::text OFFSET 0) AS expected(state)
+WHERE j.id = holder.id AND j.state = expected.state AND j.started_at IS NULL
+RETURNING j.*;
+
 -- name: job_get_by_idempotency_key
 -- The job holding a key now (jobs that held it before may share it).
 SELECT * FROM pgqueue_jobs
@@ -80,8 +112,10 @@ WITH inserted AS (
               batch_id)
     -- In key order: two calls whose keys overlap take them in the same
     -- order, so that neither waits for a key the other holds while it
-    -- holds one the other waits for (a deadlock).
-    ORDER BY idempotency_key
+    -- holds one the other waits for (a deadlock). Of the rows of one key,
+    -- the first given (the lowest id) goes in; the others may then replace
+    -- or extend it, in their order (on_conflict).
+    ORDER BY idempotency_key, id
     ON CONFLICT DO NOTHING
     RETURNING id, queue, run_at, state, batch_id
 ), woken AS (
@@ -1042,6 +1076,28 @@ FROM (
 GROUP BY task, error
 ORDER BY jobs DESC, last_at DESC, task, error
 LIMIT %(limit)s;
+
+-- name: job_age_priorities
+-- Priority aging (maintenance, every half priority_aging_seconds): raise by
+-- one the priority of up to `limit` queued jobs of negative priority that
+-- became runnable, or took their last step, `aging_seconds` ago or more;
+-- up to 0. Through pgqueue_jobs_aging, oldest first; rows another
+-- transaction holds (a claim) are skipped, and a row that changed meanwhile
+-- (started, or aged by another worker) is checked again and left. Every
+-- worker runs it: a job takes one step per interval whichever does.
+-- Returns the ids raised.
+WITH due AS (
+    SELECT id FROM pgqueue_jobs
+    WHERE state = 'queued' AND priority < 0
+      AND greatest(run_at, aged_at) <= now() - make_interval(secs => %(aging_seconds)s)
+    ORDER BY greatest(run_at, aged_at)
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE pgqueue_jobs j SET priority = j.priority + 1, aged_at = now()
+FROM due
+WHERE j.id = due.id
+RETURNING j.id;
 
 -- name: job_prune
 -- Delete up to `limit` finished jobs older than the retention period. The

@@ -1,7 +1,8 @@
 """Maintenance: where dead workers are found, expired leases reaped, old
-jobs pruned, and the per-minute history snapshotted.
+jobs pruned, the per-minute history snapshotted, and (with
+``priority_aging_seconds``) waiting low-priority jobs aged.
 
-Every worker runs all four (they are idempotent and skip rows another
+Every worker runs all five (they are idempotent and skip rows another
 worker has locked; of the snapshots of one minute, the first taken is the
 one kept), so there is no leader to elect and none to lose. Intervals are
 jittered so that workers started together do not run them together, and
@@ -10,6 +11,9 @@ full. The death check (every ``death_check_interval_seconds``, unless
 ``session_death_detection`` is off) is one cheap statement: it looks for
 workers whose PostgreSQL session has ended, and when it finds one, the reap
 that takes its jobs back runs at once instead of at the reap interval.
+Priority aging runs every half ``priority_aging_seconds``: each job whose
+step is due (job_age_priorities) takes one step whichever worker runs it, so
+a job waits at most about 1.6 intervals per step (docs/howto/limits.md).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from ..core import history, workers
 from ..core.reads import forget_waits
 from ..core.settings import Settings
-from ..core.transitions import prune, reap
+from ..core.transitions import age_priorities, prune, reap
 from ..db.worker_connection import FlowDriver
 from .supervision import WAIT_OUT, Backoff, EventLog
 
@@ -54,6 +58,8 @@ class Maintenance:
         ]
         if s.detects_dead_sessions:
             chores.append((s.death_check_interval_seconds, self.reap_dead))
+        if s.priority_aging_seconds:
+            chores.append((s.priority_aging_seconds / 2, self.age_priorities))
         now = time.monotonic()
         due = [now + random.uniform(0, interval) for interval, _ in chores]
         backoff = Backoff(self.events, "maintenance")
@@ -101,6 +107,19 @@ class Maintenance:
             if len(states) < self.settings.reap_batch:
                 return
             await asyncio.sleep(0)
+
+    async def age_priorities(self) -> None:
+        """Raise the priority of the low-priority jobs that waited an aging
+        interval (priority_aging_seconds) more, one step each."""
+        total = 0
+        for _ in range(MAX_BATCHES):
+            aged = await self.conn.drive(age_priorities(self.settings))
+            total += len(aged)
+            if len(aged) < self.settings.priority_aging_batch:
+                break
+            await asyncio.sleep(0)
+        if total:
+            self.events(logging.DEBUG, "priority_aging", "raised %d waiting jobs' priority", total)
 
     async def prune(self) -> None:
         """Delete finished jobs past the retention period, the registry

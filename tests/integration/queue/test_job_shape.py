@@ -34,6 +34,7 @@ CANONICAL = [
     "idempotency_key",
     "unique_scope",
     "unique_period_seconds",
+    "on_conflict",
     "concurrency_key",
     "depends_on",
     "on_dependency_failure",

@@ -25,7 +25,9 @@ import pytest
 from pgqueue import Job, Queue, Settings
 from pgqueue.core import sleeps
 from pgqueue.core import transitions as t
+from pgqueue.core.enqueue import debounce
 from pgqueue.core.flows import Flow, Statement
+from pgqueue.core.job_spec import JobSpec
 from pgqueue.core.outcomes import Outcome, attempt_token
 from pgqueue.core.reads import next_wake
 from pgqueue.db.embedded import EmbeddedPostgres
@@ -313,3 +315,54 @@ def test_an_ack_of_plain_jobs_touches_no_batch(loaded: str) -> None:
         ).fetchone()
         sql.rollback()
     assert touched in (None, (0,)), touched
+
+
+AGING = Settings(priority_aging_seconds=60)
+
+
+def test_priority_aging_walks_its_index(loaded: str) -> None:
+    """BATCH jobs of negative priority due for a step, beside 20,000 of
+    priority 0 (never in pgqueue_jobs_aging) and BATCH that waited less."""
+    with psycopg.connect(loaded, autocommit=True) as sql:
+        for age in ("2 hours", "1 second"):
+            sql.execute(
+                "INSERT INTO pgqueue_jobs (task, priority, run_at, enqueued_at)"
+                " SELECT 'low', -5, now() - %s::interval, now() - %s::interval"
+                " FROM generate_series(1, %s)",
+                [age, age, BATCH],
+            )
+    statement = _first(t.age_priorities(AGING, limit=BATCH))
+    _assert_bounded(statement, loaded, BATCH, BY_ID | {"Index Scan pgqueue_jobs_aging"})
+
+
+def test_priority_aging_with_nothing_due_reads_almost_nothing(loaded: str) -> None:
+    with psycopg.connect(loaded, autocommit=True) as sql:
+        sql.execute(
+            "INSERT INTO pgqueue_jobs (task, priority)"
+            " SELECT 'low', -5 FROM generate_series(1, %s)",
+            [BATCH],
+        )
+    with psycopg.connect(loaded) as sql:
+        reads = plan_reads(sql, "job_age_priorities", _first(t.age_priorities(AGING)).params)
+        sql.rollback()
+    assert reads.scans <= BY_ID | {"Index Scan pgqueue_jobs_aging"}, reads.scans
+    assert reads.rows <= 10 and reads.buffers <= 20, reads
+
+
+def test_debounce_reaches_the_waiting_job_by_its_key(loaded: str) -> None:
+    """An enqueue's on_conflict (job_debounce) finds the job holding the key
+    by pgqueue_jobs_key, whatever the statistics say of the other jobs."""
+    with Queue(loaded) as queue:
+        queue.enqueue("t", {"n": 1}, idempotency_key="k", delay=60)
+    spec = JobSpec.build("t", {"n": 2}, idempotency_key="k", on_conflict="extend", delay=90)
+    statement = _first(debounce(spec))
+    assert statement.name == "job_debounce"
+    with psycopg.connect(loaded) as sql:
+        reads = plan_reads(sql, statement.name, statement.params)
+        scanned = _sequential_scans(sql)
+        sql.rollback()
+    assert reads.scans == {"Index Scan pgqueue_jobs_key"} | BY_ID and reads.rows <= 4, reads
+    assert "pgqueue_jobs" not in scanned, scanned
+    # The key's index, the row, and an entry in each index its new run_at,
+    # priority and payload change (a scan would read 400 pages).
+    assert reads.buffers <= 3 * BUFFERS_PER_JOB, reads
