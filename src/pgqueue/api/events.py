@@ -266,11 +266,26 @@ router = APIRouter(tags=["monitoring"])
 @router.get(
     "/events",
     response_class=EventStream,
+    status_code=200,
     responses={
         200: {
             "description": "Server-Sent Events: ready, change, resync, database; a comment "
             "line every 15 s.",
-            "content": {"text/event-stream": {}},
+            "content": {
+                "text/event-stream": {
+                    "itemSchema": {
+                        "type": "object",
+                        "properties": {
+                            "event": {
+                                "type": "string",
+                                "enum": ["ready", "change", "resync", "database"],
+                            },
+                            "data": {"type": "string", "description": "one line of JSON"},
+                        },
+                        "required": ["event", "data"],
+                    }
+                }
+            },
         },
         **documented_errors(),
     },
