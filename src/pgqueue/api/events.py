@@ -4,7 +4,7 @@ that a page refetches what it shows when something changed instead of every
 
 One ``EventHub`` per API process holds ONE listening connection
 (db/changes.py), however many clients listen: a supervised task, started by
-the first client, that fans each change out to every client's ``Mailbox``
+the first client and stopped ``LINGER_SECONDS`` after the last one left, that fans each change out to every client's ``Mailbox``
 (core/changes.py). A mailbox merges what a client has not been sent yet and
 stays bounded (past its bounds it becomes a resync), so a slow client never
 blocks the listener or the other clients, nor grows in memory. Each client's
@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -42,6 +43,7 @@ from starlette.types import Receive, Scope, Send
 
 from ..core.changes import Change, Mailbox, Pending
 from ..db.changes import listen_for_changes
+from ..db.driver import DRIVER_ERRORS
 from ..db.retrying import backoff_delay
 from .http_errors import documented_errors
 
@@ -54,6 +56,8 @@ HEARTBEAT_SECONDS = 15.0
 MIN_INTERVAL_SECONDS = 0.25
 # How often the listener reads the fingerprint (what sends no NOTIFY).
 POLL_SECONDS = 1.0
+# The listening connection closes when no client came for this long.
+LINGER_SECONDS = 60.0
 
 Listener = Callable[[str], AsyncIterator[Change | None]]
 
@@ -81,6 +85,8 @@ class EventHub:
         self.up: bool | None = None  # None: not connected yet
         self.problem = ""
         self.closed = False
+        self.linger_seconds = LINGER_SECONDS
+        self._idle_since: float | None = None
         self._task: asyncio.Task[None] | None = None
 
     def subscribe(self) -> Subscriber:
@@ -112,34 +118,42 @@ class EventHub:
             subscriber.mailbox.database(up, problem)
             subscriber.wake.set()
 
+    def _idle(self) -> bool:
+        """No client for ``linger_seconds``: the listener stops (and its
+        connection closes) until the next client comes. Decided with no
+        await between the check and the forgetting of the task, so that a
+        client that comes meanwhile starts a new one."""
+        if self.subscribers:
+            self._idle_since = None
+            return False
+        now = time.monotonic()
+        if self._idle_since is None:
+            self._idle_since = now
+        if now - self._idle_since < self.linger_seconds:
+            return False
+        self._task, self.up, self._idle_since = None, None, None
+        return True
+
     async def _supervise(self, url: str) -> None:
         """Listen; on any failure say so, log it, back off and listen again."""
         failures = 0
         while not self.closed:
+            if failures and self._idle():  # nobody is told of the outage any more
+                return
             try:
-                async for change in listen_for_changes(
+                changes = listen_for_changes(
                     url, listen=self.listen, poll_seconds=self.poll_seconds
-                ):
-                    if change is None:
-                        self.connections += 1
-                        if failures:
-                            log.info(
-                                "events: listening again after %d failures",
-                                failures,
-                                extra={"action": "events_recovered"},
-                            )
+                )
+                async with contextlib.aclosing(changes):
+                    async for change in changes:
+                        if change is not None and self._idle():
+                            return
+                        self._hear(change, failures)
                         failures = 0
-                        if self.up is False:
-                            self._database(True)
-                        self.up = True
-                        # What changed while not listening was not heard.
-                        self._resync("reconnected" if self.connections > 1 else "listening")
-                    else:
-                        self.publish(change)
                 raise ConnectionError("the listening connection ended")
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:
+            except DRIVER_ERRORS + (OSError, ConnectionError) as exc:
                 failures += 1
                 delay = backoff_delay(failures - 1)
                 problem = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
@@ -153,6 +167,34 @@ class EventHub:
                 )
                 self._database(False, problem)
                 await asyncio.sleep(delay)
+            except Exception as exc:  # a bug: said loudly, every time, and retried
+                failures += 1
+                delay = backoff_delay(failures - 1)
+                log.error(
+                    "events: the listener failed unexpectedly; restarting in %.2f s",
+                    delay,
+                    exc_info=exc,
+                    extra={"action": "events_listener_crashed", "failures": failures},
+                )
+                self._database(False, f"{type(exc).__name__}: {exc}"[:200])
+                await asyncio.sleep(delay)
+
+    def _hear(self, change: Change | None, failures: int) -> None:
+        if change is None:  # listening (again)
+            self.connections += 1
+            if failures:
+                log.info(
+                    "events: listening again after %d failures",
+                    failures,
+                    extra={"action": "events_recovered"},
+                )
+            if self.up is False:
+                self._database(True)
+            self.up = True
+            # What changed while not listening was not heard.
+            self._resync("reconnected" if self.connections > 1 else "listening")
+        elif change:
+            self.publish(change)
 
     async def close(self) -> None:
         """End every stream, and the listening task."""

@@ -51,7 +51,8 @@ async def listen_for_changes(
     url: str, *, listen: bool = True, poll_seconds: float = 1.0
 ) -> AsyncIterator[Change | None]:
     """On a connection of its own: first None, once listening (what changed
-    before is not known: a resync), then the changes as they come. Raises
+    before is not known: a resync), then the changes as they come, and once
+    a poll interval the fingerprint's (an empty change: nothing). Raises
     the driver's error when the connection is lost. ``listen`` False (a
     transaction-mode pooler without a direct URL): the fingerprint only."""
     kwargs: dict[str, Any] = {"autocommit": True, "application_name": APPLICATION_NAME}
@@ -69,7 +70,5 @@ async def listen_for_changes(
             else:
                 await asyncio.sleep(poll_seconds)
             after = await _fingerprint(conn)
-            change = between(before, after)
+            yield between(before, after)  # empty when nothing changed: a tick
             before = after
-            if change:
-                yield change

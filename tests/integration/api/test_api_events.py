@@ -33,6 +33,7 @@ def live(settings: Settings) -> Iterator[LiveServer]:
     with LiveServer(app) as server:
         server.hub = app.state.events  # type: ignore[attr-defined]
         app.state.events.poll_seconds = 0.2  # the fingerprint: acks, claims, cancels
+        app.state.events.linger_seconds = 0.5
         yield server
 
 
@@ -121,14 +122,18 @@ async def test_every_client_shares_one_listening_connection_and_leaving_frees_it
     live: LiveServer, db_url: str
 ) -> None:
     hub: EventHub = live.hub  # type: ignore[attr-defined]
-    async with stream(live) as a, stream(live) as b, stream(live, ADMIN) as c:
+
+    def listeners() -> int:
         with psycopg.connect(db_url) as sql:
-            [[listening]] = sql.execute(
+            [[n]] = sql.execute(
                 "SELECT count(*) FROM pg_stat_activity "
                 "WHERE application_name = %s AND datname = current_database()",
                 (APPLICATION_NAME,),
             ).fetchall()
-        assert listening == 1
+            return int(n)
+
+    async with stream(live) as a, stream(live) as b, stream(live, ADMIN) as c:
+        assert listeners() == 1
         assert hub.connections == 1
         assert len(hub.subscribers) == 3
         with psycopg.connect(db_url, autocommit=True) as sql:
@@ -136,6 +141,10 @@ async def test_every_client_shares_one_listening_connection_and_leaving_frees_it
         for client in (a, b, c):
             assert (await client.change_of("shared"))["queues"] == ["shared"]
     await until(lambda: not hub.subscribers)  # each disconnect dropped its mailbox
+
+    await until(lambda: listeners() == 0)  # nobody listens: the connection closed
+    async with stream(live):  # the next client opens it again
+        assert listeners() == 1 and hub.connections == 2
 
 
 async def test_a_client_that_never_reads_holds_up_nobody(live: LiveServer, db_url: str) -> None:
