@@ -4,10 +4,11 @@ that a page refetches what it shows when something changed instead of every
 
 One ``EventHub`` per API process holds ONE listening connection
 (db/changes.py), however many clients listen: a supervised task, started by
-the first client and stopped ``LINGER_SECONDS`` after the last one left, that fans each change out to every client's ``Mailbox``
-(core/changes.py). A mailbox merges what a client has not been sent yet and
-stays bounded (past its bounds it becomes a resync), so a slow client never
-blocks the listener or the other clients, nor grows in memory. Each client's
+the first client and stopped ``LINGER_SECONDS`` after the last one left,
+that fans each change out to every client's ``Mailbox`` (core/changes.py).
+A mailbox merges what a client has not been sent yet and stays bounded
+(past its bounds it becomes a resync), so a slow client never blocks the
+listener or the other clients, nor grows in memory. Each client's
 stream sends at most one event per ``MIN_INTERVAL_SECONDS``, a comment line
 every ``HEARTBEAT_SECONDS`` so that proxies keep it open, and ends when the
 client goes away (its mailbox is dropped at once) or the server stops.
@@ -34,7 +35,6 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -58,8 +58,6 @@ MIN_INTERVAL_SECONDS = 0.25
 POLL_SECONDS = 1.0
 # The listening connection closes when no client came for this long.
 LINGER_SECONDS = 60.0
-
-Listener = Callable[[str], AsyncIterator[Change | None]]
 
 
 class Subscriber:
@@ -153,7 +151,7 @@ class EventHub:
                 raise ConnectionError("the listening connection ended")
             except asyncio.CancelledError:
                 raise
-            except DRIVER_ERRORS + (OSError, ConnectionError) as exc:
+            except (*DRIVER_ERRORS, OSError) as exc:  # ConnectionError too
                 failures += 1
                 delay = backoff_delay(failures - 1)
                 problem = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]

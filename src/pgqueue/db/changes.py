@@ -13,7 +13,7 @@ read on the same connection, catches what no notification says.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import psycopg
@@ -49,7 +49,7 @@ async def _fingerprint(conn: psycopg.AsyncConnection[Any]) -> Fingerprint:
 
 async def listen_for_changes(
     url: str, *, listen: bool = True, poll_seconds: float = 1.0
-) -> AsyncIterator[Change | None]:
+) -> AsyncGenerator[Change | None, None]:
     """On a connection of its own: first None, once listening (what changed
     before is not known: a resync), then the changes as they come, and once
     a poll interval the fingerprint's (an empty change: nothing). Raises
