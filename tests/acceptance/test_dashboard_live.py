@@ -2,7 +2,8 @@
 Chromium against a real uvicorn and database: with the fallback poll set to
 an hour (#poll=3600), a job enqueued behind the page's back shows in the
 overview and in the jobs list within seconds, so only an event can have
-brought it. When the stream is refused, the page says it polls."""
+brought it (the stream read with a read token in its Authorization header).
+When the stream is refused, the page says it polls."""
 
 from __future__ import annotations
 
@@ -36,8 +37,10 @@ def refreshes(page: DevTools) -> int:
 def test_the_overview_and_the_jobs_list_follow_an_enqueue_made_behind_their_back(
     settings: Settings, queue: Queue, page: DevTools
 ) -> None:
-    with LiveServer(create_app(settings)) as server:
-        page.goto(f"{server.url}/dashboard#poll={HOUR}")
+    # Tokens on: the stream is read with the page's token in its header.
+    app = create_app(settings.replace(api_tokens=("live-admin",), api_read_tokens=("live-read",)))
+    with LiveServer(app) as server:
+        page.goto(f"{server.url}/dashboard#token=live-read&poll={HOUR}")
         until(page, 'document.getElementById("live").dataset.mode === "live"')
         # ready, then the resync of the hub's first client (it listens now),
         # and the refresh that followed: from here on, only a change refreshes.
