@@ -22,7 +22,7 @@ from pgqueue.api import create_app
 from pgqueue.api.events import EventHub
 from pgqueue.core.changes import MAX_JOBS, MAX_QUEUES, Change
 from pgqueue.db.changes import APPLICATION_NAME
-from tests.support import LiveServer, until
+from tests.support import LiveServer, plan_reads, until
 
 ADMIN, READER = "events-admin-token", "events-read-token"
 
@@ -225,3 +225,17 @@ async def test_a_stopping_server_ends_the_streams(settings: Settings) -> None:
             async with asyncio.timeout(5):
                 await events.ended.wait()
     assert not server.thread.is_alive()
+
+
+def test_the_fingerprint_reads_no_more_of_the_jobs_than_its_newest_id(
+    queue: Queue, db_url: str
+) -> None:
+    with psycopg.connect(db_url, autocommit=True) as sql:
+        sql.execute(
+            "INSERT INTO pgqueue_jobs (task, queue) "
+            "SELECT 't', 'q' || (i % 10) FROM generate_series(1, 20000) i"
+        )
+        sql.execute("ANALYZE pgqueue_jobs")
+        reads = plan_reads(sql, "events_fingerprint", {})
+    assert reads.scans == {"Index Only Scan pgqueue_jobs_pkey"}, reads.scans  # from its end
+    assert reads.buffers < 50, reads.buffers
