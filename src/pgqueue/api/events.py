@@ -46,6 +46,7 @@ from ..db.changes import listen_for_changes
 from ..db.driver import DRIVER_ERRORS
 from ..db.retrying import backoff_delay
 from .http_errors import documented_errors
+from .middleware import HEAD_SCOPE_KEY
 
 __all__ = ["HEARTBEAT_SECONDS", "MIN_INTERVAL_SECONDS", "EventHub", "router"]
 
@@ -251,9 +252,13 @@ class EventStream(Response):
         ]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        start = {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
+        if scope.get(HEAD_SCOPE_KEY):  # HEAD: the headers, and a stream that ends at once
+            await send(start)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
         subscriber = self.hub.subscribe()
         try:
-            start = {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
             await send(start)
             writer = asyncio.create_task(self._write(subscriber, send))
             gone = asyncio.create_task(self._disconnected(receive))

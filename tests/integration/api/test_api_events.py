@@ -191,6 +191,9 @@ async def test_tokens_apply_and_a_read_token_may_listen(live: LiveServer) -> Non
         assert (await http.get("/events")).status_code == 401
         wrong = await http.get("/events", headers={"Authorization": "Bearer nope"})
         assert wrong.status_code == 401
+        head = await http.head("/events", headers={"Authorization": f"Bearer {READER}"})
+        assert head.status_code == 200 and head.content == b""  # at once, not a stream
+        assert head.headers["content-type"].startswith("text/event-stream")
     async with stream(live, READER) as events:
         assert events is not None  # ready, then resync: it listens
 
