@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,7 +86,7 @@ class DevTools:
         self.session = ""
 
     def __enter__(self) -> DevTools:
-        targets = self.call("Target.getTargets", session=False)["targetInfos"]
+        targets: list[dict[str, Any]] = self.call("Target.getTargets", session=False)["targetInfos"]  # type: ignore[assignment]
         page = next(t for t in targets if t["type"] == "page")
         attached = self.call(
             "Target.attachToTarget", {"targetId": page["targetId"], "flatten": True}, session=False

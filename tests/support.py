@@ -14,11 +14,10 @@ from typing import Any
 
 import httpx
 import psycopg
-import uvicorn
 
 from pgqueue import Job, JobState, Queue, Settings
 from pgqueue.api import create_app
-from pgqueue.api.server import uvicorn_config
+from pgqueue.api.server import Server, uvicorn_config
 from pgqueue.db.migrate import NO_TRANSACTION, statements
 from pgqueue.sql import QUERIES, migration_files
 from pgqueue.worker import AsyncWorker
@@ -95,7 +94,7 @@ class LiveServer:
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn_config(app, log_level="warning", access_log=False, **options)
-        self.server = uvicorn.Server(config)
+        self.server = Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]})
 
     def __enter__(self) -> LiveServer:

@@ -16,12 +16,14 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from ..core.settings import Settings
+from ..db.connections import listen_url
 from ..queue import AsyncQueue
 from . import (
     access,
     batches,
     bulk,
     dead,
+    events,
     history,
     jobs,
     monitoring,
@@ -58,12 +60,19 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
         group_commit=settings.api_group_commit,  # POST /jobs: group_commit.py
     )
 
+    hub = events.EventHub()  # GET /events: one listening connection, opened by its first client
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await queue.open()
+        # Behind a transaction-mode pooler without a direct URL: no LISTEN,
+        # the fingerprint only (db/changes.py).
+        direct = listen_url(settings, queue.url)
+        hub.url, hub.listen = direct or queue.url, direct is not None
         try:
             yield
         finally:
+            await hub.close()
             await queue.close()
 
     app = FastAPI(
@@ -76,6 +85,7 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
         openapi_url=None,  # served by pages.py, behind auth
     )
     app.state.queue = queue
+    app.state.events = hub
     app.state.settings = settings
     app.state.redaction = settings.redaction
     app.state.read_redaction = (
@@ -109,5 +119,6 @@ def create_app(settings: Settings | None = None, *, url: str | None = None) -> F
     app.include_router(workflows.router)
     app.include_router(batches.router)
     app.include_router(history.router)
+    app.include_router(events.router)
     install_pages(app)
     return app

@@ -41,6 +41,7 @@ from urllib.parse import urlsplit
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = [
+    "HEAD_SCOPE_KEY",
     "PUBLIC_PATHS",
     "READ_METHODS",
     "BearerAuth",
@@ -51,6 +52,8 @@ __all__ = [
 ]
 
 PUBLIC_PATHS = frozenset({"/healthz", "/dashboard"})
+# Set in the scope of a HEAD request run as GET (HeadAsGet).
+HEAD_SCOPE_KEY = "pgqueue.head"
 READ_METHODS = frozenset({"GET", "HEAD"})
 # Methods that change nothing; every other one is a write.
 SAFE_METHODS = READ_METHODS | {"OPTIONS"}
@@ -312,4 +315,5 @@ class HeadAsGet:
                 message = {**message, "body": b""}
             await send(message)
 
-        await self.app({**scope, "method": "GET"}, receive, headers_only)
+        # HEAD_SCOPE_KEY: for a response that would never end (GET /events).
+        await self.app({**scope, "method": "GET", HEAD_SCOPE_KEY: True}, receive, headers_only)

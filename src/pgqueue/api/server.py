@@ -8,6 +8,7 @@ import contextlib
 import ipaddress
 import logging
 import signal
+import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +23,7 @@ from .app import create_app
 
 __all__ = [
     "REQUEST_READ_TIMEOUT_SECONDS",
+    "Server",
     "is_loopback",
     "resolve_bind",
     "serve",
@@ -101,6 +103,18 @@ def uvicorn_config(app: Any, **options: Any) -> uvicorn.Config:
     return uvicorn.Config(app, **{**defaults, **options})
 
 
+class Server(uvicorn.Server):
+    """uvicorn's server, which first ends the app's event streams (GET
+    /events) when it stops: uvicorn waits for every response to end before
+    it stops, and a stream would not end by itself."""
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        hub = getattr(getattr(self.config.app, "state", None), "events", None)
+        if hub is not None:
+            await hub.close()
+        await super().shutdown(sockets)
+
+
 def is_loopback(host: str) -> bool:
     if host.lower() == "localhost":
         return True
@@ -168,7 +182,7 @@ def serve(
         **logging_options,
     )
     with _return_after_signals():
-        uvicorn.Server(config).run()
+        Server(config).run()
 
 
 @contextlib.contextmanager

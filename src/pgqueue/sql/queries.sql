@@ -1898,6 +1898,27 @@ SET TIME ZONE 'UTC';
 SELECT set_config('synchronous_commit', 'local', false)
 WHERE current_setting('synchronous_commit') NOT IN ('off', 'local');
 
+-- name: events_fingerprint
+-- What the API's event stream (GET /events) compares once a second, on its
+-- one listening connection, to see the changes that send no NOTIFY: acks and
+-- failures (job_finish notifies only the jobs somebody waits for), cancels of
+-- jobs nobody waits for, snoozes, claims, delayed enqueues, workers that come
+-- and go, queue controls. Per queue: its outcome counters and its claims
+-- (the start-latency counts) summed; then the newest job id (one probe of
+-- the primary key, from its end), the workers registered and the queue
+-- controls' last change. Small tables only, and no scan of pgqueue_jobs.
+SELECT (SELECT coalesce(jsonb_object_agg(queue, n), '{}'::jsonb)
+        FROM (SELECT queue, sum(n)::bigint AS n
+              FROM (SELECT queue, succeeded + failed + dead + cancelled + snoozed + enqueued AS n
+                    FROM pgqueue_counters
+                    UNION ALL
+                    SELECT queue, count FROM pgqueue_start_latency) counted
+              GROUP BY queue) per_queue) AS queues,
+       (SELECT max(id) FROM pgqueue_jobs) AS last_job,
+       (SELECT count(*) FROM pgqueue_workers) AS workers,
+       (SELECT count(*)::text || '@' || coalesce(max(updated_at)::text, '')
+        FROM pgqueue_queues) AS controls;
+
 -- name: listen_jobs
 -- Subscribe to "jobs are ready" hints (payload: the queue name).
 LISTEN pgqueue_jobs;

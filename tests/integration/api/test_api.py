@@ -360,6 +360,7 @@ async def test_healthz_docs_and_openapi(api: httpx.AsyncClient) -> None:
         "/schedules/{name}/run",
         "/dead-letters",
         "/access",
+        "/events",
         "/workflows",
         "/workflows/{workflow_id}",
         "/workflows/{workflow_id}/{action}",
