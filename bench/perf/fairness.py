@@ -1,0 +1,181 @@
+"""Fair queues: how soon a small tenant's jobs start beside a big tenant's
+backlog, against the same jobs on an empty queue.
+
+    python -m bench.perf.fairness [--big 1000000] [--small 10] [--rounds 20]
+                                  [--concurrency 100] [--out PATH]
+
+On a fresh server on disk (fsync on), the queue ``tenants`` gets the
+control ``fair`` (docs/howto/limits.md, "Fair queues"). Three scenarios, one
+after the other, each on an emptied table:
+
+  * ``empty``: no backlog;
+  * ``fair``: BIG jobs of the key ``big`` enqueued first (one bulk enqueue),
+    then ``VACUUM ANALYZE`` (what autovacuum does after it);
+  * ``plain``: the same backlog, with ``fair`` off (claim order), for
+    contrast: its rounds are cut short (``--plain-rounds``).
+
+In each, one worker process (a forked ``AsyncWorker``, CONCURRENCY slots,
+no-op handlers) starts; once it has been running for a second, ROUNDS times
+SMALL jobs of the key ``small`` are enqueued together, PAUSE seconds apart.
+A small job's start latency is its ``started_at`` minus its
+``enqueued_at`` (the database clock). A small job not started within
+WAIT seconds of its round counts as not started. Writes results/fairness.json
+with each scenario's latency percentiles, and the ratio of fair's p99 to
+empty's p99.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import time
+from multiprocessing.synchronize import Event
+from typing import Any
+
+import psycopg
+
+from bench.common import bench_database, clear, percentiles_ms
+from bench.record import ResultRecord, command_line, server_info, write_result
+from bench.workers import stop, wait_connected
+from pgqueue import Job, Queue, Settings
+from pgqueue.worker import AsyncWorker
+
+QUEUE = "tenants"
+WAIT_SECONDS = 30.0
+LATENCIES = (
+    "SELECT extract(epoch FROM started_at - enqueued_at)::float8 * 1000 FROM pgqueue_jobs"
+    " WHERE concurrency_key = 'small' AND started_at IS NOT NULL ORDER BY 1"
+)
+SMALL_NOT_STARTED = (
+    "SELECT count(*) FROM pgqueue_jobs WHERE concurrency_key = 'small' AND started_at IS NULL"
+)
+
+
+async def noop(job: Job) -> None:
+    return None
+
+
+def _worker(url: str, concurrency: int, done: Event) -> None:
+    import asyncio
+
+    async def run() -> None:
+        settings = Settings(database_url=url, concurrency=concurrency)
+        worker = AsyncWorker({"work": noop}, settings=settings, queues=[QUEUE], name="fairness")
+        running = asyncio.create_task(worker.run())
+        await asyncio.to_thread(done.wait)
+        await worker.stop()
+        await running
+
+    asyncio.run(run())
+
+
+def _scenario(
+    url: str, *, big: int, fair: bool, small: int, rounds: int, pause: float, concurrency: int
+) -> dict[str, Any]:
+    clear(url)
+    with Queue(url, settings=Settings(database_url=url)) as q:
+        q.set_limits(QUEUE, fair=fair)
+        if big:
+            q.enqueue_many([{"task": "work", "queue": QUEUE, "concurrency_key": "big"}] * big)
+    if big:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("VACUUM ANALYZE pgqueue_jobs")
+    ctx = mp.get_context("fork")
+    done = ctx.Event()
+    proc = ctx.Process(target=_worker, args=(url, concurrency, done), daemon=True)
+    proc.start()
+    try:
+        wait_connected(url, 1)
+        time.sleep(1.0)  # the worker claiming the backlog, if any
+        small_job = {"task": "work", "queue": QUEUE, "concurrency_key": "small"}
+        with Queue(url, settings=Settings(database_url=url)) as q:
+            for _ in range(rounds):
+                q.enqueue_many([small_job] * small)
+                time.sleep(pause)
+            deadline = time.monotonic() + WAIT_SECONDS
+            while _not_started(url) and time.monotonic() < deadline:
+                time.sleep(0.05)
+    finally:
+        stop([proc], done)
+    with psycopg.connect(url, autocommit=True) as conn:
+        ms = [row[0] for row in conn.execute(LATENCIES).fetchall()]
+        [[big_started]] = conn.execute(
+            "SELECT count(*) FROM pgqueue_jobs WHERE concurrency_key = 'big'"
+            " AND started_at IS NOT NULL"
+        )
+    return {
+        "small_jobs": small * rounds,
+        "small_started": len(ms),
+        "big_jobs_started_meanwhile": big_started,
+        "latency_ms": percentiles_ms(ms) if ms else None,
+    }
+
+
+def _not_started(url: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        [[count]] = conn.execute(SMALL_NOT_STARTED)
+    return int(count)
+
+
+def main(argv: list[str] | None = None) -> ResultRecord:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--big", type=int, default=1_000_000)
+    parser.add_argument("--small", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--plain-rounds", type=int, default=3)
+    parser.add_argument("--pause", type=float, default=0.2)
+    parser.add_argument("--concurrency", type=int, default=100)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    load_before = os.getloadavg()
+    started = time.monotonic()
+    common = {"small": args.small, "pause": args.pause, "concurrency": args.concurrency}
+    with bench_database("fairness") as url:
+        info = server_info(url)
+        results = {
+            "empty": _scenario(url, big=0, fair=True, rounds=args.rounds, **common),
+            "fair": _scenario(url, big=args.big, fair=True, rounds=args.rounds, **common),
+            "plain": _scenario(url, big=args.big, fair=False, rounds=args.plain_rounds, **common),
+        }
+    empty, fair = results["empty"]["latency_ms"], results["fair"]["latency_ms"]
+    ratio = fair["p99_ms"] / empty["p99_ms"] if empty and fair else None
+    record = ResultRecord(
+        name="fairness",
+        command=command_line(__spec__, argv),
+        server=info,
+        parameters={
+            "big": args.big,
+            "small": args.small,
+            "rounds": args.rounds,
+            "plain_rounds": args.plain_rounds,
+            "pause_seconds": args.pause,
+            "wait_seconds": WAIT_SECONDS,
+            "worker": f"1 AsyncWorker process, concurrency {args.concurrency}, no-op handlers",
+            "latency": "started_at - enqueued_at of the small key's jobs (database clock)",
+            "machine_state": "shared, not idle (load averages below)",
+            "load_average_before": list(load_before),
+            "load_average_after": list(os.getloadavg()),
+        },
+        results={
+            "elapsed_seconds": time.monotonic() - started,
+            "scenarios": results,
+            "fair_p99_over_empty_p99": ratio,
+        },
+    )
+    path = write_result(record, args.out)
+    for name, result in results.items():
+        lat = result["latency_ms"]
+        shown = (
+            "none started"
+            if lat is None
+            else f"p50 {lat['p50_ms']:.1f}  p99 {lat['p99_ms']:.1f} ms"
+        )
+        started_of = f"{result['small_started']}/{result['small_jobs']}"
+        print(f"{name:>6}: {started_of} small jobs started, {shown}")
+    print(f"fair p99 / empty p99: {ratio}; written to {path}")
+    return record
+
+
+if __name__ == "__main__":
+    main()
