@@ -82,7 +82,7 @@ def long_transactions(
         "warn",
         f"{len(long)} transaction(s) open longer than {threshold_seconds:g} s; the oldest "
         f"({who}) for {oldest['seconds']:,.0f} s{holding}{note}",
-        f"end it (SELECT pg_terminate_backend({oldest['pid']})) and fix what leaves it open; "
+        f"end it (pg_terminate_backend({oldest['pid']})) and fix what leaves it open; "
         "idle_in_transaction_session_timeout ends idle ones",
         source,
         len(long),
@@ -113,7 +113,7 @@ def replication_slots(slots: Sequence[Row]) -> HealthCheck:
         "warn",
         f"{len(idle)} inactive replication slot(s); {worst['name']!r} ({worst['type']}) keeps "
         f"{'an unknown amount of' if kept is None else f'{kept:,} bytes of'} WAL{held}",
-        f"if its consumer is gone, SELECT pg_drop_replication_slot({worst['name']!r}); "
+        f"if its consumer is gone, drop it: pg_drop_replication_slot({worst['name']!r}); "
         "max_slot_wal_keep_size bounds the WAL a slot may keep",
         source,
         len(idle),
@@ -310,7 +310,7 @@ def synchronous_standby(server: Mapping[str, Any]) -> HealthCheck:
         "fail",
         finding + ": every commit that writes waits, enqueues and acks hang",
         "start or reconnect the standby, or clear synchronous_standby_names "
-        "(ALTER SYSTEM RESET synchronous_standby_names; SELECT pg_reload_conf())",
+        "(ALTER SYSTEM RESET synchronous_standby_names, then pg_reload_conf())",
         source,
         0,
         "standbys",
