@@ -166,7 +166,9 @@ def _patroni_command() -> list[str]:
     """Patroni (the ``dev`` extra's) run as the server user: by our own
     interpreter if that user may run it, else by the system's interpreter of
     the same version with our packages on its path (a pyenv under /root,
-    as on CI, is closed to other users)."""
+    as on CI, is closed to other users), without its site packages (-S):
+    Debian's pyOpenSSL there would import our newer cryptography, which it
+    does not match, and python-etcd imports it when it is found."""
     as_owner = _as_server_user()
     probe = subprocess.run([*as_owner, sys.executable, "-c", ""], capture_output=True)
     if probe.returncode == 0:
@@ -177,7 +179,7 @@ def _patroni_command() -> list[str]:
         raise RuntimeError(f"the server user cannot run {sys.executable}; no system {version}")
     paths = sysconfig.get_paths()
     packages = os.pathsep.join(dict.fromkeys([paths["purelib"], paths["platlib"]]))
-    return [*as_owner, "env", f"PYTHONPATH={packages}", system, "-m", "patroni"]
+    return [*as_owner, "env", f"PYTHONPATH={packages}", system, "-S", "-m", "patroni"]
 
 
 def _patroni_config(cluster: Cluster, node: str, scope: str) -> dict[str, Any]:

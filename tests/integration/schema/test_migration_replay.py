@@ -134,6 +134,9 @@ KNOWN_DRIFT: dict[str, frozenset[str]] = {
     # without its jobs column, the pick function counting one start a row.
     "6e64f66e": STARTS_WITHOUT_JOBS,
     "e63cc19e": STARTS_WITHOUT_JOBS,
+    # 0027_batches before its prune index (branch batches): no
+    # pgqueue_batches_finished.
+    "b41fb0d2": frozenset({"indexes public.pgqueue_batches_finished"}),
     # 0010_history before 461b27b3 (branch history): no pgqueue_enqueued,
     # the totals view without it.
     "e90c4d97": frozenset(
