@@ -19,6 +19,7 @@ __all__ = [
     "io_10ms",
     "noop",
     "noop_sync",
+    "progress_work_sync",
     "steps_async",
     "steps_sync",
     "steps_work_sync",
@@ -76,6 +77,14 @@ def steps_work_sync(job: Job) -> None:
         job.step(f"step{i}", _work)
 
 
+def progress_work_sync(job: Job) -> None:
+    """``work_sync``, reporting its progress after each piece (ten reports
+    in its 100 ms: more often than once a second)."""
+    for i in range(STEPS):
+        _work()
+        job.progress((i + 1) / STEPS, {"piece": i})
+
+
 HANDLERS: dict[str, Callable[[Job], Any]] = {
     "noop": noop,
     "noop_sync": noop_sync,
@@ -84,4 +93,5 @@ HANDLERS: dict[str, Callable[[Job], Any]] = {
     "steps_async": steps_async,
     "work_sync": work_sync,
     "steps_work_sync": steps_work_sync,
+    "progress_work_sync": progress_work_sync,
 }

@@ -15,7 +15,8 @@ inserts, each its own commit, on the worker's handler connections. Sync
 handlers (the worker's threads) and async ones are measured apart. A
 third pair does work: WORK_JOBS jobs of ten pieces of 10 ms of blocking
 work (``work_sync``), against the same with each piece a step
-(``steps_work_sync``). In each pair the two kinds alternate, ``repeats``
+(``steps_work_sync``), and with a progress report after each piece
+(``progress_work_sync``). In each pair the two kinds alternate, ``repeats``
 times each. Writes
 results/steps.json, with the ratio of the medians (step jobs' rate / plain
 jobs' rate) per pair.
@@ -39,8 +40,10 @@ PAIRS = {
     "sync": ("noop_sync", "steps_sync"),
     "async": ("noop", "steps_async"),
     "sync_10x10ms": ("work_sync", "steps_work_sync"),
+    # The same work reporting its progress after each piece (job.progress()).
+    "progress_10x10ms": ("work_sync", "progress_work_sync"),
 }
-WORKING = ("sync_10x10ms",)
+WORKING = ("sync_10x10ms", "progress_10x10ms")
 
 
 def measure(url: str, jobs: int, work_jobs: int, concurrency: int, repeats: int) -> dict[str, Any]:
@@ -88,8 +91,8 @@ def main(argv: list[str] | None = None) -> ResultRecord:
             "steps_per_job": STEPS,
             "tasks": {pair: list(tasks) for pair, tasks in PAIRS.items()},
             "worker": "1 forked AsyncWorker process (bench.workers.drain)",
-            "machine_state": "shared, not idle: other agents' builds, tests and benchmarks "
-            "ran on the same cores during the run (load averages below)",
+            "machine_state": "shared: other agents' builds, tests and benchmarks may run "
+            "on the same cores (load averages below)",
             "load_average_before": list(load_before),
             "load_average_after": list(os.getloadavg()),
         },

@@ -521,18 +521,27 @@ SELECT name, result FROM pgqueue_job_steps WHERE job_id = %(id)s;
 -- gives the job a new token waits for this insert to commit (so the new
 -- attempt's read of the steps sees it), and an insert that comes after
 -- such a claim reads the new token, and stores nothing.
+-- Its commit does not wait for the WAL flush (synchronous_commit off for
+-- this statement's transaction only, `quick`): a step is at least once
+-- (core/steps.py), and what a crash of the server (not of the worker) can
+-- lose is the last fraction of a second of steps, which run again; any
+-- later commit that waits (the job's ack, another attempt's claim)
+-- flushes them first. Ten steps of a handler then cost ten round trips,
+-- not ten disk flushes.
 INSERT INTO pgqueue_job_steps (job_id, name, result)
 SELECT j.id, %(name)s, %(result)s::jsonb
-FROM pgqueue_jobs j
+FROM pgqueue_jobs j, (SELECT set_config('synchronous_commit', 'off', true)) AS quick
 WHERE j.id = %(id)s AND j.lease_token = %(token)s AND j.state = 'running'
 FOR SHARE OF j
 RETURNING job_id;
 
 -- name: job_checkpoint
 -- Overwrite a running job's checkpoint (job.checkpoint()), fenced by the
--- attempt's token like job_progress; returns the id if written.
+-- attempt's token like job_progress; returns the id if written. Its commit
+-- does not wait for the WAL flush, as job_step_record's.
 UPDATE pgqueue_jobs
 SET last_checkpoint = %(value)s::jsonb
+FROM (SELECT set_config('synchronous_commit', 'off', true)) AS quick
 WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running'
 RETURNING id;
 

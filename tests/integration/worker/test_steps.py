@@ -26,6 +26,7 @@ from pgqueue import (
     StaleAttempt,
 )
 from pgqueue.core.steps import MAX_CHECKPOINT_BYTES, MAX_STEP_NAME
+from pgqueue.sql import QUERIES
 from pgqueue.worker import AsyncWorker
 from tests.support import past_first_heartbeat, running, take_over, until
 
@@ -297,3 +298,25 @@ async def test_deleting_a_job_deletes_its_steps(
     assert stored(sql, jobs[0].id) == {}
     assert queue.bulk_delete(state="succeeded", ids=[jobs[1].id]) == 1
     assert stored(sql, jobs[1].id) == {}
+
+
+def test_a_step_and_a_checkpoint_commit_without_waiting_for_the_flush(
+    queue: Queue, db_url: str
+) -> None:
+    """Their statements turn synchronous_commit off for their own
+    transaction only (a step is at least once: a server crash may lose the
+    last fraction of a second of them, which then run again)."""
+    queue.enqueue("t")
+    [job] = queue.claim(1, worker="w")
+    fence = {"id": job.id, "token": job.lease_token}
+    statements = {
+        "job_step_record": {**fence, "name": "s", "result": "1"},
+        "job_checkpoint": {**fence, "value": "1"},
+    }
+    with psycopg.connect(db_url) as conn:
+        for name, params in statements.items():
+            assert conn.execute(QUERIES[name], params).fetchall() == [(job.id,)], name
+            assert conn.execute("SHOW synchronous_commit").fetchone() == ("off",), name
+            conn.commit()
+            assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",), name
+            conn.rollback()
