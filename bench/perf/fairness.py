@@ -9,7 +9,7 @@ control ``fair`` (docs/howto/limits.md, "Fair queues"). Three scenarios, one
 after the other, each on an emptied table:
 
   * ``empty``: no backlog;
-  * ``fair``: BIG jobs of the key ``big`` enqueued first (one bulk enqueue),
+  * ``fair``: BIG jobs of the key ``big`` enqueued first (bulk enqueues),
     then ``VACUUM ANALYZE`` (what autovacuum does after it);
   * ``plain``: the same backlog, with ``fair`` off (claim order), for
     contrast: its rounds are cut short (``--plain-rounds``).
@@ -43,6 +43,8 @@ from pgqueue.worker import AsyncWorker
 
 QUEUE = "tenants"
 WAIT_SECONDS = 30.0
+# The backlog is enqueued this many jobs per call.
+CHUNK = 50_000
 LATENCIES = (
     "SELECT extract(epoch FROM started_at - enqueued_at)::float8 * 1000 FROM pgqueue_jobs"
     " WHERE concurrency_key = 'small' AND started_at IS NOT NULL ORDER BY 1"
@@ -76,8 +78,9 @@ def _scenario(
     clear(url)
     with Queue(url, settings=Settings(database_url=url)) as q:
         q.set_limits(QUEUE, fair=fair)
-        if big:
-            q.enqueue_many([{"task": "work", "queue": QUEUE, "concurrency_key": "big"}] * big)
+        big_job = {"task": "work", "queue": QUEUE, "concurrency_key": "big"}
+        for start in range(0, big, CHUNK):  # each call within its deadline
+            q.enqueue_many([big_job] * min(CHUNK, big - start))
     if big:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("VACUUM ANALYZE pgqueue_jobs")
