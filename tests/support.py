@@ -18,6 +18,7 @@ import psycopg
 from pgqueue import Job, JobState, Queue, Settings
 from pgqueue.api import create_app
 from pgqueue.api.server import Server, uvicorn_config
+from pgqueue.core.transitions import reap
 from pgqueue.db.migrate import NO_TRANSACTION, statements
 from pgqueue.sql import QUERIES, migration_files
 from pgqueue.worker import AsyncWorker
@@ -55,14 +56,17 @@ def take_over(
     queue: Queue, sql: psycopg.Connection[Any], job_id: int, worker: str = "other"
 ) -> Job:
     """Expire a running job's lease, reap it and claim it again as ``worker``:
-    whoever held it before now holds a stale token."""
-    sql.execute(
-        "UPDATE pgqueue_jobs SET lease_expires_at = now() - interval '1 s', "
-        "run_at = now() WHERE id = %s",
-        (job_id,),
-    )
-    assert queue.reap() == {job_id: JobState.QUEUED}
-    sql.execute("UPDATE pgqueue_jobs SET run_at = now() WHERE id = %s", (job_id,))
+    whoever held it before now holds a stale token. The lease expires and is
+    reaped in one transaction, so that a running worker's own reaper never
+    sees it expired (and takes the reap from this one)."""
+    with psycopg.connect(queue.url) as conn:
+        conn.execute(
+            "UPDATE pgqueue_jobs SET lease_expires_at = now() - interval '1 s', "
+            "run_at = now() WHERE id = %s",
+            (job_id,),
+        )
+        assert queue.run(reap(queue.settings), connection=conn) == {job_id: JobState.QUEUED}
+        conn.execute("UPDATE pgqueue_jobs SET run_at = now() WHERE id = %s", (job_id,))
     [taken] = queue.claim(1, worker=worker)
     return taken
 
