@@ -384,6 +384,24 @@ def test_fillfactor_smoke(bench_url: str, out_dir: Path) -> None:
     assert all(cell["wal_bytes_per_job"]["median"] > 0 for cell in cells.values())
 
 
+def test_finish_statement_smoke(bench_url: str, out_dir: Path) -> None:
+    from bench.perf import finish_statement
+
+    out = out_dir / "finish_statement.json"
+    finish_statement.main(["--jobs", "400", "--size", "50", "--rounds", "1", "--out", str(out)])
+    results = _read(out, "finish_statement", "bench.perf.finish_statement").results
+    assert set(results["ack_ms"]) == {"as_shipped", "without_batch_step"}
+    assert results["as_shipped_over_without_batch_step"]["median"] > 0
+
+
+def test_the_finish_statement_without_its_batch_step_still_finishes_and_counts() -> None:
+    from bench.perf.finish_statement import without_batch_step
+
+    cut = without_batch_step(QUERIES["job_finish"])
+    assert "batched" not in cut and "pgqueue_batch_moved" not in cut
+    assert "pgqueue_counters" in cut and "pgqueue_release" in cut
+
+
 def test_worker_startup_smoke(bench_url: str, out_dir: Path) -> None:
     from bench.perf import worker_startup
 
