@@ -38,7 +38,7 @@ BATCH_STEP = (
 BATCH_JOIN = ",\n       (SELECT count(*) FROM batched) b"
 
 
-def without_batch_step(query: str) -> LiteralString:
+def without_batch_step(query: LiteralString) -> LiteralString:
     """job_finish without its batch step: the text from ``batched AS`` to the
     CTE list's end, and the join that forces it, cut out."""
     start = query.index(BATCH_STEP[0])
@@ -46,7 +46,7 @@ def without_batch_step(query: str) -> LiteralString:
     cut = query[:start] + query[end:]
     if BATCH_JOIN not in cut:
         raise SystemExit("job_finish changed shape: update bench/perf/finish_statement.py")
-    return cut.replace(BATCH_JOIN, "")  # type: ignore[return-value]
+    return cut.replace(BATCH_JOIN, "")
 
 
 def params(settings: Settings, jobs: list[Job]) -> dict[str, Any]:
