@@ -306,7 +306,12 @@ def test_the_howto_sql_blocks_run_in_order_through_psql(db_url: str, sql: Sql) -
     assert len(blocks) >= 4
     psql(db_url, "\n".join(blocks))
     tasks = {row[0] for row in sql.execute("SELECT DISTINCT task FROM pgqueue_jobs")}
-    assert {"send_email", "send_receipt"} <= tasks
+    assert {"send_email", "send_receipt", "reindex"} <= tasks
+    # The debounce trigger's two edits made one job, 30 s after the last.
+    [(jobs, lead)] = sql.execute(
+        "SELECT count(*), min(run_at - enqueued_at) FROM pgqueue_jobs WHERE task = 'reindex'"
+    ).fetchall()
+    assert jobs == 1 and lead.total_seconds() >= 30
 
 
 def test_the_howto_says_which_snippets_are_not_run() -> None:

@@ -6,6 +6,9 @@ back after): both take it or both refuse it, and what they store is equal
 (a job with a key: the SQL call finds the library's job under it, which
 says the two made the same key).
 
+And the same debounce: a job whose on_conflict meets a waiting holder
+changes it alike through both.
+
 Left out on purpose: NUL and lone surrogates (jsonb and text cannot hold
 them, so the SQL function cannot be handed them), dependencies (the SQL
 functions take none), and floats of 1e16 or more and -0.0 in payloads
@@ -104,6 +107,7 @@ FIELDS = {
     "unique_period_seconds": mostly(st.floats(1.0, 1e6), st.just(0.5), st.just(1)),
     "concurrency_key": keys,
     "metadata": metadata,
+    "on_conflict": mostly(st.sampled_from(["ignore", "replace", "extend"]), st.just("merge")),
 }
 jobs = st.fixed_dictionaries(
     {"task": mostly(task_names, st.none())},
@@ -172,6 +176,71 @@ def test_pgqueue_enqueue_takes_and_stores_what_the_library_does(
             else:
                 [ours, theirs] = rows(conn, [made.id, sql_id])
                 assert ours == theirs
+    finally:
+        conn.rollback()
+
+
+def library_enqueue(queue: Queue, conn: psycopg.Connection[Any], job: dict[str, Any]) -> int | None:
+    fields = dict(job)
+    try:
+        return queue.enqueue(
+            fields.pop("task"), fields.pop("payload", None), connection=conn, **fields
+        ).id
+    except InvalidJob:
+        return None
+
+
+def sql_enqueue_or_none(conn: psycopg.Connection[Any], job: dict[str, Any]) -> int | None:
+    try:
+        with conn.transaction():
+            return sql_enqueue(conn, job)
+    except errors.InvalidParameterValue:
+        return None
+
+
+# A holder and the job that meets it: no uniqueness fields of their own
+# (each side gets its own key), any other field.
+# A delay is nearly always given, so that extend has a run_at to move.
+keyless = st.fixed_dictionaries(
+    {
+        "task": st.from_regex(TASK_NAME, fullmatch=True),
+        "delay_seconds": mostly(st.floats(0, 1000), st.none()),
+    },
+    optional={
+        name: mostly(FIELDS[name], st.none())
+        for name in ("payload", "priority", "run_at", "metadata")
+    },
+)
+
+
+@PROPERTY
+@given(holder=keyless, later=keyless, how=FIELDS["on_conflict"])
+def test_on_conflict_changes_the_holder_as_the_library_does(
+    queue: Queue,
+    conn: psycopg.Connection[Any],
+    holder: dict[str, Any],
+    later: dict[str, Any],
+    how: str,
+) -> None:
+    # The same two enqueues, the library's under one key and the SQL's under
+    # another, in one transaction (one now()): the holders end up equal.
+    try:
+        made = {}
+        for key, enqueue in (
+            ("library", lambda job: library_enqueue(queue, conn, job)),
+            ("sql", lambda job: sql_enqueue_or_none(conn, job)),
+        ):
+            first = enqueue({**holder, "idempotency_key": key})
+            second = enqueue({**later, "idempotency_key": key, "on_conflict": how})
+            made[key] = (first, second)
+        assert [a is None for a in made["library"]] == [a is None for a in made["sql"]], made
+        (lib_first, lib_second), (sql_first, sql_second) = made["library"], made["sql"]
+        event("refused" if lib_second is None else how)
+        if lib_first is not None and sql_first is not None:
+            assert (lib_second is None) or (lib_second == lib_first and sql_second == sql_first)
+            [ours, theirs] = rows(conn, [lib_first, sql_first])
+            key_at = COLUMNS.split(", ").index("idempotency_key")
+            assert ours[:key_at] + ours[key_at + 1 :] == theirs[:key_at] + theirs[key_at + 1 :]
     finally:
         conn.rollback()
 
