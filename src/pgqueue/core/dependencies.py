@@ -127,7 +127,8 @@ def enqueue_graph(graph: Graph, workflow_id: uuid.UUID | None = None) -> Flow[li
         for place, spec in enumerate(graph.specs):
             missing = [i for i in spec.depends_on if i not in known]
             if missing:
-                field = f"{graph.name(place)}.depends_on" if len(graph.specs) > 1 else "depends_on"
+                named = len(graph.specs) > 1 or graph.names
+                field = f"{graph.name(place)}.depends_on" if named else "depends_on"
                 raise InvalidJob(field, f"no job with id {', '.join(map(str, missing))}")
     rows = yield Statement("job_reserve_ids", {"count": len(graph.specs)})
     ids: list[int] = rows[0]["ids"]

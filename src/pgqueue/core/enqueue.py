@@ -254,18 +254,45 @@ def enqueue_many(
     statement, skipping held keys. With ``call``, an attempt after one that
     reserved the ids inserts only the jobs that are not there yet (by
     INSERT: a COPY cannot skip a row), and the jobs an earlier attempt
-    committed count as created by this call. A batch where some job has
-    dependencies goes in as one graph (no keys in it, then; Queue does not
-    retry it)."""
-    if any(spec.depends_on for spec in specs):
-        jobs = yield from enqueue_graph(Graph(tuple(specs), ((),) * len(specs)))
-        return [Enqueued(job.id, True) for job in jobs]
+    committed count as created by this call. When some jobs have
+    dependencies, those go in as one graph and the others as here, keys,
+    batches and on_conflict included (``_with_dependents``)."""
     call = call or CallKey()
-    fresh = call.ids is None
     yield from lock_batches(specs, many=True)
+    if any(spec.depends_on for spec in specs):
+        return (yield from _with_dependents(specs, call))
+    fresh = call.ids is None
     ids = yield from _reserve(call, len(specs))
     if copy and fresh and all(_plain(spec) for spec in specs):
         return (yield from _copy_many(specs, ids, call.key))
+    return (yield from _insert_many(specs, ids, call))
+
+
+def _with_dependents(specs: Sequence[JobSpec], call: CallKey) -> Flow[list[Enqueued]]:
+    """A bulk enqueue where some jobs have dependencies (on existing jobs:
+    one job of a bulk enqueue cannot name another): those go in as one
+    graph, the others by INSERT with their keys, batches and on_conflict,
+    in one transaction (Queue does not retry such a call: a graph's jobs
+    carry no call key). Errors name each job by its place in ``specs``."""
+    dependent = [i for i, spec in enumerate(specs) if spec.depends_on]
+    others = [i for i, spec in enumerate(specs) if not spec.depends_on]
+    results: dict[int, Enqueued] = {}
+    if others:
+        ids = yield from _reserve(call, len(others))
+        inserted = yield from _insert_many([specs[i] for i in others], ids, call)
+        results.update(zip(others, inserted, strict=True))
+    graph = Graph(
+        tuple(specs[i] for i in dependent),
+        ((),) * len(dependent),
+        tuple(f"jobs[{i}]" for i in dependent),
+    )
+    jobs = yield from enqueue_graph(graph)
+    results.update((i, Enqueued(job.id, True)) for i, job in zip(dependent, jobs, strict=True))
+    return [results[i] for i in range(len(specs))]
+
+
+def _insert_many(specs: Sequence[JobSpec], ids: list[int], call: CallKey) -> Flow[list[Enqueued]]:
+    """The INSERT path of enqueue_many: chunks, each with its ids."""
     specs = yield from _in_periods(specs)
     results: list[Enqueued] = []
     for start in range(0, len(specs), ENQUEUE_CHUNK):

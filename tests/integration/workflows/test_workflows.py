@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgqueue import InvalidJob, Job, JobState, Queue, WorkflowNotFound, chain, group
+from pgqueue import BatchClosed, InvalidJob, Job, JobState, Queue, WorkflowNotFound, chain, group
 
 
 def step(task: str, **payload: Any) -> dict[str, Any]:
@@ -132,6 +132,39 @@ def test_unknown_ids_are_refused_and_nothing_is_written(
         queue.enqueue_many([{"task": "x"}, {"task": "c", "depends_on": [999]}])
     assert count_rows(sql) == (1, 0)
     assert queue.get(parent.id).state is JobState.QUEUED
+    with pytest.raises(InvalidJob) as named:
+        queue.enqueue_many([{"task": "x"}, {"task": "y"}, {"task": "c", "depends_on": [999]}])
+    assert named.value.field == "jobs[2].depends_on"
+    assert count_rows(sql) == (1, 0)
+
+
+def test_a_bulk_enqueue_with_dependencies_keeps_its_other_jobs_keys_and_batches(
+    queue: Queue,
+) -> None:
+    parent = queue.enqueue("p")
+    holder = queue.enqueue("h", {"v": 1}, idempotency_key="k", delay_seconds=60)
+    batch = queue.open_batch()
+    made = queue.enqueue_many(
+        [
+            {"task": "h", "payload": {"v": 2}, "idempotency_key": "k", "on_conflict": "replace"},
+            {"task": "c", "depends_on": [parent.id]},
+            {"task": "b", "batch": str(batch.id)},
+            {"task": "u", "idempotency_key": "fresh"},
+        ]
+    )
+    assert [r.created for r in made] == [False, True, True, True]
+    assert made[0].id == holder.id and made[0].debounced == "replaced"
+    assert queue.get(holder.id).payload == {"v": 2}
+    assert queue.get(made[1].id).state is JobState.WAITING
+    assert queue.get(made[2].id).batch_id == batch.id
+    assert queue.get_batch(batch.id).total == 1
+    assert queue.get(made[3].id).idempotency_key == "fresh"
+    queue.close_batch(batch.id)
+    with pytest.raises(BatchClosed) as closed:
+        queue.enqueue_many(
+            [{"task": "c", "depends_on": [parent.id]}, {"task": "b", "batch": str(batch.id)}]
+        )
+    assert closed.value.field == "jobs[1].batch"
 
 
 @pytest.mark.parametrize(
