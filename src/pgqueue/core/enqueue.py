@@ -258,7 +258,16 @@ def enqueue_many(
     dependencies, those go in as one graph and the others as here, keys,
     batches and on_conflict included (``_with_dependents``)."""
     call = call or CallKey()
-    yield from lock_batches(specs, many=True)
+    try:
+        yield from lock_batches(specs, many=True)
+    except BatchClosed:
+        # Closed since an earlier attempt of this call, which may have
+        # committed the jobs before: then they are the answer, not an error
+        # saying that nothing was written.
+        earlier = yield from _committed_before(specs, call)
+        if earlier is None:
+            raise
+        return earlier
     if any(spec.depends_on for spec in specs):
         return (yield from _with_dependents(specs, call))
     fresh = call.ids is None
@@ -266,6 +275,31 @@ def enqueue_many(
     if copy and fresh and all(_plain(spec) for spec in specs):
         return (yield from _copy_many(specs, ids, call.key))
     return (yield from _insert_many(specs, ids, call))
+
+
+def _committed_before(specs: Sequence[JobSpec], call: CallKey) -> Flow[list[Enqueued] | None]:
+    """What an earlier attempt of ``call`` committed, if one did (None
+    otherwise): the jobs under the ids it reserved that carry its key, each
+    created by the call; a job it did not insert (another job held its key)
+    is answered by the key's holder now. One attempt's jobs commit
+    together: some of them there means all of its answers were written."""
+    if call.ids is None or len(call.ids) != len(specs):  # (a graph's call reserves fewer)
+        return None
+    rows = yield Statement("job_get_many", {"ids": call.ids})
+    ours = {row["id"] for row in rows if made_by(row, call)}
+    if not ours:
+        return None
+    specs = yield from _in_periods(specs)
+    results: list[Enqueued] = []
+    for spec, job_id in zip(specs, call.ids, strict=True):
+        if job_id in ours or spec.idempotency_key is None:
+            results.append(Enqueued(job_id, job_id in ours))
+            continue
+        holders = yield Statement(
+            "job_get_by_idempotency_key", {"idempotency_key": spec.idempotency_key}
+        )
+        results.append(Enqueued(holders[0]["id"] if holders else job_id, False))
+    return results
 
 
 def _with_dependents(specs: Sequence[JobSpec], call: CallKey) -> Flow[list[Enqueued]]:

@@ -131,7 +131,9 @@ SELECT id FROM inserted, (SELECT count(*) FROM woken) w, (SELECT count(*) FROM j
 
 -- name: job_get_many
 -- The jobs of a group commit (enqueue.enqueue_group) by id: those it
--- created and those holding the keys of the jobs it did not.
+-- created and those holding the keys of the jobs it did not. Also the jobs
+-- under a bulk enqueue's reserved ids, when its retry finds its batch
+-- closed (enqueue._committed_before).
 SELECT * FROM pgqueue_jobs WHERE id = ANY(%(ids)s::bigint[]);
 
 -- name: job_enqueue_found

@@ -24,7 +24,7 @@ from psycopg.conninfo import make_conninfo
 from pgqueue import AsyncQueue, Queue, Settings
 from pgqueue.core import enqueue
 from pgqueue.core.enqueue import CallKey
-from pgqueue.core.errors import DatabaseUnavailable
+from pgqueue.core.errors import BatchClosed, DatabaseUnavailable
 from pgqueue.core.job_spec import JobSpec
 from tests.integration.api.test_api_outage import Proxy, free_port
 from tests.support import api_client
@@ -312,6 +312,37 @@ def test_a_retry_after_a_committed_copy_returns_its_jobs(
     assert again == first and all(r.created for r in again)
     assert copies(sql) == {0: 1, 1: 1, 2: 1}
     assert {row[0] for row in sql.execute("SELECT call_key FROM pgqueue_jobs")} == {call.key}
+
+
+def test_a_retry_that_finds_its_batch_closed_returns_what_its_first_attempt_wrote(
+    queue: Queue, sql: psycopg.Connection[Any]
+) -> None:
+    """The first attempt committed jobs into a batch (its reply lost), then
+    the batch was closed: the retry answers with those jobs, not BatchClosed
+    (which says nothing was written). A call whose first attempt did not
+    commit is refused as any enqueue into a closed batch is."""
+    holder = queue.enqueue("t", {"n": -1}, idempotency_key="held")
+    batch = queue.open_batch()
+    specs = [JobSpec.build("t", {"n": n}, batch=batch.id) for n in range(2)]
+    specs += [JobSpec.build("t", {"n": 2}, idempotency_key="held", batch=batch.id)]
+    call = CallKey()
+    first = queue.run(enqueue.enqueue_many(specs, call=call), transaction=True)
+    queue.close_batch(batch.id)
+    again = queue.run(enqueue.enqueue_many(specs, call=call), transaction=True)
+    assert again == first
+    assert [r.created for r in again] == [True, True, False] and again[2].id == holder.id
+    # (A single enqueue did so already.)
+    other = queue.open_batch()
+    single, one = JobSpec.build("t", {"n": 3}, batch=other.id), CallKey()
+    job = queue.run(enqueue.enqueue(single, one))
+    queue.close_batch(other.id)
+    assert queue.run(enqueue.enqueue(single, one)).id == job.id
+
+    unsent = CallKey(ids=[r.id + 100 for r in first], attempts=1)
+    with pytest.raises(BatchClosed):
+        queue.run(enqueue.enqueue_many(specs, call=unsent), transaction=True)
+    assert copies(sql) == {-1: 1, 0: 1, 1: 1, 3: 1}
+    assert queue.get_batch(batch.id).total == 2
 
 
 @pytest.mark.parametrize("outcome", ["commit", "rollback"])
