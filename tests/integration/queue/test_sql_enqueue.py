@@ -312,6 +312,12 @@ def test_the_howto_sql_blocks_run_in_order_through_psql(db_url: str, sql: Sql) -
         "SELECT count(*), min(run_at - enqueued_at) FROM pgqueue_jobs WHERE task = 'reindex'"
     ).fetchall()
     assert jobs == 1 and lead.total_seconds() >= 30
+    # The report waits for its two exports.
+    [(state, parents)] = sql.execute(
+        "SELECT state, (SELECT array_agg(task ORDER BY task) FROM pgqueue_jobs p"
+        " WHERE p.id = ANY(r.depends_on)) FROM pgqueue_jobs r WHERE task = 'report'"
+    ).fetchall()
+    assert (state, parents) == ("waiting", ["export", "export"])
 
 
 def test_the_howto_says_which_snippets_are_not_run() -> None:

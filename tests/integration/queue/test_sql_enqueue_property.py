@@ -9,9 +9,12 @@ says the two made the same key).
 And the same debounce: a job whose on_conflict meets a waiting holder
 changes it alike through both.
 
+Dependencies name two parents made in the same transaction, one queued
+and one dead ("queued" and "dead" in the drawn lists stand for their ids),
+so that a dependent is waiting, queued or cancelled at once alike.
+
 Left out on purpose: NUL and lone surrogates (jsonb and text cannot hold
-them, so the SQL function cannot be handed them), dependencies (the SQL
-functions take none), and floats of 1e16 or more and -0.0 in payloads
+them, so the SQL function cannot be handed them), and floats of 1e16 or more and -0.0 in payloads
 (jsonb keeps 1e+16 as the integer 10000000000000000 and -0.0 as 0.0, so a
 key made of such a payload differs from the library's;
 docs/howto/enqueue-from-sql.md says so)."""
@@ -38,7 +41,8 @@ from pgqueue.core.jobs import QUEUE_NAME, TASK_NAME
 # Columns compared (all but the id and the library's own call key).
 COLUMNS = (
     "queue, task, payload, priority, state, run_at, max_attempts, timeout_seconds,"
-    " idempotency_key, unique_scope, concurrency_key, metadata, enqueued_at"
+    " idempotency_key, unique_scope, concurrency_key, metadata, enqueued_at, depends_on,"
+    " waiting_on, on_dependency_failure, finished_at, last_error"
 )
 TEN_YEARS = timedelta(days=3650)
 
@@ -108,6 +112,18 @@ FIELDS = {
     "concurrency_key": keys,
     "metadata": metadata,
     "on_conflict": mostly(st.sampled_from(["ignore", "replace", "extend"]), st.just("merge")),
+    "depends_on": st.sampled_from(
+        [
+            ["queued"],
+            ["queued", "queued"],
+            ["dead"],
+            ["queued", "dead"],
+            ["queued", 10**15],
+            [0],
+            [],
+        ]
+    ),
+    "on_dependency_failure": st.sampled_from(["cancel", "run", "skip"]),
 }
 jobs = st.fixed_dictionaries(
     {"task": mostly(task_names, st.none())},
@@ -132,8 +148,33 @@ def rows(conn: psycopg.Connection[Any], ids: list[int]) -> list[tuple[Any, ...]]
     return [found[i] for i in ids]
 
 
+PARENTS = (
+    "INSERT INTO pgqueue_jobs (task, state, finished_at) VALUES ('p', 'queued', NULL),"
+    " ('p', 'dead', now()) RETURNING id, state"
+)
+
+
+def with_parents(conn: psycopg.Connection[Any], jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The jobs with their depends_on's "queued" and "dead" made ids of
+    parents in those states, inserted now in the example's transaction."""
+    ids = {state: job_id for job_id, state in conn.execute(PARENTS).fetchall()}
+    return [
+        {
+            name: [ids.get(i, i) if isinstance(i, str) else i for i in value]
+            if name == "depends_on" and isinstance(value, list)
+            else value
+            for name, value in job.items()
+        }
+        for job in jobs
+    ]
+
+
 def sql_enqueue(conn: psycopg.Connection[Any], job: dict[str, Any]) -> int:
-    args = ["%(task)s", *(f"{name} => %({name})s" for name in job if name != "task")]
+    casts = {"depends_on": "::bigint[]"}
+    args = [
+        "%(task)s",
+        *(f"{name} => %({name})s{casts.get(name, '')}" for name in job if name != "task"),
+    ]
     params = {
         name: Jsonb(value) if name in ("payload", "metadata") and value is not None else value
         for name, value in job.items()
@@ -155,6 +196,7 @@ def conn(db_url: str) -> Iterator[psycopg.Connection[Any]]:
 def test_pgqueue_enqueue_takes_and_stores_what_the_library_does(
     queue: Queue, conn: psycopg.Connection[Any], job: dict[str, Any]
 ) -> None:
+    [job] = with_parents(conn, [job])
     fields = dict(job)
     task = fields.pop("task")
     payload = fields.pop("payload", None)
@@ -245,6 +287,50 @@ def test_on_conflict_changes_the_holder_as_the_library_does(
         conn.rollback()
 
 
+# A job with dependencies and any fields a dependent may have.
+dependent = st.fixed_dictionaries(
+    {
+        "task": st.from_regex(TASK_NAME, fullmatch=True),
+        "depends_on": FIELDS["depends_on"],
+    },
+    optional={
+        name: mostly(FIELDS[name], st.none())
+        for name in (
+            "payload", "priority", "delay_seconds", "max_attempts", "metadata",
+            "on_dependency_failure", "concurrency_key",
+        )
+    },
+)  # fmt: skip
+
+
+@PROPERTY
+@given(job=dependent)
+def test_a_dependent_is_planned_as_the_library_plans_it(
+    queue: Queue, conn: psycopg.Connection[Any], job: dict[str, Any]
+) -> None:
+    # Waiting on the queued parent, cancelled or queued by its policy when
+    # the dead one is among its parents, refused for an unknown one: alike.
+    try:
+        [job] = with_parents(conn, [job])
+        made = library_enqueue(queue, conn, job)
+        sql_id = sql_enqueue_or_none(conn, job)
+        assert (made is None) == (sql_id is None), (made, sql_id, job)
+        if made is not None and sql_id is not None:
+            [ours, theirs] = rows(conn, [made, sql_id])
+            event(str(ours[4]))
+            assert ours == theirs
+            edges = (
+                "SELECT array_agg(parent ORDER BY parent) FROM pgqueue_job_deps WHERE child = %s"
+            )
+            assert (
+                conn.execute(edges, [made]).fetchone() == conn.execute(edges, [sql_id]).fetchone()
+            )
+        else:
+            event("refused")
+    finally:
+        conn.rollback()
+
+
 def as_json(value: Any) -> Any:
     """A job's field as JSON carries it (a time as RFC 3339 text, with a
     zone or without, or not a time at all)."""
@@ -260,7 +346,7 @@ batch_fields = st.one_of(
 dependencies = st.fixed_dictionaries(
     {},
     optional={
-        "depends_on": st.sampled_from([None, "x", [], [0], [True]]),
+        "depends_on": st.sampled_from([None, "x", [], [0], [True], ["queued"], ["dead", "queued"]]),
         "on_dependency_failure": st.sampled_from(["cancel", "run", None, "skip", 1]),
     },
 )
@@ -298,10 +384,13 @@ def test_pgqueue_enqueue_many_takes_and_stores_what_the_library_does(
     batch: list[tuple[dict[str, Any], dict[str, Any], str | None]],
 ) -> None:
     # Any JSON in any field (wrong types too), aliases, unknown fields.
-    given_jobs = [
-        {name: moment_text(value, form) for name, value in {**job, **extra}.items()}
-        for job, extra, form in batch
-    ]
+    given_jobs = with_parents(
+        conn,
+        [
+            {name: moment_text(value, form) for name, value in {**job, **extra}.items()}
+            for job, extra, form in batch
+        ],
+    )
     text = json.dumps(given_jobs)
     why = ""
     try:

@@ -1,8 +1,9 @@
-"""Enqueue from SQL with the rules of migration 0037: on_conflict (a debounce
-that replaces or extends the waiting job holding the key) and batch (join
-an open batch, counted in it, its callbacks fired by the last job). The
-property test that the library and the SQL debounce alike is in
-test_sql_enqueue_property.py."""
+"""Enqueue from SQL with the rules of migrations 0037 and 0038: on_conflict
+(a debounce that replaces or extends the waiting job holding the key),
+batch (join an open batch, counted in it, its callbacks fired by the last
+job) and depends_on (wait for existing jobs, planned as the library plans).
+The property tests that the library and the SQL debounce and plan alike are
+in test_sql_enqueue_property.py."""
 
 from __future__ import annotations
 
@@ -185,3 +186,69 @@ def test_an_unknown_or_closed_batch_is_refused_and_nothing_is_written(
         sql.execute("SELECT pgqueue_enqueue_many(%s::jsonb)", [json.dumps(many)])
     assert one(sql, "SELECT array_agg(id) FROM pgqueue_jobs") == [member]
     assert queue.get_batch(batch.id).total == 1
+
+
+def test_a_dependent_waits_for_its_parents_and_gets_their_results(sql: Sql, queue: Queue) -> None:
+    a, b = queue.enqueue("a").id, queue.enqueue("b").id
+    child = enqueue(sql, {}, depends_on=[b, a, b])  # (a repeat counts once)
+    job = queue.get(child)
+    assert job.state is JobState.WAITING and list(job.depends_on or ()) == [b, a]
+    for parent in queue.claim(2, worker="w", queues=["default"]):
+        queue.finish([Outcome.success(parent, parent.task.upper())])
+    [claimed] = queue.claim(1, worker="w")
+    assert claimed.id == child and claimed.parents == ("B", "A")
+    assert queue.dependents(a) == [child]
+
+
+def test_a_parent_that_already_failed_applies_the_policy_at_once(sql: Sql, queue: Queue) -> None:
+    dead = queue.enqueue("d", max_attempts=1)
+    [claimed] = queue.claim(1, worker="w")
+    queue.finish([Outcome.failure(claimed, "boom")])
+    done = queue.enqueue("s").id
+    cancelled = queue.get(enqueue(sql, {}, depends_on=[dead.id, done]))
+    assert cancelled.state is JobState.CANCELLED and "failed or was cancelled" in str(
+        cancelled.last_error
+    )
+    run = queue.get(enqueue(sql, {}, depends_on=[dead.id], on_dependency_failure="run"))
+    assert run.state is JobState.QUEUED
+    counted = "SELECT sum(cancelled) FROM pgqueue_counters WHERE queue = 'default'"
+    assert one(sql, counted) == 1
+
+
+def test_bad_dependencies_are_refused_and_nothing_is_written(sql: Sql, queue: Queue) -> None:
+    parent = queue.enqueue("p").id
+    batch = queue.open_batch()
+    for named, column, problem in (
+        ({"depends_on": [parent, 999]}, "depends_on", "no job with id 999"),
+        ({"depends_on": [0]}, "depends_on", "positive integers"),
+        ({"depends_on": []}, "depends_on", "list of 1 to"),
+        ({"depends_on": [parent], "idempotency_key": "k"}, "depends_on", "cannot have a key"),
+        ({"depends_on": [parent], "batch": str(batch.id)}, "batch", "cannot join a batch"),
+        (
+            {"depends_on": [parent], "on_dependency_failure": "skip"},
+            "on_dependency_failure",
+            "one of",
+        ),
+    ):
+        with pytest.raises(errors.InvalidParameterValue, match=problem) as caught:
+            enqueue(sql, {}, **named)
+        assert caught.value.diag.column_name == column
+    many = [{"task": "t", "depends_on": [parent]}, {"task": "t", "depends_on": [True]}]
+    with pytest.raises(errors.InvalidParameterValue, match=r"jobs\[1\]\.depends_on"):
+        sql.execute("SELECT pgqueue_enqueue_many(%s::jsonb)", [json.dumps(many)])
+    assert one(sql, "SELECT count(*) FROM pgqueue_jobs") == 1
+    assert one(sql, "SELECT count(*) FROM pgqueue_job_deps") == 0
+    assert one(sql, "SELECT has_dependents FROM pgqueue_jobs WHERE id = %s", [parent]) is False
+
+
+def test_enqueue_many_takes_dependencies_beside_keyed_jobs(sql: Sql, queue: Queue) -> None:
+    parent = queue.enqueue("p").id
+    jobs = [
+        {"task": "k", "idempotency_key": "once"},
+        {"task": "c", "depends_on": [parent], "on_dependency_failure": "run"},
+        {"task": "k", "idempotency_key": "once"},
+    ]
+    ids = one(sql, "SELECT pgqueue_enqueue_many(%s::jsonb)", [json.dumps(jobs)])
+    assert ids[0] == ids[2] != ids[1]
+    child = queue.get(ids[1])
+    assert (child.state, list(child.depends_on or ())) == (JobState.WAITING, [parent])
