@@ -20,11 +20,17 @@ a flood in one cannot hold up another; the turn moves on with every claim,
 and a queue that gave nothing last time is asked for one job (what it does
 not take goes to the others in the same statement). A
 worker of every queue claims from the queues that have queued jobs: it lists
-them once per poll interval, and learns a new one from its hint.
+them once per poll interval, and learns a new one from its hint. Queues with
+a latency objective (``max_start_lag_seconds``) at least half way to it are
+asked first, for every slot, the furthest behind first: the claim flow reads
+their waits before its claim (``transitions.claim``, only when one of the
+queues has an objective). A fair queue's claim takes at most FAIR_CLAIM_JOBS
+of its jobs, and one that took that many counts as full.
 
 The lookout (``lookout_loop``) does the asking that is not claiming, off the
 claimers' connections: once per poll interval, and when a due time has
-passed, it lists the queues (a worker of every queue) and, unless every
+passed, it lists the queues (a worker of every queue), reads which are fair
+and their latency objectives (``claim_hints``) and, unless every
 claim since it last asked came back full, asks when a job is next due and
 which queues are concurrency-limited. A listing under load walks the
 claim index's entries of every job claimed since the last vacuum: on a
