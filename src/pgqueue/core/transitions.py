@@ -87,10 +87,9 @@ def claim(
     first, for every slot, the furthest behind first (``behind``)."""
     names = list(dict.fromkeys(queues)) if queues is not None else (yield from queues_with_jobs())
     turn = random.randrange(len(names) or 1) if turn is None else turn
-    caps = caps or {}
+    caps, objectives = caps or {}, objectives or {}
     first: list[str] = []
-    watched = [name for name in names if objectives and name in objectives]
-    if watched and objectives:
+    if watched := [name for name in names if name in objectives]:
         first = behind((yield from start_lags(watched)), objectives)
     jobs: list[Job] = []
     while names and len(jobs) < limit:
