@@ -1,6 +1,6 @@
 """GET /metrics: Prometheus text from one database snapshot.
 
-Three small reads in one REPEATABLE READ READ ONLY transaction (so they agree
+Small reads in one REPEATABLE READ READ ONLY transaction (so they agree
 with each other and share one now()):
 
     queue_stats               live jobs per queue: the partial indexes of
