@@ -149,6 +149,7 @@ def populate(queue: Queue, sql: psycopg.Connection[Any]) -> dict[str, int]:
     ids["queued"] = queue.enqueue("send_email", {"to": "b@example.com"}, queue="emails").id
     queue.enqueue("send_email", queue="archive")
     queue.pause("archive")
+    queue.set_limits("images", max_start_lag_seconds=60)  # its oldest has waited an hour
 
     def worker(name: str, queues: list[str]) -> None:
         info = WorkerInfo(name, "host-1", 100, "0.1.0", queues, 4)
@@ -228,6 +229,11 @@ def test_overview_numbers_are_the_databases(
         {name for name, row in queues.items() if row["paused"] == "true"} == paused == {"archive"}
     )
     assert queues["archive"]["buttons"] == ["Resume", "Limits"]
+    # images' oldest runnable job has waited an hour: about 3,540 s past its
+    # 60 s objective; a queue without an objective has no shortfall.
+    assert 3500 < float(queues["images"]["cols"]["start_lag_shortfall_seconds"]) < 3700
+    assert queues["images"]["cols"]["limits"] == "start within 60 s"
+    assert queues["emails"]["cols"]["start_lag_shortfall_seconds"] == "-"
     assert queues["emails"]["buttons"] == ["Pause", "Limits"]
 
     alive = scalar(sql, "SELECT count(*) FROM pgqueue_workers WHERE expires_at > now()")

@@ -39,6 +39,8 @@ class MemoryDatabase:
         self.clock = datetime(2030, 1, 1, tzinfo=UTC)
         self.statements: list[Statement] = []
         self.limited: list[str] = []  # queues with a concurrency limit
+        self.fair: list[str] = []  # fair queues
+        self.objectives: dict[str, float] = {}  # latency objectives, by queue
         self._faults: list[tuple[str, BaseException]] = []
         self._ids = itertools.count(1)
         self._tokens = itertools.count(1)
@@ -319,6 +321,27 @@ class MemoryDatabase:
 
     def queue_next_wake(self, queues: list[str] | None) -> list[Row]:
         return [{"seconds": None, "limited": self.limited}]
+
+    def queue_claim_hints(self, queues: list[str] | None) -> list[Row]:
+        """The scripted ``fair`` queues and ``objectives``."""
+        names = sorted(set(self.fair) | set(self.objectives))
+        return [
+            {"name": n, "fair": n in self.fair, "max_start_lag_seconds": self.objectives.get(n)}
+            for n in names
+            if queues is None or n in queues
+        ]
+
+    def queue_start_lags(self, queues: list[str]) -> list[Row]:
+        lags = []
+        for name in sorted(queues):
+            runnable = [
+                row["run_at"]
+                for row in self.jobs.values()
+                if row["queue"] == name and row["state"] == "queued" and row["run_at"] <= self.clock
+            ]
+            waited = (self.clock - min(runnable)).total_seconds() if runnable else 0.0
+            lags.append({"queue": name, "lag_seconds": waited})
+        return lags
 
     def worker_register(self, name: str, **info: Any) -> list[Row]:
         self.workers[name] = {"name": name, **info}

@@ -10,8 +10,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from rich.console import Console
 
-from pgqueue.cli.output import MIN_CUT_WIDTH, Column, fitted_table, jobs_table
+from pgqueue.cli.output import MIN_CUT_WIDTH, Column, controls_text, fitted_table, jobs_table
 from pgqueue.core.jobs import Job, JobState
+from pgqueue.core.queue_controls import QueueControls
 
 NOW = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
 
@@ -86,3 +87,10 @@ def test_the_cut_widths_share_the_room_the_fixed_columns_leave() -> None:
     cut = [cell for row in cells for cell in row if cell.endswith("…")]
     assert cut and all(len(cell) >= MIN_CUT_WIDTH for cell in cut), cells
     assert "short" in cells[0] and "y" * 10 in cells[1]
+
+
+def test_a_queues_controls_in_words_name_fairness_and_its_objective() -> None:
+    controls = QueueControls("q", concurrency_limit=5, fair=True, max_start_lag_seconds=2.5)
+    assert controls_text(controls) == (
+        "running, at most 5 running, fair across keys, objective: start within 2.5s"
+    )

@@ -29,7 +29,7 @@ from pgqueue.worker.handlers import resolve_tasks
 from pgqueue.worker.held import Held, HeldJobs, Stage
 from pgqueue.worker.isolation import HandlerProcesses
 from pgqueue.worker.leases import LeaseKeeper
-from pgqueue.worker.producer import Producer
+from pgqueue.worker.producer import FAIR_CLAIM_JOBS, Producer
 from pgqueue.worker.supervision import EventLog
 from pgqueue.worker.threads import ThreadPool
 from tests.support import running, until
@@ -431,8 +431,9 @@ class Recorded(MemoryConnection):
 
 
 async def test_the_claimers_connections_carry_claims_and_nothing_else() -> None:
-    """The lookout lists the queues and asks when a job is next due on a
-    connection of its own, so that a slow listing cannot hold up a claim."""
+    """The lookout lists the queues, asks when a job is next due and reads
+    the fair queues and latency objectives on a connection of its own, so
+    that a slow listing cannot hold up a claim."""
     db = MemoryDatabase()
     db.add(queue="found")
     claims, lookout = Recorded(db), Recorded(db)
@@ -456,7 +457,59 @@ async def test_the_claimers_connections_carry_claims_and_nothing_else() -> None:
     tasks[1].cancel()
     await asyncio.wait_for(tasks[0], 5)
     assert set(claims.names) == {"job_claim"}
-    assert set(lookout.names) == {"queue_names_queued", "queue_next_wake"}
+    assert set(lookout.names) == {"queue_names_queued", "queue_next_wake", "queue_claim_hints"}
+
+
+async def test_a_producer_asks_first_the_queues_behind_their_objectives() -> None:
+    """The lookout learns the objectives; each claim then reads the lags of
+    those queues and asks first, for every slot, the one behind its own."""
+    db = MemoryDatabase()
+    db.objectives = {"tight": 10.0}
+    for _ in range(4):
+        db.add(queue="bulk")
+    db.advance(5.0)  # tight's jobs have waited 5 s of 10: half way
+    for _ in range(4):
+        db.add(queue="tight")
+    db.advance(5.0)
+    claims, lookout = Recorded(db), Recorded(db)
+    started: list[Job] = []
+    producer = Producer(
+        claims, HeldJobs(4), SETTINGS, EVENTS, queues=["bulk", "tight"], start=started.extend,
+        lookout=lookout,
+    )  # fmt: skip
+    looking = asyncio.create_task(producer.lookout_loop())
+    await until(lambda: "queue_claim_hints" in lookout.names)
+    claiming = asyncio.create_task(producer.claim_loop())
+    await until(lambda: len(started) >= 4)
+    producer.stop()
+    looking.cancel()
+    await asyncio.wait_for(claiming, 5)
+    assert [job.queue for job in started[:4]] == ["tight"] * 4
+    assert claims.names[:2] == ["queue_start_lags", "job_claim"]
+
+
+async def test_a_fair_queues_claims_are_short_and_count_as_full() -> None:
+    """A fair queue gives at most FAIR_CLAIM_JOBS a claim; a claim that took
+    that many is full (more may wait), so the next goes out at once."""
+    db = MemoryDatabase()
+    db.fair = ["tenants"]
+    for _ in range(2 * FAIR_CLAIM_JOBS + 10):
+        db.add(queue="tenants")
+    started: list[Job] = []
+    lookout = Recorded(db)
+    producer = Producer(
+        MemoryConnection(db), HeldJobs(1000), SETTINGS, EVENTS, queues=["tenants"],
+        start=started.extend, lookout=lookout,
+    )  # fmt: skip
+    looking = asyncio.create_task(producer.lookout_loop())
+    await until(lambda: "queue_claim_hints" in lookout.names)
+    claiming = asyncio.create_task(producer.claim_loop())
+    await until(lambda: len(started) == 2 * FAIR_CLAIM_JOBS + 10)
+    producer.stop()
+    looking.cancel()
+    await asyncio.wait_for(claiming, 5)
+    shares = [max(s.params["shares"]) for s in db.sent("job_claim")]
+    assert shares[:3] == [FAIR_CLAIM_JOBS] * 3
 
 
 class Gated(MemoryConnection):
@@ -531,12 +584,16 @@ async def test_the_lookout_asks_when_a_job_is_next_due_only_after_a_short_claim(
         lookout=lookout,
     )
     task = asyncio.create_task(producer.lookout_loop())
-    await until(lambda: lookout.names == ["queue_next_wake"])  # it starts by asking
+
+    def asked() -> list[str]:  # (the fair queues and objectives are read every round)
+        return [name for name in lookout.names if name == "queue_next_wake"]
+
+    await until(lambda: asked() == ["queue_next_wake"])  # it starts by asking
     producer._claimed([], full=True)
     await asyncio.sleep(0.1)  # five rounds
-    assert lookout.names == ["queue_next_wake"]
+    assert asked() == ["queue_next_wake"]
     producer._claimed([], full=False)
-    await until(lambda: lookout.names == ["queue_next_wake"] * 2)
+    await until(lambda: asked() == ["queue_next_wake"] * 2)
     task.cancel()
 
 

@@ -1,6 +1,6 @@
 """GET /metrics: Prometheus text from one database snapshot.
 
-Three small reads in one REPEATABLE READ READ ONLY transaction (so they agree
+Small reads in one REPEATABLE READ READ ONLY transaction (so they agree
 with each other and share one now()):
 
     queue_stats               live jobs per queue: the partial indexes of
@@ -9,6 +9,7 @@ with each other and share one now()):
                               themselves, so pruning does not lower them
     start_latency_histogram   enqueue-to-start buckets, written at claim
     worker_list               the workers registry (one row per worker process)
+    queue_controls            the queues' controls (their latency objectives)
 
 None of them reads finished jobs, so a scrape costs the same with a million
 of them in the table as with none (bench/metrics_history.py).
@@ -19,6 +20,13 @@ Metrics:
                                               scheduled (waiting for run_at), running,
                                               waiting (for the jobs they depend on)
     pgqueue_queue_lag_seconds{queue}          gauge: age of the oldest runnable job
+    pgqueue_queue_start_lag_objective_seconds{queue}
+                                              gauge: the queue's latency objective
+                                              (max_start_lag_seconds; only queues
+                                              that have one)
+    pgqueue_queue_start_lag_shortfall_seconds{queue}
+                                              gauge: how far the oldest runnable job's
+                                              wait is past that objective (0: within it)
     pgqueue_jobs_completed_total{queue,state} counter: jobs that ended succeeded,
                                               dead or cancelled
     pgqueue_job_failures_total{queue}         counter: failed attempts (handler
@@ -72,6 +80,7 @@ class Snapshot:
     counters: list[Row]
     latency: list[Row]
     workers: list[WorkerRow] = field(default_factory=list)
+    objectives: dict[str, float] = field(default_factory=dict)
 
     def queues(self) -> list[str]:
         """Every queue that has live jobs or has ever counted an outcome."""
@@ -88,7 +97,13 @@ def snapshot() -> Flow[Snapshot]:
     counters = yield Statement("counters_totals", {})
     latency = yield Statement("start_latency_histogram", {})
     alive = yield from workers.list_workers()
-    return Snapshot(stats, counters, latency, alive)
+    controls = yield Statement("queue_controls", {})
+    objectives = {
+        row["name"]: float(row["max_start_lag_seconds"])
+        for row in controls
+        if row["max_start_lag_seconds"] is not None
+    }
+    return Snapshot(stats, counters, latency, alive, objectives)
 
 
 class _SnapshotCollector:
@@ -135,7 +150,28 @@ class _SnapshotCollector:
             failures.add_metric([queue], float(totals.get("failed", 0)))
             snoozes.add_metric([queue], float(totals.get("snoozed", 0)))
         yield from (jobs, lag, completed, failures, snoozes, self._histogram(queues))
+        yield from self._objectives(stats)
         yield from self._workers(queues)
+
+    def _objectives(self, stats: dict[str, Row]) -> Iterator[Metric]:
+        """Each queue's latency objective, and how far its oldest runnable
+        job's wait (the database's clock) is past it."""
+        objective = GaugeMetricFamily(
+            "pgqueue_queue_start_lag_objective_seconds",
+            "The queue's latency objective: the longest a runnable job should wait to start.",
+            labels=["queue"],
+        )
+        shortfall = GaugeMetricFamily(
+            "pgqueue_queue_start_lag_shortfall_seconds",
+            "How far the oldest runnable job's wait is past the queue's latency objective "
+            "(0: within it).",
+            labels=["queue"],
+        )
+        for queue, seconds in sorted(self.snap.objectives.items()):
+            lag = float(stats.get(queue, {}).get("oldest_runnable_seconds", 0.0))
+            objective.add_metric([queue], seconds)
+            shortfall.add_metric([queue], max(0.0, lag - seconds))
+        yield from (objective, shortfall)
 
     def _workers(self, queues: Sequence[str]) -> Iterator[Metric]:
         live = [w for w in self.snap.workers if w.alive]

@@ -304,6 +304,9 @@ class QueueLimits(BaseModel):
     rate_limit_per_key: int | None = Field(description=LIMITS["rate_limit_per_key"][1])
     rate_period_seconds: float | None = Field(description=LIMITS["rate_period_seconds"][1])
     fair: bool | None = Field(default=None, description=LIMITS["fair"][1])
+    max_start_lag_seconds: float | None = Field(
+        default=None, description=LIMITS["max_start_lag_seconds"][1]
+    )
 
 
 class QueueControlsOut(BaseModel):
@@ -330,6 +333,11 @@ class QueueOut(BaseModel):
     totals: QueueTotals
     oldest_runnable_seconds: float = Field(
         description="Age of the oldest runnable job (0 when none is waiting)."
+    )
+    start_lag_shortfall_seconds: float | None = Field(
+        default=None,
+        description="How far the oldest runnable job's wait is past the queue's latency "
+        "objective, max_start_lag_seconds (0: within it; null: the queue has none).",
     )
     paused: bool = Field(description="No job of the queue starts; running jobs finish.")
     limits: QueueLimits

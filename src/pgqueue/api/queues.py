@@ -105,6 +105,7 @@ async def list_queues(request: Request) -> QueueList:
                     snoozed=row.snoozed,
                 ),
                 oldest_runnable_seconds=row.oldest_runnable_seconds,
+                start_lag_shortfall_seconds=row.start_lag_shortfall_seconds,
                 paused=row.paused,
                 limits=QueueLimits(**row.limits()),
             )

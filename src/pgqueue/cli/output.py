@@ -332,6 +332,10 @@ def controls_text(controls: QueueControls) -> str:
     if c.rate_limit or c.rate_limit_per_key:
         per = age(c.rate_period_seconds)
         words.append(_pair(c.rate_limit, c.rate_limit_per_key, "starts") + f" per {per}")
+    if c.fair:
+        words.append("fair across keys")
+    if c.max_start_lag_seconds is not None:
+        words.append(f"objective: start within {age(c.max_start_lag_seconds)}")
     return ", ".join(words)
 
 

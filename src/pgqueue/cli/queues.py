@@ -83,6 +83,14 @@ def limit_cmd(
             help="Share the queue's slots across concurrency_key values, round robin.",
         ),
     ] = None,
+    max_start_lag: Annotated[
+        str | None,
+        typer.Option(
+            help="The queue's latency objective: its jobs should start within this long "
+            "(30, 5s, 2m); workers of several queues claim first from those furthest "
+            "behind theirs; none.",
+        ),
+    ] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Change a queue's limits; those not given stay ("none" removes one)."""
@@ -103,13 +111,19 @@ def limit_cmd(
                 raise typer.BadParameter("--rate and --rate-per-key have one period")
     if fair is not None:
         changes["fair"] = fair
+    if max_start_lag is not None:
+        changes["max_start_lag_seconds"] = option(_seconds, max_start_lag, "--max-start-lag")
     if not changes:
         raise typer.BadParameter(
             "give at least one of --concurrency, --concurrency-per-key, --rate, --rate-per-key, "
-            "--fair/--no-fair"
+            "--fair/--no-fair, --max-start-lag"
         )
     with state_of(ctx).queue() as q:
         _print(ctx, q.set_limits(name, **changes), json_out)
+
+
+def _seconds(text: str) -> float | None:
+    return None if text.strip().lower() == NONE else parse_duration(text)
 
 
 def _count(text: str) -> int | None:

@@ -13,6 +13,9 @@ commits; a limited queue is claimed under its own lock, within its limits
     rate_limit_per_key         ... and at most this many with one concurrency_key
     rate_period_seconds        the window of both rate limits (given with them)
     fair                       slots shared round robin across concurrency_key values
+    max_start_lag_seconds      its latency objective: the longest a runnable job should
+                               wait to start; workers of several queues claim first
+                               from the queues furthest behind theirs
 
 ``change(queue, changes)`` is the one way to set them (the library's
 ``pause``, ``resume`` and ``set_limits``, the HTTP API and the command line
@@ -66,6 +69,11 @@ LIMITS: dict[str, tuple[Rule, str]] = {
         "Share the queue's slots across its jobs' concurrency_key values, round robin: every "
         "key's next job starts before any key's second (false or null: claim order).",
     ),
+    "max_start_lag_seconds": (
+        Seconds(0.0, MAX_PERIOD_SECONDS, exclusive_low=True),
+        "The queue's latency objective: the longest its runnable jobs should wait to start. "
+        "A worker of several queues claims first from those furthest behind their objective.",
+    ),
 }
 CONTROLS = ("paused", *LIMITS)
 _QUEUE = Name(QUEUE_NAME)
@@ -83,6 +91,7 @@ class QueueControls:
     rate_limit_per_key: int | None = None
     rate_period_seconds: float | None = None
     fair: bool | None = None
+    max_start_lag_seconds: float | None = None
     updated_at: datetime | None = None
 
     @property

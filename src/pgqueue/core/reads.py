@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -18,9 +18,11 @@ from .rules import Payload
 
 __all__ = [
     "LIST_VIEWS",
+    "ClaimHints",
     "ProgressSeen",
     "Wake",
     "checked_job_id",
+    "claim_hints",
     "forget_waits",
     "get",
     "health",
@@ -31,6 +33,7 @@ __all__ = [
     "queues_with_jobs",
     "read",
     "schema_pending",
+    "start_lags",
     "watch",
 ]
 
@@ -61,6 +64,38 @@ def next_wake(queues: Sequence[str] | None) -> Flow[Wake]:
     rows = yield Statement("queue_next_wake", {"queues": list(queues) if queues else None})
     seconds = rows[0]["seconds"]
     return Wake(None if seconds is None else float(seconds), frozenset(rows[0]["limited"]))
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimHints:
+    """What a worker's claims weigh besides the round robin: its fair
+    queues, and the latency objectives of its queues (seconds, by name)."""
+
+    fair: frozenset[str] = frozenset()
+    objectives: dict[str, float] = field(default_factory=dict)
+
+
+def claim_hints(queues: Sequence[str] | None) -> Flow[ClaimHints]:
+    """The fair queues and the latency objectives among ``queues`` (None:
+    every queue), paused queues left out."""
+    rows = yield Statement("queue_claim_hints", {"queues": list(queues) if queues else None})
+    return ClaimHints(
+        frozenset(row["name"] for row in rows if row["fair"]),
+        {
+            row["name"]: float(row["max_start_lag_seconds"])
+            for row in rows
+            if row["max_start_lag_seconds"] is not None
+        },
+    )
+
+
+def start_lags(queues: Sequence[str]) -> Flow[dict[str, float]]:
+    """How long each queue's oldest runnable job has waited, in seconds
+    (the database's clock; 0 when none waits)."""
+    if not queues:
+        return {}
+    rows = yield Statement("queue_start_lags", {"queues": list(queues)})
+    return {row["queue"]: float(row["lag_seconds"]) for row in rows}
 
 
 # -- operators' transitions -----------------------------------------------------

@@ -67,6 +67,13 @@ class QueueStats:
         """Each limit (None: none), as ``controls.LIMITS`` names them."""
         return (self.controls or QueueControls("")).limits()
 
+    @property
+    def start_lag_shortfall_seconds(self) -> float | None:
+        """How far the oldest runnable job's wait is past the queue's latency
+        objective (0: within it; None: the queue has none)."""
+        objective = self.controls.max_start_lag_seconds if self.controls else None
+        return None if objective is None else max(0.0, self.oldest_runnable_seconds - objective)
+
     def to_dict(self) -> dict[str, Any]:
         values = dataclasses.asdict(self)
         del values["controls"]
@@ -75,6 +82,7 @@ class QueueStats:
             **values,
             "finished_last_minute": self.finished_last_minute,
             **recent,
+            "start_lag_shortfall_seconds": self.start_lag_shortfall_seconds,
             "paused": self.paused,
             "limits": self.limits(),
         }

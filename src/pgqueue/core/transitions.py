@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -28,13 +28,15 @@ from .errors import JobAlreadyFinished, JobKeyHeld, JobNotRetryable, KeyTaken, S
 from .flows import Flow, Row, Statement
 from .jobs import STATES, Job, JobState
 from .outcomes import Outcome
-from .reads import checked_job_id, get, queues_with_jobs
+from .reads import checked_job_id, get, queues_with_jobs, start_lags
 from .settings import Settings
 
 __all__ = [
+    "OBJECTIVE_MARGIN",
     "CancelNotice",
     "Report",
     "age_priorities",
+    "behind",
     "cancel",
     "claim",
     "complete",
@@ -50,6 +52,11 @@ __all__ = [
 ]
 
 
+# A queue whose oldest runnable job has waited this part of its latency
+# objective is asked first, for every slot: early enough that, while the
+# workers can catch up, its jobs start within the objective.
+OBJECTIVE_MARGIN = 0.5
+
 # -- the worker's transitions -------------------------------------------------
 
 
@@ -62,6 +69,8 @@ def claim(
     turn: int | None = None,
     sparse: Collection[str] = (),
     lease_seconds: float | None = None,
+    caps: Mapping[str, int] | None = None,
+    objectives: Mapping[str, float] | None = None,
 ) -> Flow[list[Job]]:
     """Claim up to ``limit`` runnable jobs of ``queues`` (None: of every
     queue that has queued jobs), round-robin: each queue gets an equal share
@@ -69,12 +78,22 @@ def claim(
     at random); ``sparse`` queues (those that gave nothing last time) are
     asked for one job each first, and what they do not take, the others do;
     what a queue cannot fill goes to those that filled theirs. A paused
-    queue gives nothing; a limited queue, what its limits allow."""
+    queue gives nothing; a limited queue, what its limits allow.
+
+    ``caps``: a queue named there is asked for at most that many jobs, once
+    (the worker keeps a fair queue's claims short). ``objectives``: latency
+    objectives (seconds, by queue): their queues' lags are read first, and
+    those at least OBJECTIVE_MARGIN of the way to their objective are asked
+    first, for every slot, the furthest behind first (``behind``)."""
     names = list(dict.fromkeys(queues)) if queues is not None else (yield from queues_with_jobs())
     turn = random.randrange(len(names) or 1) if turn is None else turn
+    caps, objectives = caps or {}, objectives or {}
+    first: list[str] = []
+    if watched := [name for name in names if name in objectives]:
+        first = behind((yield from start_lags(watched)), objectives)
     jobs: list[Job] = []
     while names and len(jobs) < limit:
-        shares = round_robin(limit - len(jobs), names, turn, sparse)
+        shares = round_robin(limit - len(jobs), names, turn, sparse, first=first, caps=caps)
         batch: list[Job] = yield Statement(
             "job_claim",
             {
@@ -93,29 +112,62 @@ def claim(
         got = Counter(job.queue for job in batch)
         # A queue that filled its share may have more; one that did not has
         # no more to give now; one that had no share (fewer slots than
-        # queues) has not been asked yet.
-        names = [name for name in names if got[name] >= shares.get(name, 0)]
+        # queues) has not been asked yet; a capped one was asked once.
+        names = [
+            name
+            for name in names
+            if got[name] >= shares.get(name, 0) and not (name in caps and name in shares)
+        ]
         turn += 1
     return jobs
 
 
 def round_robin(
-    slots: int, queues: Sequence[str], turn: int, sparse: Collection[str] = ()
+    slots: int,
+    queues: Sequence[str],
+    turn: int,
+    sparse: Collection[str] = (),
+    *,
+    first: Sequence[str] = (),
+    caps: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
     """Each queue's share of ``slots``, in the order the claim asks them:
-    the ``sparse`` ones first, one slot each; then the others, who split all
-    of ``slots`` as evenly as can be (the one at ``turn``, modulo, and those
-    after it get the remainder). The claim stops at ``slots``, so that the
-    slots a sparse queue does not take go to the others in the same
-    statement. Queues whose share is 0 are left out."""
+    the ``first`` ones (queues behind their latency objective), each for
+    every slot; the ``sparse`` ones, one slot each; then the others, who
+    split all of ``slots`` as evenly as can be (the one at ``turn``, modulo,
+    and those after it get the remainder). The claim stops at ``slots``, so
+    that the slots a queue does not take go to those after it in the same
+    statement. A queue in ``caps`` gets at most its cap. Queues whose share
+    is 0 are left out."""
     start = turn % len(queues)
     order = [*queues[start:], *queues[:start]]
     few = [name for name in order if name in sparse]
     many = [name for name in order if name not in sparse] or few
-    shares = {name: 1 for name in few[:slots] if many is not few}
+    shares = {name: slots for name in first if name in order}
+    shares.update({name: 1 for name in few[:slots] if many is not few and name not in shares})
     each, extra = divmod(slots, len(many))
-    shares.update({name: each + (i < extra) for i, name in enumerate(many) if each + (i < extra)})
+    shares.update(
+        {
+            name: each + (i < extra)
+            for i, name in enumerate(many)
+            if each + (i < extra) and name not in shares
+        }
+    )
+    if caps:
+        shares = {name: min(share, caps.get(name, share)) for name, share in shares.items()}
     return shares
+
+
+def behind(lags: Mapping[str, float], objectives: Mapping[str, float]) -> list[str]:
+    """The queues at least OBJECTIVE_MARGIN of the way to their latency
+    objective (``lags``: how long each one's oldest runnable job has
+    waited), the furthest behind first (lag / objective)."""
+    ratios = {
+        name: lag / objectives[name]
+        for name, lag in lags.items()
+        if name in objectives and lag >= OBJECTIVE_MARGIN * objectives[name] and lag > 0
+    }
+    return sorted(ratios, key=lambda name: (-ratios[name], name))
 
 
 def heartbeat(held: Sequence[tuple[int, int]], lease_seconds: float) -> Flow[set[int]]:

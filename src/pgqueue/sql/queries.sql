@@ -1231,6 +1231,46 @@ WITH RECURSIVE named(queue) AS (
 )
 SELECT queue FROM named WHERE queue IS NOT NULL ORDER BY queue;
 
+-- name: queue_claim_hints
+-- What a worker's claims weigh besides the round robin, for `queues` (NULL:
+-- every queue): which are fair (their claims are kept short, so that a key
+-- that comes beside a large backlog waits for one short claim, not a long
+-- one), and their latency objectives. The lookout reads it once per poll
+-- interval; pgqueue_queues has a row per queue ever controlled, a few rows.
+SELECT name, fair IS TRUE AS fair, max_start_lag_seconds FROM pgqueue_queues
+WHERE NOT paused AND (fair OR max_start_lag_seconds IS NOT NULL)
+  AND (%(queues)s::text[] IS NULL OR name = ANY(%(queues)s::text[]))
+ORDER BY name;
+
+-- name: queue_start_lags
+-- For each of `queues`, how long its oldest runnable job has waited
+-- (database clock; 0: none waits): a worker whose queues have latency
+-- objectives reads it before each claim, to ask first the queues furthest
+-- behind theirs. pgqueue_jobs_claim_queue holds each queue's priority levels
+-- in run_at order: a loose index scan, one probe per level, reads each
+-- level's first job (as queue_next_wake does), however many jobs wait.
+SELECT wanted.name AS queue,
+       coalesce(extract(epoch FROM now() - min(first.run_at) FILTER (
+           WHERE first.run_at <= now())), 0)::double precision AS lag_seconds
+FROM unnest(%(queues)s::text[]) AS wanted(name) LEFT JOIN LATERAL (
+    WITH RECURSIVE queue_levels AS (
+        SELECT max(priority) AS priority FROM pgqueue_jobs
+        WHERE state = 'queued' AND queue = wanted.name
+      UNION ALL
+        SELECT (SELECT max(priority) FROM pgqueue_jobs
+                WHERE state = 'queued' AND queue = wanted.name
+                  AND priority < queue_levels.priority)
+        FROM queue_levels WHERE queue_levels.priority IS NOT NULL
+    )
+    SELECT (SELECT run_at FROM pgqueue_jobs
+            WHERE state = 'queued' AND queue = wanted.name
+              AND priority = queue_levels.priority
+            ORDER BY run_at LIMIT 1) AS run_at
+    FROM queue_levels WHERE queue_levels.priority IS NOT NULL
+) first ON true
+GROUP BY wanted.name
+ORDER BY wanted.name;
+
 -- name: queue_controls
 -- Every queue's controls (pause, limits), by name.
 SELECT * FROM pgqueue_queues ORDER BY name;
@@ -1252,7 +1292,8 @@ WITH written AS (
     SET paused = %(paused)s, concurrency_limit = %(concurrency_limit)s,
         concurrency_limit_per_key = %(concurrency_limit_per_key)s,
         rate_limit = %(rate_limit)s, rate_limit_per_key = %(rate_limit_per_key)s,
-        rate_period_seconds = %(rate_period_seconds)s, fair = %(fair)s, updated_at = now()
+        rate_period_seconds = %(rate_period_seconds)s, fair = %(fair)s,
+        max_start_lag_seconds = %(max_start_lag_seconds)s, updated_at = now()
     WHERE name = %(queue)s
     RETURNING *
 ), forgotten AS (

@@ -20,11 +20,17 @@ a flood in one cannot hold up another; the turn moves on with every claim,
 and a queue that gave nothing last time is asked for one job (what it does
 not take goes to the others in the same statement). A
 worker of every queue claims from the queues that have queued jobs: it lists
-them once per poll interval, and learns a new one from its hint.
+them once per poll interval, and learns a new one from its hint. Queues with
+a latency objective (``max_start_lag_seconds``) at least half way to it are
+asked first, for every slot, the furthest behind first: the claim flow reads
+their waits before its claim (``transitions.claim``, only when one of the
+queues has an objective). A fair queue's claim takes at most FAIR_CLAIM_JOBS
+of its jobs, and one that took that many counts as full.
 
 The lookout (``lookout_loop``) does the asking that is not claiming, off the
 claimers' connections: once per poll interval, and when a due time has
-passed, it lists the queues (a worker of every queue) and, unless every
+passed, it lists the queues (a worker of every queue), reads which are fair
+and their latency objectives (``claim_hints``) and, unless every
 claim since it last asked came back full, asks when a job is next due and
 which queues are concurrency-limited. A listing under load walks the
 claim index's entries of every job claimed since the last vacuum: on a
@@ -45,11 +51,12 @@ import contextlib
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from .. import tracing
 from ..core.jobs import Job
-from ..core.reads import next_wake, queues_with_jobs
+from ..core.reads import ClaimHints, claim_hints, next_wake, queues_with_jobs
 from ..core.settings import Settings
 from ..core.transitions import CancelNotice, claim, release
 from ..db.driver import DRIVER_ERRORS
@@ -66,6 +73,10 @@ Listen = Callable[[], AsyncIterator[str | CancelNotice | None]]
 PACE_MARGIN = 2
 # How long the pace remembers the busiest rate it measured (see _pace).
 PACE_MEMORY_SECONDS = 1.0
+# A fair queue's claim takes at most this many of its jobs (docs/howto/
+# limits.md, "Fair queues"): its claims are under its lock, one at a time,
+# so that a key that comes beside a large backlog waits for one short claim.
+FAIR_CLAIM_JOBS = 50
 # A due time the lookout learns wakes an idle claimer if it comes this much
 # before the claimer's own wake-up.
 DUE_TOLERANCE_SECONDS = 0.01
@@ -108,6 +119,7 @@ class Producer:
         self._turn = 0  # which queue comes first in the round-robin
         self._sparse: frozenset[str] = frozenset()  # queues that gave nothing last time
         self._limited: frozenset[str] = frozenset()  # queues with a concurrency limit
+        self._hints = ClaimHints()  # fair queues, latency objectives (the lookout's)
         # (when, jobs finished, the rate it paced for) at the last full claim
         self._paced: tuple[float, int, float] = (time.monotonic(), 0, 0.0)
         self._claiming = 0  # jobs asked for by the claims in flight
@@ -170,6 +182,8 @@ class Producer:
                         queues=self.known,
                         turn=self._turn,
                         sparse=self._sparse,
+                        caps=self._caps(),
+                        objectives=self._hints.objectives,
                     )
                 )
             except WAIT_OUT as exc:
@@ -181,12 +195,25 @@ class Producer:
                 # The room this claim had reserved is free for the other to see.
                 self.held.slot_freed.set()
             backoff.succeeded()
-            if len(jobs) == free:  # (a short claim says the queues ran dry, not the buffer)
+            # A short claim says the queues ran dry, not the buffer; a fair
+            # queue that gave its cap may have more.
+            full = len(jobs) == free or self._capped(jobs)
+            if full:
                 self._pace(sent_at)
-            self._claimed(jobs, full=len(jobs) == free)
+            self._claimed(jobs, full=full)
             # Let the handlers of the jobs just started run first, so that the
             # next claim is sized by the slots they free (no-op jobs: at once).
             await asyncio.sleep(0)
+
+    def _caps(self) -> dict[str, int]:
+        return {name: FAIR_CLAIM_JOBS for name in self._hints.fair}
+
+    def _capped(self, jobs: list[Job]) -> bool:
+        """Whether a fair queue gave as many jobs as its claim may take."""
+        if not self._hints.fair:
+            return False
+        got = Counter(job.queue for job in jobs)
+        return any(got[name] >= FAIR_CLAIM_JOBS for name in self._hints.fair)
 
     def _share(self, room: int) -> int:
         """What a claim takes of the free ``room`` when jobs come in slower
@@ -256,6 +283,7 @@ class Producer:
             self._look.clear()
             try:
                 await self._list_queues(self.lookout)
+                self._hints = await self.lookout.drive(claim_hints(self.queues))
                 # A worker whose every claim came back full has no use for it.
                 if self._idled:
                     self._idled = False

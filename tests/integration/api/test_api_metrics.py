@@ -68,6 +68,8 @@ async def test_metrics_families_and_values(
     assert types == {
         "pgqueue_jobs": "gauge",
         "pgqueue_queue_lag_seconds": "gauge",
+        "pgqueue_queue_start_lag_objective_seconds": "gauge",
+        "pgqueue_queue_start_lag_shortfall_seconds": "gauge",
         "pgqueue_jobs_completed": "counter",
         "pgqueue_job_failures": "counter",
         "pgqueue_job_snoozes": "counter",

@@ -29,7 +29,7 @@ from pgqueue.core.enqueue import debounce
 from pgqueue.core.flows import Flow, Statement
 from pgqueue.core.job_spec import JobSpec
 from pgqueue.core.outcomes import Outcome, attempt_token
-from pgqueue.core.reads import next_wake
+from pgqueue.core.reads import next_wake, start_lags
 from pgqueue.db.embedded import EmbeddedPostgres
 from tests.conftest import TEMPLATE
 from tests.support import plan_reads
@@ -236,6 +236,16 @@ def test_next_wake_reads_index_entries_only(loaded: str, queues: list[str] | Non
         )
     with psycopg.connect(loaded) as sql:
         reads = plan_reads(sql, "queue_next_wake", _first(next_wake(queues)).params)
+    assert all(scan.startswith("Index Only Scan") for scan in reads.scans), reads.scans
+    assert reads.buffers <= 200, reads
+
+
+def test_start_lags_read_index_entries_only(loaded: str) -> None:
+    """The lag read a worker of queues with latency objectives makes before
+    each claim: one probe per priority level, whatever the backlog."""
+    with psycopg.connect(loaded) as sql:
+        params = _first(start_lags(["default", "absent"])).params
+        reads = plan_reads(sql, "queue_start_lags", params)
     assert all(scan.startswith("Index Only Scan") for scan in reads.scans), reads.scans
     assert reads.buffers <= 200, reads
 
