@@ -314,6 +314,16 @@ class MemoryDatabase:
     def job_prune(self, retention_seconds: float, limit: int) -> list[Row]:
         return [{"pruned": 0}]
 
+    # The archive (core/archive.py): nothing is moved here, no partition made or dropped.
+    def job_archive_partitions(self, archive_after_seconds: float) -> list[Row]:
+        return [{"created": 0}]
+
+    def job_archive(self, archive_after_seconds: float, limit: int) -> list[Row]:
+        return [{"moved": 0}]
+
+    def job_archive_drop(self, retention_seconds: float) -> list[Row]:
+        return []
+
     def wait_prune(self) -> list[Row]:
         return []  # nobody registers a wait() here
 

@@ -1,8 +1,8 @@
 """Maintenance: where dead workers are found, expired leases reaped, old
-jobs pruned, the per-minute history snapshotted, and (with
+jobs archived and pruned, the per-minute history snapshotted, and (with
 ``priority_aging_seconds``) waiting low-priority jobs aged.
 
-Every worker runs all five (they are idempotent and skip rows another
+Every worker runs all six (they are idempotent and skip rows another
 worker has locked; of the snapshots of one minute, the first taken is the
 one kept), so there is no leader to elect and none to lose. Intervals are
 jittered so that workers started together do not run them together, and
@@ -14,6 +14,10 @@ that takes its jobs back runs at once instead of at the reap interval.
 Priority aging runs every half ``priority_aging_seconds``: each job whose
 step is due (job_age_priorities) takes one step whichever worker runs it, so
 a job waits at most about 1.6 intervals per step (docs/howto/limits.md).
+The archive's mover (with ``archive_after_seconds``, every
+``prune_interval_seconds``) creates the day partitions it needs, then moves
+succeeded jobs in batches; movers of several workers skip each other's rows
+(core/archive.py). Retention drops the archive's old partitions whole.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 
-from ..core import history, workers
+from ..core import archive, history, workers
 from ..core.reads import forget_waits
 from ..core.settings import Settings
 from ..core.transitions import age_priorities, prune, reap
@@ -56,6 +60,8 @@ class Maintenance:
             (s.prune_interval_seconds, self.prune),
             (SNAPSHOT_INTERVAL_SECONDS, self.snapshot),
         ]
+        if s.archive_after_seconds:
+            chores.append((s.prune_interval_seconds, self.archive))
         if s.detects_dead_sessions:
             chores.append((s.death_check_interval_seconds, self.reap_dead))
         if s.priority_aging_seconds:
@@ -122,9 +128,9 @@ class Maintenance:
             self.events(logging.DEBUG, "priority_aging", "raised %d waiting jobs' priority", total)
 
     async def prune(self) -> None:
-        """Delete finished jobs past the retention period, the registry
-        rows of workers long gone, and waiters' registrations past their
-        timeout."""
+        """Delete finished jobs past the retention period (the archive's
+        partitions past it are dropped whole), the registry rows of workers
+        long gone, and waiters' registrations past their timeout."""
         await self.conn.drive(workers.prune(self.settings.worker_retention_seconds))
         await self.conn.drive(forget_waits())
         total = 0
@@ -136,7 +142,29 @@ class Maintenance:
             await asyncio.sleep(0)
         if total:
             self.events(logging.INFO, "prune", "pruned %d finished jobs", total)
+        for part in await self.conn.drive(archive.drop(self.settings)):
+            self.events(
+                logging.INFO,
+                "archive_drop",
+                "dropped archive partition %s (about %d jobs)",
+                part.partition,
+                part.estimated_rows,
+            )
         await self.conn.drive(history.prune(self.settings.history_retention_seconds))
+
+    async def archive(self) -> None:
+        """Move succeeded jobs past archive_after_seconds to the archive, in
+        batches, after creating the day partitions they need."""
+        await self.conn.drive(archive.partitions(self.settings))
+        total = 0
+        for _ in range(MAX_BATCHES):
+            moved = await self.conn.drive(archive.move(self.settings))
+            total += moved
+            if moved < self.settings.archive_batch:
+                break
+            await asyncio.sleep(0)
+        if total:
+            self.events(logging.DEBUG, "archive", "archived %d succeeded jobs", total)
 
     async def snapshot(self) -> None:
         """The current minute's history snapshot, unless another worker took it."""

@@ -1,0 +1,63 @@
+"""The archive (migration 0034, docs/howto/retention.md): succeeded jobs
+leave the hot table ``Settings.archive_after_seconds`` after they finished,
+for ``pgqueue_jobs_archive``, partitioned by day of ``finished_at``; its
+retention drops whole days instead of deleting rows.
+
+    partitions   the day partitions the next moves need (a transaction of
+                 its own: creating one takes the archive's lock for a moment)
+    move         one batch of moves (job_archive): DELETE ... RETURNING
+                 into INSERT, one statement; concurrent movers skip each
+                 other's rows
+    drop         the partitions wholly past ``retention_seconds``
+
+Reads (``reads.get``, ``reads.watch``, the job lists, a schedule's last
+job, a job's dependents) look in the archive when the hot table has no
+such row, and a job enqueued with an archived parent takes the parent back
+first (``dependencies.enqueue_graph``). No I/O here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .flows import Flow, Statement
+from .settings import Settings
+
+__all__ = ["Dropped", "drop", "move", "partitions"]
+
+
+def partitions(settings: Settings) -> Flow[int]:
+    """Create the day partitions the jobs to move need; return how many."""
+    rows = yield Statement(
+        "job_archive_partitions", {"archive_after_seconds": settings.archive_after_seconds}
+    )
+    return int(rows[0]["created"])
+
+
+def move(settings: Settings, limit: int | None = None) -> Flow[int]:
+    """Move up to ``limit`` (default ``archive_batch``) succeeded jobs past
+    ``archive_after_seconds`` to the archive; return how many moved. Run
+    ``partitions`` first (in its own transaction)."""
+    rows = yield Statement(
+        "job_archive",
+        {
+            "archive_after_seconds": settings.archive_after_seconds,
+            "limit": limit or settings.archive_batch,
+        },
+    )
+    return int(rows[0]["moved"])
+
+
+@dataclass(frozen=True, slots=True)
+class Dropped:
+    """An archive partition retention dropped: its name and its rows as the
+    statistics last counted them (-1: never counted)."""
+
+    partition: str
+    estimated_rows: int
+
+
+def drop(settings: Settings) -> Flow[list[Dropped]]:
+    """Drop the archive's day partitions wholly older than ``retention_seconds``."""
+    rows = yield Statement("job_archive_drop", {"retention_seconds": settings.retention_seconds})
+    return [Dropped(r["partition_name"], int(r["estimated_rows"])) for r in rows]
