@@ -10,6 +10,7 @@ from typing import Any, Self, TypeVar
 from uuid import UUID
 
 from ..core import (
+    archive,
     batches,
     dependencies,
     queue_controls,
@@ -19,7 +20,6 @@ from ..core import (
     sealing,
     workflows,
 )
-from ..core import archive
 from ..core import doctor as doctor_flows
 from ..core import transitions as t
 from ..core.archive import Dropped

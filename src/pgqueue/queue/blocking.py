@@ -8,6 +8,7 @@ from typing import Any, Self, TypeVar
 from uuid import UUID
 
 from ..core import (
+    archive,
     batches,
     dependencies,
     queue_controls,
@@ -17,7 +18,6 @@ from ..core import (
     sealing,
     workflows,
 )
-from ..core import archive
 from ..core import doctor as doctor_flows
 from ..core import transitions as t
 from ..core.archive import Dropped

@@ -13,9 +13,14 @@ import pytest
 
 from pgqueue import Queue, Settings, chain
 from pgqueue.core.errors import InvalidSettings
+from pgqueue.db.worker_connection import Connection
+from pgqueue.worker.maintenance import Maintenance
+from pgqueue.worker.supervision import EventLog
 from tests.support import api_client
 
-OLD = "UPDATE pgqueue_jobs SET finished_at = now() - interval '1 hour' WHERE finished_at IS NOT NULL"
+OLD = (
+    "UPDATE pgqueue_jobs SET finished_at = now() - interval '1 hour' WHERE finished_at IS NOT NULL"
+)
 
 
 def counts(sql: psycopg.Connection[Any]) -> tuple[int, int]:
@@ -83,7 +88,7 @@ def _summary_filters() -> dict[str, Any]:
 
 def test_only_jobs_nothing_refers_to_move(queue: Queue, sql: psycopg.Connection[Any]) -> None:
     plain = run_all(queue, 1, task="plain")
-    keyed = run_all(queue, 1, task="keyed", idempotency_key="k", unique_scope="always")
+    [keyed] = run_all(queue, 1, task="keyed", idempotency_key="k", unique_scope="always")
     freed = run_all(queue, 1, task="freed", idempotency_key="f", unique_scope="active")
     parent = run_all(queue, 1, task="parent")[0]
     child = queue.enqueue("child", queue="child", depends_on=[parent]).id
@@ -104,7 +109,8 @@ def test_only_jobs_nothing_refers_to_move(queue: Queue, sql: psycopg.Connection[
     assert archived == {plain[0], freed[0], child}
     assert queue.dependents(parent) == [child]
     # The key held `always` is still held: enqueuing it again finds the job.
-    assert queue.enqueue("keyed", idempotency_key="k").duplicate
+    again = queue.enqueue("keyed", idempotency_key="k")
+    assert again.duplicate and again.id == keyed
     assert queue.get(dead).state == "dead" and queue.get(cancelled).state == "cancelled"
     assert {j.state for j in queue.workflow(flow.id).jobs} == {"succeeded"}
     assert queue.get_batch(batch.id).succeeded == 1
@@ -150,7 +156,9 @@ def test_retention_drops_whole_partitions_and_deletes_nothing_else(
     assert partitions is not None and partitions[0] >= 2  # the oldest day to today
 
     dropped = queue.drop_archived()
-    assert len(dropped) >= 1 and all(d.partition.startswith("pgqueue_jobs_archive_") for d in dropped)
+    assert len(dropped) >= 1 and all(
+        d.partition.startswith("pgqueue_jobs_archive_") for d in dropped
+    )
     assert {r[0] for r in sql.execute("SELECT id FROM pgqueue_jobs_archive")} == set(recent)
     assert [r[0] for r in sql.execute("SELECT id FROM pgqueue_jobs")] == kept_hot
     assert queue.drop_archived() == []  # nothing more: idempotent
@@ -175,7 +183,7 @@ def test_concurrent_movers_neither_lose_nor_duplicate_a_row(
             with Queue(settings.database_url, settings=settings) as q:
                 while n := q.archive(limit=97):
                     moved.append(n)
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=mover) for _ in range(4)]
@@ -196,3 +204,49 @@ def test_archive_after_is_checked_and_zero_turns_the_mover_off(db_url: str) -> N
     with pytest.raises(InvalidSettings, match="archive_batch"):
         Settings(database_url=db_url, archive_batch=0)
     assert Settings(database_url=db_url, archive_after_seconds=0).archive_after_seconds == 0
+
+
+def test_a_running_workflow_and_batch_keep_their_finished_members_across_a_move(
+    queue: Queue, sql: psycopg.Connection[Any]
+) -> None:
+    flow = queue.enqueue_workflow(
+        chain({"task": "a", "queue": "flow"}, {"task": "b", "queue": "flow"})
+    )
+    batch = queue.open_batch(on_success={"task": "all-done", "queue": "cb"})
+    queue.enqueue("part", queue="batch", batch=batch.id)
+    queue.enqueue("part", queue="batch", batch=batch.id)
+    queue.close_batch(batch.id)
+    [a] = queue.claim(1, worker="w", queues=["flow"])
+    queue.ack(a, "a done")
+    [first, second] = queue.claim(2, worker="w", queues=["batch"])
+    queue.ack(first)
+    sql.execute(OLD)
+    assert queue.archive() == 0  # a workflow's and a batch's jobs stay
+    [b] = queue.claim(1, worker="w", queues=["flow"])
+    assert b.parents == ("a done",)
+    queue.ack(b)
+    queue.ack(second)
+    assert queue.get_batch(batch.id).state == "finished"
+    assert [j.task for j in queue.claim(1, worker="w", queues=["cb"])] == ["all-done"]
+    assert [j.state for j in queue.workflow(flow.id).jobs] == ["succeeded", "succeeded"]
+
+
+async def test_maintenance_archives_and_retention_drops(
+    settings: Settings, queue: Queue, sql: psycopg.Connection[Any]
+) -> None:
+    ids = run_all(queue, 3)
+    sql.execute(OLD)
+    conn = Connection(settings.database_url)
+    try:
+        maintenance = Maintenance(conn, settings, EventLog("test"), "test")
+        await maintenance.archive()
+        assert counts(sql) == (0, 3)
+        sql.execute("SELECT pgqueue_archive_partitions(now() - interval '9 days', now())")
+        sql.execute(
+            "UPDATE pgqueue_jobs_archive SET finished_at = now() - interval '9 days' WHERE id = %s",
+            (ids[0],),
+        )
+        await maintenance.prune()
+    finally:
+        await conn.close()
+    assert sorted(r[0] for r in sql.execute("SELECT id FROM pgqueue_jobs_archive")) == ids[1:]
