@@ -73,7 +73,8 @@ INSERT INTO pgqueue_jobs_archive (id, queue, task, payload, priority, state, run
 SELECT %(base)s::bigint + g, 'q' || (g %% 4), 'noop', jsonb_build_object('n', g), 0, 'succeeded',
        at - interval '2 s', 1, 5, 'bench', at - interval '2 s', at - interval '1 s', at, 0, false
 FROM (SELECT g, now() - make_interval(days => %(days)s::int)
-                + (g::float8 / %(rows)s::float8) * (make_interval(days => %(days)s::int) - interval '10 min') AS at
+                + (g::float8 / %(rows)s::float8)
+                  * (make_interval(days => %(days)s::int) - interval '10 min') AS at
       FROM generate_series(%(low)s::bigint, %(high)s::bigint) g) s
 """
 ARCHIVE_MB = (
