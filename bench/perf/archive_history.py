@@ -25,6 +25,10 @@ history's), then VACUUM ANALYZE. At each size:
     workers, the dead letters, the workflows), each READS times;
   * get_job_ms: GET /jobs/{id} of a live job, and with a history of an
     archived one in the middle of it.
+Each throughput run is paired with the same run on a second database of
+the same server that never gets a history (the control, with the same live
+load): the ratio of the pair cancels most of the drift of a shared machine
+(bench/perf/history.py does the same).
 Then retention_drop: the oldest day partition dropped by
 Queue.drop_archived() (retention set just short of its end), timed.
 Flatness = median with the history / median without.
@@ -39,6 +43,7 @@ import statistics
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
@@ -49,7 +54,7 @@ from bench.perf.metrics_history import scrape_latencies, table_mb
 from bench.record import ResultRecord, command_line, server_info, write_result
 from bench.workers import async_workers, wait_drained
 from harness.history import LIVE_LOAD, add_live_load
-from pgqueue import Queue, Settings
+from pgqueue import Queue, Settings, migrate
 
 QUEUE = "drain"
 DAYS = 30
@@ -135,13 +140,33 @@ def latencies(base: str, path: str, n: int) -> dict[str, Any]:
     }
 
 
-def measure(
-    url: str, base: str, queue: Queue, conn: psycopg.Connection[Any], args: Any, deep: int
-) -> dict[str, Any]:
-    runs: dict[str, list[float]] = {"claim_ack_batch_100": [], "worker_1_process": []}
+def control_database(url: str) -> str:
+    """A second migrated database on the same server that never gets a history."""
+    name = "archive_control"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {name}")
+    control = urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
+    migrate(control)
+    return control
+
+
+Pair = tuple[str, Queue, psycopg.Connection[Any]]
+
+
+def measure(base: str, pair: Pair, control: Pair, args: Any, deep: int) -> dict[str, Any]:
+    url, queue, conn = pair
+    runs: dict[str, list[float]] = {}
     for _ in range(args.repeats):
-        runs["claim_ack_batch_100"].append(claim_ack_rate(url, queue, conn, args.jobs))
-        runs["worker_1_process"].append(worker_rate(url, queue, conn, args.jobs))
+        for key, rate_of in (
+            ("claim_ack_batch_100", claim_ack_rate),
+            ("worker_1_process", worker_rate),
+        ):
+            value = rate_of(url, queue, conn, args.jobs)
+            same_moment = rate_of(*control, args.jobs)
+            runs.setdefault(key, []).append(value)
+            runs.setdefault(f"{key}_control", []).append(same_moment)
+            runs.setdefault(f"{key}_vs_control", []).append(value / same_moment)
     row: dict[str, Any] = {k: summary(v) | {"runs": v} for k, v in runs.items()}
     row["hot_table_mb"] = table_mb(conn)
     row["metrics_ms"] = latencies(base, "/metrics", args.reads)
@@ -177,8 +202,10 @@ def _print(size: int, row: dict[str, Any]) -> None:
     reads = ", ".join(f"{k} {v['median']:.1f}" for k, v in row["reads_ms"].items())
     gets = ", ".join(f"{k} {v['median']:.1f}" for k, v in row["get_job_ms"].items())
     print(
-        f"{size:>12,} archived: claim+ack b100 {row['claim_ack_batch_100']['median']:,.0f}/s, "
-        f"worker {row['worker_1_process']['median']:,.0f}/s, hot {row['hot_table_mb']} MB, "
+        f"{size:>12,} archived: claim+ack b100 {row['claim_ack_batch_100']['median']:,.0f}/s "
+        f"(x{row['claim_ack_batch_100_vs_control']['median']:.2f} of control), "
+        f"worker {row['worker_1_process']['median']:,.0f}/s "
+        f"(x{row['worker_1_process_vs_control']['median']:.2f}), hot {row['hot_table_mb']} MB, "
         f"/metrics {row['metrics_ms']['median']:.1f} ms; reads ms: {reads}; "
         f"GET /jobs/id ms: {gets}",
         flush=True,
@@ -197,27 +224,38 @@ def main(argv: list[str] | None = None) -> ResultRecord:
     started = time.monotonic()
     with bench_database("archive_history") as url:
         info = server_info(url)
-        with psycopg.connect(url, autocommit=True) as conn:
-            add_live_load(conn)
-            conn.execute("VACUUM ANALYZE pgqueue_jobs")
+        control_url = control_database(url)
+        for each in (url, control_url):
+            with psycopg.connect(each, autocommit=True) as conn:
+                add_live_load(conn)
+                conn.execute("VACUUM ANALYZE pgqueue_jobs")
         settings = Settings(database_url=url, pool_max_size=2)
         with (
             api_server(url) as base,
             psycopg.connect(url, autocommit=True) as conn,
             Queue(url, settings=settings) as queue,
+            psycopg.connect(control_url, autocommit=True) as cconn,
+            Queue(control_url, settings=settings.replace(database_url=control_url)) as cqueue,
         ):
-            empty = measure(url, base, queue, conn, args, deep=1)
+            pair, control = (url, queue, conn), (control_url, cqueue, cconn)
+            empty = measure(base, pair, control, args, deep=1)
             _print(0, empty)
             history = generate(conn, args.rows)
             middle = history["first_id"] + args.rows // 2
-            full = measure(url, base, queue, conn, args, deep=middle)
+            full = measure(base, pair, control, args, deep=middle)
             full["get_job_ms"]["archived"] = latencies(base, f"/jobs/{middle}", args.reads)
             _print(args.rows, full)
             drop = retention_drop(url, conn)
             print(f"retention drop: {drop}", flush=True)
     flatness = {
         key: full[key]["median"] / empty[key]["median"]
-        for key in ("claim_ack_batch_100", "worker_1_process", "metrics_ms")
+        for key in (
+            "claim_ack_batch_100",
+            "claim_ack_batch_100_vs_control",
+            "worker_1_process",
+            "worker_1_process_vs_control",
+            "metrics_ms",
+        )
     } | {
         f"reads_ms.{k}": full["reads_ms"][k]["median"] / empty["reads_ms"][k]["median"]
         for k in READS
