@@ -5,13 +5,16 @@ duplicate a row."""
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any
 
 import psycopg
 import pytest
+from typer.testing import CliRunner
 
 from pgqueue import Queue, Settings, chain
+from pgqueue.cli import app
 from pgqueue.core.errors import InvalidSettings
 from pgqueue.db.worker_connection import Connection
 from pgqueue.worker.maintenance import Maintenance
@@ -250,3 +253,33 @@ async def test_maintenance_archives_and_retention_drops(
     finally:
         await conn.close()
     assert sorted(r[0] for r in sql.execute("SELECT id FROM pgqueue_jobs_archive")) == ids[1:]
+
+
+def test_the_prune_command_drops_the_archive_partitions_past_retention(
+    db_url: str, queue: Queue, sql: psycopg.Connection[Any]
+) -> None:
+    old, recent = run_all(queue, 2)
+    sql.execute(OLD)
+    sql.execute(
+        "UPDATE pgqueue_jobs SET finished_at = now() - interval '3 days' WHERE id = %s", (old,)
+    )
+    assert queue.archive() == 2
+    [(partition,)] = sql.execute(
+        "SELECT tableoid::regclass::text FROM pgqueue_jobs_archive WHERE id = %s", (old,)
+    ).fetchall()
+    result = CliRunner().invoke(
+        app, ["--database-url", db_url, "prune", "--older-than", "2d", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["pruned"] == 0 and report["archive_partitions_dropped"] == [partition]
+    assert [r[0] for r in sql.execute("SELECT id FROM pgqueue_jobs_archive")] == [recent]
+    # The text report says what went: the day of 2 days ago (past 1 day),
+    # not yesterday's or today's.
+    sql.execute(
+        "UPDATE pgqueue_jobs_archive SET finished_at = now() - interval '2 days' WHERE id = %s",
+        (recent,),
+    )
+    text = CliRunner().invoke(app, ["--database-url", db_url, "prune", "--older-than", "1d"])
+    assert "dropped 1 archive partition(s)" in text.stdout, text.output
+    assert counts(sql) == (0, 0)
