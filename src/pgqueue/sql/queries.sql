@@ -1044,35 +1044,41 @@ DELETE FROM pgqueue_waits WHERE until < now();
 -- costs the same on page 1 and page 20,000 (no OFFSET). `scheduled` and
 -- `retrying` narrow queued jobs to those waiting for a future run_at, and to
 -- those that failed before (transitions.list_filters). Archived jobs
--- (migration 0034) come in the same order: the archive's branch is a Merge
--- Append of its partitions' id indexes that stops after `limit` matches,
--- and is not read at all (a one-time filter) for a state never archived.
-SELECT * FROM pgqueue_jobs
-WHERE true
-  AND (%(state)s::text IS NULL OR state = %(state)s::text)
-  AND (NOT %(scheduled)s OR run_at > now())
-  AND (NOT %(retrying)s OR attempts > 0)
-  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-  AND (%(task)s::text IS NULL OR task = %(task)s::text)
-  AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
-  AND (%(error_kind)s::text IS NULL OR pgqueue_error_kind(last_error) = %(error_kind)s::text)
-  AND (%(payload_contains)s::jsonb IS NULL OR payload @> %(payload_contains)s::jsonb)
-  AND (%(metadata_contains)s::jsonb IS NULL OR metadata @> %(metadata_contains)s::jsonb)
-  AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
+-- (migration 0034) come in the same order: each table's branch stops after
+-- `limit` matches (the archive's is a Merge Append of its partitions' id
+-- indexes), and the archive's is not read at all (a one-time filter) for
+-- a state it never holds.
+(
+    SELECT * FROM pgqueue_jobs
+    WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
+      AND (NOT %(scheduled)s OR run_at > now())
+      AND (NOT %(retrying)s OR attempts > 0)
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND (%(task)s::text IS NULL OR task = %(task)s::text)
+      AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
+      AND (%(error_kind)s::text IS NULL OR pgqueue_error_kind(last_error) = %(error_kind)s::text)
+      AND (%(payload_contains)s::jsonb IS NULL OR payload @> %(payload_contains)s::jsonb)
+      AND (%(metadata_contains)s::jsonb IS NULL OR metadata @> %(metadata_contains)s::jsonb)
+      AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
+    ORDER BY id DESC
+    LIMIT %(limit)s
+)
 UNION ALL (
     SELECT * FROM pgqueue_jobs_archive
-  WHERE (%(state)s::text IS NULL OR %(state)s::text IN ('succeeded', 'dead', 'cancelled'))
-    AND NOT %(scheduled)s AND NOT %(retrying)s
-    AND (%(state)s::text IS NULL OR state = %(state)s::text)
-    AND (NOT %(scheduled)s OR run_at > now())
-    AND (NOT %(retrying)s OR attempts > 0)
-    AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-    AND (%(task)s::text IS NULL OR task = %(task)s::text)
-    AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
-    AND (%(error_kind)s::text IS NULL OR pgqueue_error_kind(last_error) = %(error_kind)s::text)
-    AND (%(payload_contains)s::jsonb IS NULL OR payload @> %(payload_contains)s::jsonb)
-    AND (%(metadata_contains)s::jsonb IS NULL OR metadata @> %(metadata_contains)s::jsonb)
-    AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
+    -- The archive holds ended jobs only: for another state this branch
+    -- reads nothing.
+    WHERE (%(state)s::text IS NULL OR %(state)s::text IN ('succeeded', 'dead', 'cancelled'))
+      AND NOT %(scheduled)s AND NOT %(retrying)s
+      AND (%(state)s::text IS NULL OR state = %(state)s::text)
+      AND (NOT %(scheduled)s OR run_at > now())
+      AND (NOT %(retrying)s OR attempts > 0)
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND (%(task)s::text IS NULL OR task = %(task)s::text)
+      AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
+      AND (%(error_kind)s::text IS NULL OR pgqueue_error_kind(last_error) = %(error_kind)s::text)
+      AND (%(payload_contains)s::jsonb IS NULL OR payload @> %(payload_contains)s::jsonb)
+      AND (%(metadata_contains)s::jsonb IS NULL OR metadata @> %(metadata_contains)s::jsonb)
+      AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
     ORDER BY id DESC
     LIMIT %(limit)s
 )
@@ -1083,41 +1089,47 @@ LIMIT %(limit)s;
 -- Like job_list, without the heavy columns (payload, result, last_error,
 -- progress_info): what a listing that polls needs, without reading large
 -- values. The archive as in job_list.
-SELECT id, queue, task, priority, state, run_at, attempts, max_attempts, snoozes,
-       timeout_seconds, idempotency_key, unique_scope, concurrency_key, worker,
-       lease_expires_at,
-       enqueued_at, started_at, finished_at, workflow_id, depends_on,
-       progress_fraction, progress_at, batch_id
-FROM pgqueue_jobs
-WHERE true
-  AND (%(state)s::text IS NULL OR state = %(state)s::text)
-  AND (NOT %(scheduled)s OR run_at > now())
-  AND (NOT %(retrying)s OR attempts > 0)
-  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-  AND (%(task)s::text IS NULL OR task = %(task)s::text)
-  AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
-  AND (%(error_kind)s::text IS NULL OR pgqueue_error_kind(last_error) = %(error_kind)s::text)
-  AND (%(payload_contains)s::jsonb IS NULL OR payload @> %(payload_contains)s::jsonb)
-  AND (%(metadata_contains)s::jsonb IS NULL OR metadata @> %(metadata_contains)s::jsonb)
-  AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
+(
+    SELECT id, queue, task, priority, state, run_at, attempts, max_attempts, snoozes,
+           timeout_seconds, idempotency_key, unique_scope, concurrency_key, worker,
+           lease_expires_at,
+           enqueued_at, started_at, finished_at, workflow_id, depends_on,
+           progress_fraction, progress_at, batch_id
+    FROM pgqueue_jobs
+    WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
+      AND (NOT %(scheduled)s OR run_at > now())
+      AND (NOT %(retrying)s OR attempts > 0)
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND (%(task)s::text IS NULL OR task = %(task)s::text)
+      AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
+      AND (%(error_kind)s::text IS NULL OR pgqueue_error_kind(last_error) = %(error_kind)s::text)
+      AND (%(payload_contains)s::jsonb IS NULL OR payload @> %(payload_contains)s::jsonb)
+      AND (%(metadata_contains)s::jsonb IS NULL OR metadata @> %(metadata_contains)s::jsonb)
+      AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
+    ORDER BY id DESC
+    LIMIT %(limit)s
+)
 UNION ALL (
     SELECT id, queue, task, priority, state, run_at, attempts, max_attempts, snoozes,
            timeout_seconds, idempotency_key, unique_scope, concurrency_key, worker,
            lease_expires_at,
            enqueued_at, started_at, finished_at, workflow_id, depends_on,
-           progress_fraction, progress_at, batch_id FROM pgqueue_jobs_archive
-  WHERE (%(state)s::text IS NULL OR %(state)s::text IN ('succeeded', 'dead', 'cancelled'))
-    AND NOT %(scheduled)s AND NOT %(retrying)s
-    AND (%(state)s::text IS NULL OR state = %(state)s::text)
-    AND (NOT %(scheduled)s OR run_at > now())
-    AND (NOT %(retrying)s OR attempts > 0)
-    AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-    AND (%(task)s::text IS NULL OR task = %(task)s::text)
-    AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
-    AND (%(error_kind)s::text IS NULL OR pgqueue_error_kind(last_error) = %(error_kind)s::text)
-    AND (%(payload_contains)s::jsonb IS NULL OR payload @> %(payload_contains)s::jsonb)
-    AND (%(metadata_contains)s::jsonb IS NULL OR metadata @> %(metadata_contains)s::jsonb)
-    AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
+           progress_fraction, progress_at, batch_id
+    FROM pgqueue_jobs_archive
+    -- The archive holds ended jobs only: for another state this branch
+    -- reads nothing.
+    WHERE (%(state)s::text IS NULL OR %(state)s::text IN ('succeeded', 'dead', 'cancelled'))
+      AND NOT %(scheduled)s AND NOT %(retrying)s
+      AND (%(state)s::text IS NULL OR state = %(state)s::text)
+      AND (NOT %(scheduled)s OR run_at > now())
+      AND (NOT %(retrying)s OR attempts > 0)
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND (%(task)s::text IS NULL OR task = %(task)s::text)
+      AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
+      AND (%(error_kind)s::text IS NULL OR pgqueue_error_kind(last_error) = %(error_kind)s::text)
+      AND (%(payload_contains)s::jsonb IS NULL OR payload @> %(payload_contains)s::jsonb)
+      AND (%(metadata_contains)s::jsonb IS NULL OR metadata @> %(metadata_contains)s::jsonb)
+      AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
     ORDER BY id DESC
     LIMIT %(limit)s
 )
