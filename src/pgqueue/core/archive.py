@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from .flows import Flow, Statement
 from .settings import Settings
 
-__all__ = ["Dropped", "drop", "move", "partitions"]
+__all__ = ["DroppedPartition", "drop", "move", "partitions"]
 
 
 def partitions(settings: Settings) -> Flow[int]:
@@ -49,7 +49,7 @@ def move(settings: Settings, limit: int | None = None) -> Flow[int]:
 
 
 @dataclass(frozen=True, slots=True)
-class Dropped:
+class DroppedPartition:
     """An archive partition retention dropped: its name and its rows as the
     statistics last counted them (-1: never counted)."""
 
@@ -57,7 +57,7 @@ class Dropped:
     estimated_rows: int
 
 
-def drop(settings: Settings) -> Flow[list[Dropped]]:
+def drop(settings: Settings) -> Flow[list[DroppedPartition]]:
     """Drop the archive's day partitions wholly older than ``retention_seconds``."""
     rows = yield Statement("job_archive_drop", {"retention_seconds": settings.retention_seconds})
-    return [Dropped(r["partition_name"], int(r["estimated_rows"])) for r in rows]
+    return [DroppedPartition(r["partition_name"], int(r["estimated_rows"])) for r in rows]

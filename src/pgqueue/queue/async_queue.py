@@ -22,7 +22,7 @@ from ..core import (
 )
 from ..core import doctor as doctor_flows
 from ..core import transitions as t
-from ..core.archive import Dropped
+from ..core.archive import DroppedPartition
 from ..core.batches import Batch, Callback
 from ..core.bulk import BulkAction, JobFilter, retry_dead
 from ..core.dependencies import WorkflowJobs
@@ -269,7 +269,7 @@ class AsyncQueue(Common):
         await self.run(archive.partitions(self.settings))
         return await self.run(archive.move(self.settings, limit))
 
-    async def drop_archived(self) -> list[Dropped]:
+    async def drop_archived(self) -> list[DroppedPartition]:
         """Drop the archive's day partitions wholly older than
         ``retention_seconds``: retention of archived jobs, no row deleted one
         by one. Maintenance does it with each prune."""

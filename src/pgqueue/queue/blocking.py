@@ -20,7 +20,7 @@ from ..core import (
 )
 from ..core import doctor as doctor_flows
 from ..core import transitions as t
-from ..core.archive import Dropped
+from ..core.archive import DroppedPartition
 from ..core.batches import Batch, Callback
 from ..core.bulk import BulkAction, JobFilter, retry_dead
 from ..core.dependencies import WorkflowJobs
@@ -251,7 +251,7 @@ class Queue(Common):
         self.run(archive.partitions(self.settings))
         return self.run(archive.move(self.settings, limit))
 
-    def drop_archived(self) -> list[Dropped]:
+    def drop_archived(self) -> list[DroppedPartition]:
         """Drop the archive's day partitions wholly older than
         ``retention_seconds``: retention of archived jobs, no row deleted one
         by one. Maintenance does it with each prune."""
