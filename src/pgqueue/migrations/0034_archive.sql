@@ -34,7 +34,11 @@ CREATE INDEX pgqueue_jobs_archive_id ON pgqueue_jobs_archive (id);
 -- meanwhile by another caller is taken as it is. Returns how many
 -- partitions it created.
 CREATE FUNCTION pgqueue_archive_partitions(since timestamptz, until timestamptz)
-RETURNS integer LANGUAGE plpgsql VOLATILE AS $$
+RETURNS integer LANGUAGE plpgsql VOLATILE
+-- Creating a partition takes the archive's lock: rather than queue every
+-- read of the archive behind a long read that holds it, give up (this
+-- round of moves fails, the next tries again).
+SET lock_timeout = '5s' AS $$
 DECLARE
     day date := (since AT TIME ZONE 'UTC')::date;
     last_day date := (until AT TIME ZONE 'UTC')::date;
@@ -69,7 +73,8 @@ $$;
 -- counted them (-1: never analyzed).
 CREATE FUNCTION pgqueue_archive_drop(before timestamptz)
 RETURNS TABLE (partition_name text, estimated_rows bigint)
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE
+SET lock_timeout = '5s' AS $$
 #variable_conflict use_column
 DECLARE
     part record;

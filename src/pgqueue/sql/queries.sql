@@ -1229,15 +1229,16 @@ SELECT count(*) AS pruned FROM pruned;
 
 -- name: job_archive_partitions
 -- The archive's day partitions (migration 0034) for every day a job the
--- next job_archive may move finished on, up to today: run in a transaction
--- of its own before the moves (creating a partition takes the archive's
--- lock for a moment). The oldest such job is the first entry of
--- pgqueue_jobs_finished. Returns how many partitions it created.
+-- next job_archive may move finished on, up to tomorrow (a round of moves
+-- that runs past midnight finds the new day's): run in a transaction of its
+-- own before the moves (creating a partition takes the archive's lock for a
+-- moment). The oldest such job is the first entry of pgqueue_jobs_finished.
+-- Returns how many partitions it created.
 SELECT pgqueue_archive_partitions(
            (SELECT min(finished_at) FROM pgqueue_jobs
             WHERE state = 'succeeded'
               AND finished_at < now() - make_interval(secs => %(archive_after_seconds)s)),
-           now()) AS created;
+           now() + interval '1 day') AS created;
 
 -- name: job_archive
 -- Move up to `limit` succeeded jobs finished more than
