@@ -19,33 +19,50 @@ first (``dependencies.enqueue_graph``). No I/O here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from .flows import Flow, Statement
 from .settings import Settings
 
-__all__ = ["DroppedPartition", "drop", "move", "partitions"]
+__all__ = ["DroppedPartition", "Moved", "drop", "move", "partitions"]
 
 
-def partitions(settings: Settings) -> Flow[int]:
-    """Create the day partitions the jobs to move need; return how many."""
+def partitions(settings: Settings, *, after: datetime | None = None) -> Flow[int]:
+    """Create the day partitions the jobs to move (those finished at
+    ``after`` or later; None: all) need; return how many."""
     rows = yield Statement(
-        "job_archive_partitions", {"archive_after_seconds": settings.archive_after_seconds}
+        "job_archive_partitions",
+        {"archive_after_seconds": settings.archive_after_seconds, "after": after},
     )
     return int(rows[0]["created"])
 
 
-def move(settings: Settings, limit: int | None = None) -> Flow[int]:
+@dataclass(frozen=True, slots=True)
+class Moved:
+    """One batch of moves: how many jobs moved, and the moment before which
+    every job that may move was due (the database's now() less
+    ``archive_after_seconds``)."""
+
+    jobs: int
+    cutoff: datetime
+
+
+def move(
+    settings: Settings, limit: int | None = None, *, after: datetime | None = None
+) -> Flow[Moved]:
     """Move up to ``limit`` (default ``archive_batch``) succeeded jobs past
-    ``archive_after_seconds`` to the archive; return how many moved. Run
-    ``partitions`` first (in its own transaction)."""
+    ``archive_after_seconds`` to the archive, those finished at ``after`` or
+    later (None: from the oldest). Run ``partitions`` first (in its own
+    transaction)."""
     rows = yield Statement(
         "job_archive",
         {
             "archive_after_seconds": settings.archive_after_seconds,
             "limit": limit or settings.archive_batch,
+            "after": after,
         },
     )
-    return int(rows[0]["moved"])
+    return Moved(int(rows[0]["moved"]), rows[0]["cutoff"])
 
 
 @dataclass(frozen=True, slots=True)

@@ -267,7 +267,7 @@ class AsyncQueue(Common):
         partitions they need; how many moved (docs/howto/retention.md).
         Maintenance does it every ``prune_interval_seconds``."""
         await self.run(archive.partitions(self.settings))
-        return await self.run(archive.move(self.settings, limit))
+        return (await self.run(archive.move(self.settings, limit))).jobs
 
     async def drop_archived(self) -> list[DroppedPartition]:
         """Drop the archive's day partitions wholly older than

@@ -249,7 +249,7 @@ class Queue(Common):
         partitions they need; how many moved (docs/howto/retention.md).
         Maintenance does it every ``prune_interval_seconds``."""
         self.run(archive.partitions(self.settings))
-        return self.run(archive.move(self.settings, limit))
+        return self.run(archive.move(self.settings, limit)).jobs
 
     def drop_archived(self) -> list[DroppedPartition]:
         """Drop the archive's day partitions wholly older than

@@ -1232,12 +1232,13 @@ SELECT count(*) AS pruned FROM pruned;
 -- next job_archive may move finished on, up to tomorrow (a round of moves
 -- that runs past midnight finds the new day's): run in a transaction of its
 -- own before the moves (creating a partition takes the archive's lock for a
--- moment). The oldest such job is the first entry of pgqueue_jobs_finished.
--- Returns how many partitions it created.
+-- moment). The oldest such job is found in pgqueue_jobs_finished from
+-- `after` (as job_archive's walk). Returns how many partitions it created.
 SELECT pgqueue_archive_partitions(
            (SELECT min(finished_at) FROM pgqueue_jobs
             WHERE state = 'succeeded'
-              AND finished_at < now() - make_interval(secs => %(archive_after_seconds)s)),
+              AND finished_at < now() - make_interval(secs => %(archive_after_seconds)s)
+              AND finished_at >= coalesce(%(after)s::timestamptz, '-infinity')),
            now() + interval '1 day') AS created;
 
 -- name: job_archive
@@ -1252,13 +1253,20 @@ SELECT pgqueue_archive_partitions(
 -- not one holding a unique key (a key held `always` is held until
 -- retention: an enqueue must still find it). Those stay until job_prune.
 -- Their steps and signals go as job_prune deletes them: a succeeded job
--- never runs again. Returns how many moved.
+-- never runs again. `after` (NULL: from the oldest) starts the walk of
+-- pgqueue_jobs_finished there: the jobs that stay (dead, cancelled,
+-- workflows', batches', parents', key holders) pile up at the old end of
+-- that index until retention, and a worker's mover that moved everything
+-- finished before some moment does not walk them again
+-- (Maintenance.archive). Returns how many moved, and the moment before
+-- which every job that may move was due (`cutoff`).
 WITH moved AS (
 DELETE FROM pgqueue_jobs
 WHERE id IN (
     SELECT id FROM pgqueue_jobs
     WHERE state = 'succeeded'
       AND finished_at < now() - make_interval(secs => %(archive_after_seconds)s)
+      AND finished_at >= coalesce(%(after)s::timestamptz, '-infinity')
       AND workflow_id IS NULL AND batch_id IS NULL AND NOT has_dependents
       AND NOT (idempotency_key IS NOT NULL
                AND pgqueue_key_held(unique_scope, state, started_at))
@@ -1274,7 +1282,8 @@ RETURNING *
 ), signals_deleted AS (
     DELETE FROM pgqueue_job_signals s USING moved m WHERE s.job_id = m.id
 )
-SELECT count(*) AS moved FROM moved;
+SELECT count(*) AS moved, now() - make_interval(secs => %(archive_after_seconds)s) AS cutoff
+FROM moved;
 
 -- name: job_archive_drop
 -- Retention of the archive: drop its day partitions wholly older than

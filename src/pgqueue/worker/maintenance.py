@@ -27,6 +27,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
 
 from ..core import archive, history, workers
 from ..core.reads import forget_waits
@@ -43,6 +44,10 @@ MAX_BATCHES = 100
 # first offer of a minute (of any worker) is taken, within this many seconds
 # of the minute's start.
 SNAPSHOT_INTERVAL_SECONDS = 5.0
+# How far before the last whole round's cutoff the archive's next round
+# starts: jobs a statement held while that round passed them (skipped, not
+# waited for) are found again.
+ARCHIVE_OVERLAP_SECONDS = 600.0
 
 
 class Maintenance:
@@ -51,6 +56,9 @@ class Maintenance:
         self.settings = settings
         self.events = events
         self.worker = worker  # this worker's name: it never finds itself dead
+        # Every job that may move and finished before this was moved by this
+        # worker's last whole round of archive (None: none yet).
+        self._archived_to: datetime | None = None
 
     async def maintenance_loop(self) -> None:
         """Each chore at its (jittered) interval, for ever."""
@@ -154,13 +162,25 @@ class Maintenance:
 
     async def archive(self) -> None:
         """Move succeeded jobs past archive_after_seconds to the archive, in
-        batches, after creating the day partitions they need."""
-        await self.conn.drive(archive.partitions(self.settings))
+        batches, after creating the day partitions they need. After a whole
+        round, the next starts shortly before its first cutoff
+        (ARCHIVE_OVERLAP_SECONDS: rows another statement held are found
+        again), not at the old end of pgqueue_jobs_finished, where the jobs
+        that stay until retention pile up; a round cut short by
+        MAX_BATCHES starts where that one did."""
+        s = self.settings
+        after = self._archived_to
+        if after is not None:
+            after -= timedelta(seconds=ARCHIVE_OVERLAP_SECONDS)
+        await self.conn.drive(archive.partitions(s, after=after))
         total = 0
+        first_cutoff = None
         for _ in range(MAX_BATCHES):
-            moved = await self.conn.drive(archive.move(self.settings))
-            total += moved
-            if moved < self.settings.archive_batch:
+            moved = await self.conn.drive(archive.move(s, after=after))
+            first_cutoff = first_cutoff or moved.cutoff
+            total += moved.jobs
+            if moved.jobs < s.archive_batch:
+                self._archived_to = first_cutoff
                 break
             await asyncio.sleep(0)
         if total:

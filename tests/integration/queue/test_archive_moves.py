@@ -244,6 +244,22 @@ async def test_maintenance_archives_and_retention_drops(
         maintenance = Maintenance(conn, settings, EventLog("test"), "test")
         await maintenance.archive()
         assert counts(sql) == (0, 3)
+        # The next round starts shortly before the last one's cutoff: a job
+        # finished long before it (none can be: it would have moved then)
+        # is not looked for; one that came due since is moved.
+        late, due = run_all(queue, 2, task="later")
+        sql.execute(
+            "UPDATE pgqueue_jobs SET finished_at = now() - interval '1 hour' WHERE id = %s",
+            (late,),
+        )
+        sql.execute(
+            "UPDATE pgqueue_jobs SET finished_at = now() - interval '6 minutes' WHERE id = %s",
+            (due,),
+        )
+        await maintenance.archive()
+        assert [r[0] for r in sql.execute("SELECT id FROM pgqueue_jobs")] == [late]
+        sql.execute("DELETE FROM pgqueue_jobs")
+        sql.execute("DELETE FROM pgqueue_jobs_archive WHERE id = %s", (due,))
         sql.execute("SELECT pgqueue_archive_partitions(now() - interval '9 days', now())")
         sql.execute(
             "UPDATE pgqueue_jobs_archive SET finished_at = now() - interval '9 days' WHERE id = %s",

@@ -372,22 +372,28 @@ FINISHED = {"Index Scan pgqueue_jobs_finished"}
 
 
 def test_the_archive_mover_walks_the_finished_index(loaded: str) -> None:
-    """BATCH succeeded jobs due for the archive beside 20,000 queued and
-    BATCH that finished just now: the move (job_archive) finds them by
-    pgqueue_jobs_finished, oldest first, and deletes them by primary key;
-    the partitions' statement reads one index entry."""
+    """BATCH succeeded jobs due for the archive beside 20,000 queued, BATCH
+    that finished just now and 20 * BATCH dead ones older (they stay until
+    retention): the partitions' statement and the move (job_archive) after a round that moved the older
+    ones finds them by pgqueue_jobs_finished from where that round left
+    off, and deletes them by primary key."""
     with psycopg.connect(loaded, autocommit=True) as sql:
-        for age in ("2 hours", "1 second"):
+        for state, age, n in (
+            ("dead", "3 hours", 20 * BATCH),
+            ("succeeded", "2 hours", BATCH),
+            ("succeeded", "1 second", BATCH),
+        ):
             sql.execute(
                 "INSERT INTO pgqueue_jobs (task, state, attempts, started_at, finished_at)"
-                " SELECT 'done', 'succeeded', 1, now() - %s::interval, now() - %s::interval"
+                " SELECT 'done', %s, 1, now() - %s::interval, now() - %s::interval"
                 " FROM generate_series(1, %s)",
-                [age, age, BATCH],
+                [state, age, age, n],
             )
+        [(after,)] = sql.execute("SELECT now() - interval '150 minutes'").fetchall()
     with psycopg.connect(loaded) as sql:
-        statement = _first(archive.partitions(SETTINGS))
+        statement = _first(archive.partitions(SETTINGS, after=after))
         reads = plan_reads(sql, statement.name, statement.params)
         sql.commit()
     assert reads.scans <= FINISHED and reads.rows <= 10, reads
-    statement = _first(archive.move(SETTINGS, limit=BATCH))
+    statement = _first(archive.move(SETTINGS, limit=BATCH, after=after))
     _assert_bounded(statement, loaded, BATCH, BY_ID | FINISHED)
