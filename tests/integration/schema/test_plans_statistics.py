@@ -374,9 +374,10 @@ FINISHED = {"Index Scan pgqueue_jobs_finished"}
 def test_the_archive_mover_walks_the_finished_index(loaded: str) -> None:
     """BATCH succeeded jobs due for the archive beside 20,000 queued, BATCH
     that finished just now and 20 * BATCH dead ones older (they stay until
-    retention): the partitions' statement and the move (job_archive) after a round that moved the older
-    ones finds them by pgqueue_jobs_finished from where that round left
-    off, and deletes them by primary key."""
+    retention): after a round that moved the older ones, the partitions'
+    statement and the move (job_archive) find them by
+    pgqueue_jobs_finished from where that round left off (not from the
+    dead ones), and the move deletes them by primary key."""
     with psycopg.connect(loaded, autocommit=True) as sql:
         for state, age, n in (
             ("dead", "3 hours", 20 * BATCH),
