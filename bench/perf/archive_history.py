@@ -27,8 +27,10 @@ history's), then VACUUM ANALYZE. At each size:
     archived one in the middle of it.
 Each throughput run is paired with the same run on a second database of
 the same server that never gets a history (the control, with the same live
-load): the ratio of the pair cancels most of the drift of a shared machine
-(bench/perf/history.py does the same).
+load), the pair's order alternating: the ratio of the pair cancels most of
+the drift of a shared machine (bench/perf/history.py does the same). The
+load is followed by a CHECKPOINT and a sync, so that the measurements do
+not queue behind the write-back of the history just written.
 Then retention_drop: the oldest day partition dropped by
 Queue.drop_archived() (retention set just short of its end), timed.
 Flatness = median with the history / median without.
@@ -39,6 +41,7 @@ with --out).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from datetime import UTC, datetime, timedelta
@@ -106,6 +109,10 @@ def generate(conn: psycopg.Connection[Any], rows: int) -> dict[str, Any]:
     conn.execute("SELECT setval('pgqueue_jobs_id_seq', %s)", (base + rows + 1,))
     conn.execute("VACUUM ANALYZE pgqueue_jobs_archive")
     conn.execute("CHECKPOINT")
+    # And the kernel's write-back of what the load wrote, before measuring:
+    # a first run of 100M measured the commits' fsyncs queueing behind it
+    # (the first of each pair slower than its control, by up to half).
+    os.sync()
     size = archive_bytes(conn)
     [(partitions,)] = conn.execute(
         "SELECT count(*) FROM pg_inherits WHERE inhparent = 'pgqueue_jobs_archive'::regclass"
@@ -157,13 +164,19 @@ Pair = tuple[str, Queue, psycopg.Connection[Any]]
 def measure(base: str, pair: Pair, control: Pair, args: Any, deep: int) -> dict[str, Any]:
     url, queue, conn = pair
     runs: dict[str, list[float]] = {}
-    for _ in range(args.repeats):
+    for repeat in range(args.repeats):
         for key, rate_of in (
             ("claim_ack_batch_100", claim_ack_rate),
             ("worker_1_process", worker_rate),
         ):
-            value = rate_of(url, queue, conn, args.jobs)
-            same_moment = rate_of(*control, args.jobs)
+            # Which of the pair goes first alternates: a drift of the
+            # machine within a pair favours neither.
+            if repeat % 2:
+                same_moment = rate_of(*control, args.jobs)
+                value = rate_of(url, queue, conn, args.jobs)
+            else:
+                value = rate_of(url, queue, conn, args.jobs)
+                same_moment = rate_of(*control, args.jobs)
             runs.setdefault(key, []).append(value)
             runs.setdefault(f"{key}_control", []).append(same_moment)
             runs.setdefault(f"{key}_vs_control", []).append(value / same_moment)
