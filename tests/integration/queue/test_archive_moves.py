@@ -201,7 +201,7 @@ def test_concurrent_movers_neither_lose_nor_duplicate_a_row(
     assert distinct is not None and distinct[0] == 3000
 
 
-def test_archive_after_is_checked_and_zero_turns_the_mover_off(db_url: str) -> None:
+def test_archive_settings_are_checked_and_zero_means_no_archive(db_url: str) -> None:
     with pytest.raises(InvalidSettings, match="archive_after_seconds"):
         Settings(database_url=db_url, archive_after_seconds=1, enqueue_retry_seconds=5)
     with pytest.raises(InvalidSettings, match="archive_batch"):
