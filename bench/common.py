@@ -39,7 +39,7 @@ STATEMENT_HEADS = {
 TRUNCATE = (
     "TRUNCATE pgqueue_jobs, pgqueue_counters, pgqueue_start_latency, pgqueue_enqueued,"
     " pgqueue_history_snapshots, pgqueue_queue_minutes, pgqueue_job_deps, pgqueue_workflows,"
-    " pgqueue_job_steps, pgqueue_job_signals"
+    " pgqueue_job_steps, pgqueue_job_signals, pgqueue_jobs_archive"
 )
 
 

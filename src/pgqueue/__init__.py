@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import logging
 
+from .core.archive import DroppedPartition
 from .core.batches import Batch, BatchState
 from .core.bulk import BulkAction, JobFilter
 from .core.enqueue import Enqueued
@@ -94,6 +95,7 @@ __all__ = [
     "CancelJob",
     "DatabaseReadOnly",
     "DatabaseUnavailable",
+    "DroppedPartition",
     "EnqueueOutcomeUnknown",
     "Enqueued",
     "HealthCheck",

@@ -316,6 +316,16 @@ class MemoryDatabase:
     def job_prune(self, retention_seconds: float, limit: int) -> list[Row]:
         return [{"pruned": 0}]
 
+    # The archive (core/archive.py): nothing is moved here, no partition made or dropped.
+    def job_archive_partitions(self, archive_after_seconds: float, after: Any) -> list[Row]:
+        return [{"created": 0}]
+
+    def job_archive(self, archive_after_seconds: float, limit: int, after: Any) -> list[Row]:
+        return [{"moved": 0, "cutoff": self.clock}]
+
+    def job_archive_drop(self, retention_seconds: float) -> list[Row]:
+        return []
+
     def wait_prune(self) -> list[Row]:
         return []  # nobody registers a wait() here
 

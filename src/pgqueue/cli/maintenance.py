@@ -1,4 +1,5 @@
-"""Maintenance: ``prune`` (finished jobs past retention, now)."""
+"""Maintenance: ``prune`` (finished jobs past retention, now: rows of the hot
+table deleted, the archive's old day partitions dropped)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def prune_cmd(
 ) -> None:
     """Delete succeeded, dead and cancelled jobs past retention, in batches, until none is left.
 
-    Counters (queues, metrics) keep their totals.
+    The archive's day partitions wholly past retention are dropped whole
+    (docs/howto/retention.md). Counters (queues, metrics) keep their totals.
     """
     state = state_of(ctx)
     retention = option(parse_duration, older_than, "--older-than") if older_than else None
@@ -43,9 +45,23 @@ def prune_cmd(
             total += pruned
             if pruned < settings.prune_batch:
                 break
+        dropped = q.drop_archived()
+    archived = sum(max(d.estimated_rows, 0) for d in dropped)
     if wants_json(ctx, json_out):
-        output.emit_json({"pruned": total, "older_than_seconds": settings.retention_seconds})
+        output.emit_json(
+            {
+                "pruned": total,
+                "older_than_seconds": settings.retention_seconds,
+                "archive_partitions_dropped": [d.partition for d in dropped],
+                "archived_jobs_dropped_estimate": archived,
+            }
+        )
     else:
         state.out.print(
             f"pruned {total} finished job(s) older than {output.age(settings.retention_seconds)}"
         )
+        if dropped:
+            state.out.print(
+                f"dropped {len(dropped)} archive partition(s) "
+                f"({', '.join(d.partition for d in dropped)}; about {archived} job(s))"
+            )

@@ -6,6 +6,7 @@ A graph is a list of new jobs, each with the ids of existing jobs it depends
 on (``JobSpec.depends_on``) and the places of the graph's own jobs it waits
 for (``after``). ``enqueue_graph`` inserts it in one transaction:
 
+    job_unarchive      take archived parents back into the hot table
     job_lock_parents   lock the existing parents (so that none ends unseen
                        while the new edges are written) and read their states
     job_reserve_ids    the new jobs' ids, so that edges can name them
@@ -122,6 +123,8 @@ def enqueue_graph(graph: Graph, workflow_id: uuid.UUID | None = None) -> Flow[li
     outside = sorted({i for spec in graph.specs for i in spec.depends_on})
     known: dict[int, str] = {}
     if outside:
+        # Parents moved to the archive come back first (job_unarchive).
+        yield Statement("job_unarchive", {"ids": outside})
         rows = yield Statement("job_lock_parents", {"ids": outside})
         known = {row["id"]: row["state"] for row in rows}
         for place, spec in enumerate(graph.specs):

@@ -73,6 +73,16 @@ class Settings:
     retention_seconds: float = 7 * 24 * 3600.0
     prune_interval_seconds: float = 60.0
     prune_batch: int = 5000
+    # The archive (docs/howto/retention.md): a succeeded job outside
+    # workflows and batches, with no dependents and holding no unique key,
+    # moves from the hot table to pgqueue_jobs_archive (partitioned by day,
+    # dropped a day at a time after retention_seconds) this long after it
+    # finished, archive_batch rows a statement, every prune_interval_seconds.
+    # Reads find it there all the same. At least enqueue_retry_seconds (a
+    # producer's retried call finds its own jobs in the hot table); 0: never
+    # archive (every finished job stays in the hot table until pruned).
+    archive_after_seconds: float = 300.0
+    archive_batch: int = 5000
     # Priority aging: a runnable queued job of negative priority gains one
     # priority level each priority_aging_seconds it waits, up to 0, so that
     # default-priority work never starves it (docs/howto/limits.md). 0: off,
@@ -195,6 +205,7 @@ class Settings:
         for name in (
             "reap_batch",
             "prune_batch",
+            "archive_batch",
             "priority_aging_batch",
             "pool_max_size",
             "concurrency",
@@ -213,6 +224,14 @@ class Settings:
             raise InvalidSettings(
                 "priority_aging_seconds must be >= 0 (0: no aging), "
                 f"got {self.priority_aging_seconds!r}"
+            )
+        if not (
+            self.archive_after_seconds == 0
+            or self.enqueue_retry_seconds <= self.archive_after_seconds < float("inf")
+        ):
+            raise InvalidSettings(
+                "archive_after_seconds must be 0 (no archive) or at least enqueue_retry_seconds "
+                f"({self.enqueue_retry_seconds}), got {self.archive_after_seconds!r}"
             )
         if not 0 <= self.group_commit_window_seconds <= 1:
             raise InvalidSettings(

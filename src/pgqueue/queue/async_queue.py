@@ -10,6 +10,7 @@ from typing import Any, Self, TypeVar
 from uuid import UUID
 
 from ..core import (
+    archive,
     batches,
     dependencies,
     queue_controls,
@@ -21,6 +22,7 @@ from ..core import (
 )
 from ..core import doctor as doctor_flows
 from ..core import transitions as t
+from ..core.archive import DroppedPartition
 from ..core.batches import Batch, Callback
 from ..core.bulk import BulkAction, JobFilter, retry_dead
 from ..core.dependencies import WorkflowJobs
@@ -258,6 +260,20 @@ class AsyncQueue(Common):
 
     async def prune(self, limit: int | None = None) -> int:
         return await self.run(t.prune(self.settings, limit))
+
+    async def archive(self, limit: int | None = None) -> int:
+        """Move up to ``limit`` (default ``archive_batch``) succeeded jobs
+        past ``archive_after_seconds`` to the archive, creating the day
+        partitions they need; how many moved (docs/howto/retention.md).
+        Maintenance does it every ``prune_interval_seconds``."""
+        await self.run(archive.partitions(self.settings))
+        return (await self.run(archive.move(self.settings, limit))).jobs
+
+    async def drop_archived(self) -> list[DroppedPartition]:
+        """Drop the archive's day partitions wholly older than
+        ``retention_seconds``: retention of archived jobs, no row deleted one
+        by one. Maintenance does it with each prune."""
+        return await self.run(archive.drop(self.settings))
 
     async def reseal_payloads(self) -> int:
         """Key rotation: seal again, with the first of ``encryption_keys``,

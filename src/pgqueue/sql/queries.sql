@@ -992,26 +992,42 @@ LEFT JOIN (SELECT finished_at, id FROM matching ORDER BY finished_at DESC, id DE
     ON true;
 
 -- name: job_get
--- One job by id.
-SELECT * FROM pgqueue_jobs WHERE id = %(id)s;
+-- One job by id: in the hot table, else in the archive (migration 0034).
+-- The archive is read only when the hot table has no such row (a one-time
+-- filter), so a live job's read never probes its partitions; one snapshot
+-- sees a job in exactly one of the two.
+WITH hot AS (
+    SELECT * FROM pgqueue_jobs WHERE id = %(id)s
+)
+SELECT * FROM hot
+UNION ALL
+SELECT * FROM pgqueue_jobs_archive WHERE id = %(id)s AND NOT EXISTS (SELECT FROM hot);
 
 -- name: job_dependents
 -- The jobs that wait (or waited) for one job: the edges out of it, a range
 -- of pgqueue_job_deps' primary key (migration 0011). One row when the job
 -- exists (its dependents, the first `limit` by id), none otherwise.
+-- An archived job counts as existing (it has no dependents: a job given one
+-- is taken back from the archive first, job_unarchive).
 SELECT j.id,
        ARRAY(SELECT d.child FROM pgqueue_job_deps d WHERE d.parent = j.id
              ORDER BY d.child LIMIT %(limit)s) AS dependents
-FROM pgqueue_jobs j
-WHERE j.id = %(id)s;
+FROM (SELECT id FROM pgqueue_jobs WHERE id = %(id)s
+      UNION ALL
+      SELECT id FROM pgqueue_jobs_archive WHERE id = %(id)s) j;
 
 -- name: job_watch
 -- One job by id, as job_get reads it, for wait(): unless it has ended, its
 -- waiter is registered (until `seconds` from now), so that the statement
 -- that ends it notifies pgqueue_finished (pgqueue_notify_ended, migration
--- 0015); other jobs' ends notify nobody.
-WITH job AS (
+-- 0015); other jobs' ends notify nobody. An archived job (ended) is read
+-- as job_get reads it.
+WITH hot AS (
     SELECT * FROM pgqueue_jobs WHERE id = %(id)s
+), job AS (
+    SELECT * FROM hot
+    UNION ALL
+    SELECT * FROM pgqueue_jobs_archive WHERE id = %(id)s AND NOT EXISTS (SELECT FROM hot)
 ), watched AS (
     INSERT INTO pgqueue_waits (job_id, until)
     SELECT id, now() + make_interval(secs => %(seconds)s) FROM job
@@ -1029,40 +1045,96 @@ DELETE FROM pgqueue_waits WHERE until < now();
 -- a walk down the primary key that stops after `limit` matches, so a page
 -- costs the same on page 1 and page 20,000 (no OFFSET). `scheduled` and
 -- `retrying` narrow queued jobs to those waiting for a future run_at, and to
--- those that failed before (transitions.list_filters).
-SELECT * FROM pgqueue_jobs
-WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
-  AND (NOT %(scheduled)s OR run_at > now())
-  AND (NOT %(retrying)s OR attempts > 0)
-  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-  AND (%(task)s::text IS NULL OR task = %(task)s::text)
-  AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
-  AND (%(error_kind)s::text IS NULL OR pgqueue_error_kind(last_error) = %(error_kind)s::text)
-  AND (%(payload_contains)s::jsonb IS NULL OR payload @> %(payload_contains)s::jsonb)
-  AND (%(metadata_contains)s::jsonb IS NULL OR metadata @> %(metadata_contains)s::jsonb)
-  AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
+-- those that failed before (transitions.list_filters). Archived jobs
+-- (migration 0034) come in the same order: each table's branch stops after
+-- `limit` matches (the archive's is a Merge Append of its partitions' id
+-- indexes), and the archive's is not read at all (a one-time filter) for
+-- a state it never holds.
+(
+    SELECT * FROM pgqueue_jobs
+    WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
+      AND (NOT %(scheduled)s OR run_at > now())
+      AND (NOT %(retrying)s OR attempts > 0)
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND (%(task)s::text IS NULL OR task = %(task)s::text)
+      AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
+      AND (%(error_kind)s::text IS NULL OR pgqueue_error_kind(last_error) = %(error_kind)s::text)
+      AND (%(payload_contains)s::jsonb IS NULL OR payload @> %(payload_contains)s::jsonb)
+      AND (%(metadata_contains)s::jsonb IS NULL OR metadata @> %(metadata_contains)s::jsonb)
+      AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
+    ORDER BY id DESC
+    LIMIT %(limit)s
+)
+UNION ALL (
+    SELECT * FROM pgqueue_jobs_archive
+    -- The archive holds ended jobs only: for another state this branch
+    -- reads nothing.
+    WHERE (%(state)s::text IS NULL OR %(state)s::text IN ('succeeded', 'dead', 'cancelled'))
+      AND NOT %(scheduled)s AND NOT %(retrying)s
+      AND (%(state)s::text IS NULL OR state = %(state)s::text)
+      AND (NOT %(scheduled)s OR run_at > now())
+      AND (NOT %(retrying)s OR attempts > 0)
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND (%(task)s::text IS NULL OR task = %(task)s::text)
+      AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
+      AND (%(error_kind)s::text IS NULL OR pgqueue_error_kind(last_error) = %(error_kind)s::text)
+      AND (%(payload_contains)s::jsonb IS NULL OR payload @> %(payload_contains)s::jsonb)
+      AND (%(metadata_contains)s::jsonb IS NULL OR metadata @> %(metadata_contains)s::jsonb)
+      AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
+    ORDER BY id DESC
+    LIMIT %(limit)s
+)
 ORDER BY id DESC
 LIMIT %(limit)s;
 
 -- name: job_list_summary
 -- Like job_list, without the heavy columns (payload, result, last_error,
--- progress_info): what a listing that polls needs, without reading large values.
-SELECT id, queue, task, priority, state, run_at, attempts, max_attempts, snoozes,
-       timeout_seconds, idempotency_key, unique_scope, concurrency_key, worker,
-       lease_expires_at,
-       enqueued_at, started_at, finished_at, workflow_id, depends_on,
-       progress_fraction, progress_at, batch_id
-FROM pgqueue_jobs
-WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
-  AND (NOT %(scheduled)s OR run_at > now())
-  AND (NOT %(retrying)s OR attempts > 0)
-  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-  AND (%(task)s::text IS NULL OR task = %(task)s::text)
-  AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
-  AND (%(error_kind)s::text IS NULL OR pgqueue_error_kind(last_error) = %(error_kind)s::text)
-  AND (%(payload_contains)s::jsonb IS NULL OR payload @> %(payload_contains)s::jsonb)
-  AND (%(metadata_contains)s::jsonb IS NULL OR metadata @> %(metadata_contains)s::jsonb)
-  AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
+-- progress_info): what a listing that polls needs, without reading large
+-- values. The archive as in job_list.
+(
+    SELECT id, queue, task, priority, state, run_at, attempts, max_attempts, snoozes,
+           timeout_seconds, idempotency_key, unique_scope, concurrency_key, worker,
+           lease_expires_at,
+           enqueued_at, started_at, finished_at, workflow_id, depends_on,
+           progress_fraction, progress_at, batch_id
+    FROM pgqueue_jobs
+    WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
+      AND (NOT %(scheduled)s OR run_at > now())
+      AND (NOT %(retrying)s OR attempts > 0)
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND (%(task)s::text IS NULL OR task = %(task)s::text)
+      AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
+      AND (%(error_kind)s::text IS NULL OR pgqueue_error_kind(last_error) = %(error_kind)s::text)
+      AND (%(payload_contains)s::jsonb IS NULL OR payload @> %(payload_contains)s::jsonb)
+      AND (%(metadata_contains)s::jsonb IS NULL OR metadata @> %(metadata_contains)s::jsonb)
+      AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
+    ORDER BY id DESC
+    LIMIT %(limit)s
+)
+UNION ALL (
+    SELECT id, queue, task, priority, state, run_at, attempts, max_attempts, snoozes,
+           timeout_seconds, idempotency_key, unique_scope, concurrency_key, worker,
+           lease_expires_at,
+           enqueued_at, started_at, finished_at, workflow_id, depends_on,
+           progress_fraction, progress_at, batch_id
+    FROM pgqueue_jobs_archive
+    -- The archive holds ended jobs only: for another state this branch
+    -- reads nothing.
+    WHERE (%(state)s::text IS NULL OR %(state)s::text IN ('succeeded', 'dead', 'cancelled'))
+      AND NOT %(scheduled)s AND NOT %(retrying)s
+      AND (%(state)s::text IS NULL OR state = %(state)s::text)
+      AND (NOT %(scheduled)s OR run_at > now())
+      AND (NOT %(retrying)s OR attempts > 0)
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND (%(task)s::text IS NULL OR task = %(task)s::text)
+      AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
+      AND (%(error_kind)s::text IS NULL OR pgqueue_error_kind(last_error) = %(error_kind)s::text)
+      AND (%(payload_contains)s::jsonb IS NULL OR payload @> %(payload_contains)s::jsonb)
+      AND (%(metadata_contains)s::jsonb IS NULL OR metadata @> %(metadata_contains)s::jsonb)
+      AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
+    ORDER BY id DESC
+    LIMIT %(limit)s
+)
 ORDER BY id DESC
 LIMIT %(limit)s;
 
@@ -1156,6 +1228,82 @@ RETURNING id, has_dependents, workflow_id
         FOR UPDATE SKIP LOCKED)
 )
 SELECT count(*) AS pruned FROM pruned;
+
+-- name: job_archive_partitions
+-- The archive's day partitions (migration 0034) for every day a job the
+-- next job_archive may move finished on, up to tomorrow (a round of moves
+-- that runs past midnight finds the new day's): run in a transaction of its
+-- own before the moves (creating a partition takes the archive's lock for a
+-- moment). The oldest such job is found in pgqueue_jobs_finished from
+-- `after` (as job_archive's walk). Returns how many partitions it created.
+SELECT pgqueue_archive_partitions(
+           (SELECT min(finished_at) FROM pgqueue_jobs
+            WHERE state = 'succeeded'
+              AND finished_at < now() - make_interval(secs => %(archive_after_seconds)s)
+              AND finished_at >= coalesce(%(after)s::timestamptz, '-infinity')),
+           now() + interval '1 day') AS created;
+
+-- name: job_archive
+-- Move up to `limit` succeeded jobs finished more than
+-- `archive_after_seconds` ago from the hot table to the archive, oldest
+-- first, in one statement: the rows a statement deletes are the rows it
+-- inserts, so a crash or a rollback moves all or none. Rows another mover
+-- (or a reader's lock) holds are skipped, never waited for: concurrent
+-- movers take disjoint rows. Only rows nothing refers to any more move:
+-- not a workflow's (its views, cancel and retry read its id range), not a
+-- batch's (GET /batches/{id} counts its jobs), not a parent (its edges),
+-- not one holding a unique key (a key held `always` is held until
+-- retention: an enqueue must still find it). Those stay until job_prune.
+-- Their steps and signals go as job_prune deletes them: a succeeded job
+-- never runs again. `after` (NULL: from the oldest) starts the walk of
+-- pgqueue_jobs_finished there: the jobs that stay (dead, cancelled,
+-- workflows', batches', parents', key holders) pile up at the old end of
+-- that index until retention, and a worker's mover that moved everything
+-- finished before some moment does not walk them again
+-- (Maintenance.archive). Returns how many moved, and the moment before
+-- which every job that may move was due (`cutoff`).
+WITH moved AS (
+DELETE FROM pgqueue_jobs
+WHERE id IN (
+    SELECT id FROM pgqueue_jobs
+    WHERE state = 'succeeded'
+      AND finished_at < now() - make_interval(secs => %(archive_after_seconds)s)
+      AND finished_at >= coalesce(%(after)s::timestamptz, '-infinity')
+      AND workflow_id IS NULL AND batch_id IS NULL AND NOT has_dependents
+      AND NOT (idempotency_key IS NOT NULL
+               AND pgqueue_key_held(unique_scope, state, started_at))
+    ORDER BY finished_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING *
+), archived AS (
+    INSERT INTO pgqueue_jobs_archive SELECT * FROM moved
+), steps_deleted AS (
+    DELETE FROM pgqueue_job_steps s USING moved m WHERE s.job_id = m.id
+), signals_deleted AS (
+    DELETE FROM pgqueue_job_signals s USING moved m WHERE s.job_id = m.id
+)
+SELECT count(*) AS moved, now() - make_interval(secs => %(archive_after_seconds)s) AS cutoff
+FROM moved;
+
+-- name: job_archive_drop
+-- Retention of the archive: drop its day partitions wholly older than
+-- `retention_seconds` (pgqueue_archive_drop, migration 0034), each as one
+-- file: no row is read. Their rows live up to a day past retention.
+SELECT partition_name, estimated_rows
+FROM pgqueue_archive_drop(now() - make_interval(secs => %(retention_seconds)s));
+
+-- name: job_unarchive
+-- Take archived jobs back into the hot table (as they were): the parents
+-- of jobs being enqueued (dependencies.enqueue_graph), before job_lock_parents
+-- locks them, so that the edges, has_dependents and the children's claims
+-- (their parents' results) find them where every other parent is.
+WITH restored AS (
+    DELETE FROM pgqueue_jobs_archive WHERE id = ANY(%(ids)s::bigint[]) RETURNING *
+)
+INSERT INTO pgqueue_jobs SELECT * FROM restored
+RETURNING id;
 
 -- name: queue_next_wake
 -- What an idle worker needs to know to sleep well, for `queues` (NULL:
@@ -1678,7 +1826,11 @@ WITH switched AS (
     RETURNING *
 )
 SELECT s.*, j.state AS last_job_state
-FROM switched s LEFT JOIN pgqueue_jobs j ON j.id = s.last_job_id;
+FROM switched s LEFT JOIN LATERAL (
+    SELECT state FROM pgqueue_jobs WHERE id = s.last_job_id
+    UNION ALL
+    SELECT state FROM pgqueue_jobs_archive WHERE id = s.last_job_id
+) j ON true;
 
 -- name: schedule_delete
 -- Delete a schedule (a worker whose code declares it creates it again when
@@ -1720,7 +1872,11 @@ WITH changed AS (
     RETURNING *
 )
 SELECT c.*, j.state AS last_job_state
-FROM changed c LEFT JOIN pgqueue_jobs j ON j.id = c.last_job_id;
+FROM changed c LEFT JOIN LATERAL (
+    SELECT state FROM pgqueue_jobs WHERE id = c.last_job_id
+    UNION ALL
+    SELECT state FROM pgqueue_jobs_archive WHERE id = c.last_job_id
+) j ON true;
 
 -- name: schedule_run_now
 -- Enqueue one job of a schedule now, outside its ticks ("run now"), under
@@ -1754,9 +1910,14 @@ SELECT s.name AS schedule, i.*
 FROM s LEFT JOIN inserted i ON true, (SELECT count(*) FROM woken) w, (SELECT count(*) FROM ran) r;
 
 -- name: schedule_list
--- Every schedule by name, with the state of its last job (NULL once pruned).
+-- Every schedule by name, with the state of its last job (NULL once pruned;
+-- an archived job's too: migration 0034).
 SELECT s.*, j.state AS last_job_state
-FROM pgqueue_schedules s LEFT JOIN pgqueue_jobs j ON j.id = s.last_job_id
+FROM pgqueue_schedules s LEFT JOIN LATERAL (
+    SELECT state FROM pgqueue_jobs WHERE id = s.last_job_id
+    UNION ALL
+    SELECT state FROM pgqueue_jobs_archive WHERE id = s.last_job_id
+) j ON true
 ORDER BY s.name;
 
 -- name: workflow_jobs

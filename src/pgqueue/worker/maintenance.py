@@ -1,8 +1,8 @@
 """Maintenance: where dead workers are found, expired leases reaped, old
-jobs pruned, the per-minute history snapshotted, and (with
+jobs archived and pruned, the per-minute history snapshotted, and (with
 ``priority_aging_seconds``) waiting low-priority jobs aged.
 
-Every worker runs all five (they are idempotent and skip rows another
+Every worker runs all six (they are idempotent and skip rows another
 worker has locked; of the snapshots of one minute, the first taken is the
 one kept), so there is no leader to elect and none to lose. Intervals are
 jittered so that workers started together do not run them together, and
@@ -14,6 +14,10 @@ that takes its jobs back runs at once instead of at the reap interval.
 Priority aging runs every half ``priority_aging_seconds``: each job whose
 step is due (job_age_priorities) takes one step whichever worker runs it, so
 a job waits at most about 1.6 intervals per step (docs/howto/limits.md).
+The archive's mover (with ``archive_after_seconds``, every
+``prune_interval_seconds``) creates the day partitions it needs, then moves
+succeeded jobs in batches; movers of several workers skip each other's rows
+(core/archive.py). Retention drops the archive's old partitions whole.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
 
-from ..core import history, workers
+from ..core import archive, history, workers
 from ..core.reads import forget_waits
 from ..core.settings import Settings
 from ..core.transitions import age_priorities, prune, reap
@@ -39,6 +44,10 @@ MAX_BATCHES = 100
 # first offer of a minute (of any worker) is taken, within this many seconds
 # of the minute's start.
 SNAPSHOT_INTERVAL_SECONDS = 5.0
+# How far before the last whole round's cutoff the archive's next round
+# starts: jobs a statement held while that round passed them (skipped, not
+# waited for) are found again.
+ARCHIVE_OVERLAP_SECONDS = 600.0
 
 
 class Maintenance:
@@ -47,6 +56,9 @@ class Maintenance:
         self.settings = settings
         self.events = events
         self.worker = worker  # this worker's name: it never finds itself dead
+        # Every job that may move and finished before this was moved by this
+        # worker's last whole round of archive (None: none yet).
+        self._archived_to: datetime | None = None
 
     async def maintenance_loop(self) -> None:
         """Each chore at its (jittered) interval, for ever."""
@@ -56,6 +68,8 @@ class Maintenance:
             (s.prune_interval_seconds, self.prune),
             (SNAPSHOT_INTERVAL_SECONDS, self.snapshot),
         ]
+        if s.archive_after_seconds:
+            chores.append((s.prune_interval_seconds, self.archive))
         if s.detects_dead_sessions:
             chores.append((s.death_check_interval_seconds, self.reap_dead))
         if s.priority_aging_seconds:
@@ -122,9 +136,9 @@ class Maintenance:
             self.events(logging.DEBUG, "priority_aging", "raised %d waiting jobs' priority", total)
 
     async def prune(self) -> None:
-        """Delete finished jobs past the retention period, the registry
-        rows of workers long gone, and waiters' registrations past their
-        timeout."""
+        """Delete finished jobs past the retention period (the archive's
+        partitions past it are dropped whole), the registry rows of workers
+        long gone, and waiters' registrations past their timeout."""
         await self.conn.drive(workers.prune(self.settings.worker_retention_seconds))
         await self.conn.drive(forget_waits())
         total = 0
@@ -136,7 +150,41 @@ class Maintenance:
             await asyncio.sleep(0)
         if total:
             self.events(logging.INFO, "prune", "pruned %d finished jobs", total)
+        for part in await self.conn.drive(archive.drop(self.settings)):
+            self.events(
+                logging.INFO,
+                "archive_drop",
+                "dropped archive partition %s (about %d jobs)",
+                part.partition,
+                part.estimated_rows,
+            )
         await self.conn.drive(history.prune(self.settings.history_retention_seconds))
+
+    async def archive(self) -> None:
+        """Move succeeded jobs past archive_after_seconds to the archive, in
+        batches, after creating the day partitions they need. After a whole
+        round, the next starts shortly before its first cutoff
+        (ARCHIVE_OVERLAP_SECONDS: rows another statement held are found
+        again), not at the old end of pgqueue_jobs_finished, where the jobs
+        that stay until retention pile up; a round cut short by
+        MAX_BATCHES starts where that one did."""
+        s = self.settings
+        after = self._archived_to
+        if after is not None:
+            after -= timedelta(seconds=ARCHIVE_OVERLAP_SECONDS)
+        await self.conn.drive(archive.partitions(s, after=after))
+        total = 0
+        first_cutoff = None
+        for _ in range(MAX_BATCHES):
+            moved = await self.conn.drive(archive.move(s, after=after))
+            first_cutoff = first_cutoff or moved.cutoff
+            total += moved.jobs
+            if moved.jobs < s.archive_batch:
+                self._archived_to = first_cutoff
+                break
+            await asyncio.sleep(0)
+        if total:
+            self.events(logging.DEBUG, "archive", "archived %d succeeded jobs", total)
 
     async def snapshot(self) -> None:
         """The current minute's history snapshot, unless another worker took it."""

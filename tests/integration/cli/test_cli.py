@@ -476,6 +476,8 @@ def test_prune_deletes_only_old_finished_jobs(
     assert run_json(db_url, "prune", "--older-than", "1h", "--batch", "2") == {
         "pruned": 3,
         "older_than_seconds": 3600.0,
+        "archive_partitions_dropped": [],
+        "archived_jobs_dropped_estimate": 0,
     }
     assert count_jobs(sql) == 2
     result = run(db_url, "prune")  # default retention: 7 days

@@ -288,6 +288,22 @@ def test_history_smoke(bench_url: str, out_dir: Path) -> None:
         assert row["history_scrape_ms"]["median"] > 0 < row["snapshot_new_minute_ms"]["median"]
 
 
+def test_archive_history_smoke(bench_url: str, out_dir: Path) -> None:
+    from bench.perf import archive_history
+
+    out = out_dir / "archive_history.json"
+    archive_history.main(
+        ["--rows", "3000", "--jobs", "50", "--repeats", "1", "--reads", "3", "--out", str(out)]
+    )
+    results = _read(out, "archive_history", "bench.perf.archive_history").results
+    assert results["generated"]["rows"] == 3000
+    assert results["generated"]["partitions"] >= archive_history.DAYS
+    assert results["with_history"]["get_job_ms"]["archived"]["median"] > 0
+    assert set(results["with_history"]["reads_ms"]) == set(archive_history.READS)
+    assert results["retention_drop"]["partitions"]  # the oldest day went
+    assert results["ratio_with_history_to_empty"]["claim_ack_batch_100"] > 0
+
+
 def test_metrics_history_smoke(bench_url: str, out_dir: Path) -> None:
     from bench.perf import metrics_history
 

@@ -23,7 +23,7 @@ import psycopg
 import pytest
 
 from pgqueue import Job, Queue, Settings
-from pgqueue.core import sleeps
+from pgqueue.core import archive, sleeps
 from pgqueue.core import transitions as t
 from pgqueue.core.enqueue import debounce
 from pgqueue.core.flows import Flow, Statement
@@ -376,3 +376,35 @@ def test_debounce_reaches_the_waiting_job_by_its_key(loaded: str) -> None:
     # The key's index, the row, and an entry in each index its new run_at,
     # priority and payload change (a scan would read 400 pages).
     assert reads.buffers <= 3 * BUFFERS_PER_JOB, reads
+
+
+FINISHED = {"Index Scan pgqueue_jobs_finished"}
+
+
+def test_the_archive_mover_walks_the_finished_index(loaded: str) -> None:
+    """BATCH succeeded jobs due for the archive beside 20,000 queued, BATCH
+    that finished just now and 20 * BATCH dead ones older (they stay until
+    retention): after a round that moved the older ones, the partitions'
+    statement and the move (job_archive) find them by
+    pgqueue_jobs_finished from where that round left off (not from the
+    dead ones), and the move deletes them by primary key."""
+    with psycopg.connect(loaded, autocommit=True) as sql:
+        for state, age, n in (
+            ("dead", "3 hours", 20 * BATCH),
+            ("succeeded", "2 hours", BATCH),
+            ("succeeded", "1 second", BATCH),
+        ):
+            sql.execute(
+                "INSERT INTO pgqueue_jobs (task, state, attempts, started_at, finished_at)"
+                " SELECT 'done', %s, 1, now() - %s::interval, now() - %s::interval"
+                " FROM generate_series(1, %s)",
+                [state, age, age, n],
+            )
+        [(after,)] = sql.execute("SELECT now() - interval '150 minutes'").fetchall()
+    with psycopg.connect(loaded) as sql:
+        statement = _first(archive.partitions(SETTINGS, after=after))
+        reads = plan_reads(sql, statement.name, statement.params)
+        sql.commit()
+    assert reads.scans <= FINISHED and reads.rows <= 10, reads
+    statement = _first(archive.move(SETTINGS, limit=BATCH, after=after))
+    _assert_bounded(statement, loaded, BATCH, BY_ID | FINISHED)
