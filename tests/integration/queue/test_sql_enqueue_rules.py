@@ -252,3 +252,19 @@ def test_enqueue_many_takes_dependencies_beside_keyed_jobs(sql: Sql, queue: Queu
     assert ids[0] == ids[2] != ids[1]
     child = queue.get(ids[1])
     assert (child.state, list(child.depends_on or ())) == (JobState.WAITING, [parent])
+
+
+def test_an_archived_parent_is_taken_back_for_its_new_dependent(sql: Sql, queue: Queue) -> None:
+    parent = queue.enqueue("p").id
+    [claimed] = queue.claim(1, worker="w")
+    queue.ack(claimed, "done")
+    sql.execute(
+        "UPDATE pgqueue_jobs SET finished_at = now() - interval '1 hour' WHERE id = %s", [parent]
+    )
+    assert queue.archive() == 1
+    child = enqueue(sql, {}, depends_on=[parent])
+    assert one(sql, "SELECT count(*) FROM pgqueue_jobs_archive") == 0
+    assert one(sql, "SELECT has_dependents FROM pgqueue_jobs WHERE id = %s", [parent]) is True
+    assert queue.get(child).state is JobState.QUEUED  # its parent had succeeded
+    [ran] = queue.claim(1, worker="w")
+    assert ran.id == child and ran.parents == ("done",)
