@@ -137,6 +137,14 @@ KNOWN_DRIFT: dict[str, frozenset[str]] = {
     # 0027_batches before its prune index (branch batches): no
     # pgqueue_batches_finished.
     "b41fb0d2": frozenset({"indexes public.pgqueue_batches_finished"}),
+    # 0034_archive before its functions set lock_timeout (branch archive).
+    "11511920": frozenset(
+        {
+            "functions public.pgqueue_archive_drop(before timestamp with time zone)",
+            "functions public.pgqueue_archive_partitions(since timestamp with time zone,"
+            " until timestamp with time zone)",
+        }
+    ),
     # 0010_history before 461b27b3 (branch history): no pgqueue_enqueued,
     # the totals view without it.
     "e90c4d97": frozenset(
