@@ -75,6 +75,12 @@ class Databases:
     nor for the password exchange of a new admin connection: each thread
     keeps its own.
 
+    What a test leaves connected still ends with it, as a DROP at its end
+    would end it: its database takes no new connection and its sessions are
+    ended, waited for, before the next test starts (a session a module keeps
+    between tests, as harness.fault_tasks does, fails at its next use, and
+    is made again to the next test's database).
+
     A test may restart the server or end every session: an admin
     connection is then made again. A database the thread could not make
     (a test held the template open, the server was down) is made when the
@@ -85,6 +91,7 @@ class Databases:
         self.server = server
         self.maker = _Admin(server, "test-databases-make")
         self.dropper = _Admin(server, "test-databases-drop")
+        self.ender = _Admin(server, "test-databases-end")
         self.ahead: Future[str] | None = None
 
     def take(self) -> str:
@@ -100,18 +107,30 @@ class Databases:
         return url
 
     def give_back(self, url: str) -> None:
-        """Drop the test's database, beside the next test."""
+        """End the test's sessions now; drop its database beside the next test."""
         name = url.rsplit("/", 1)[1]
+        self.ender.submit(self.ender.execute, f"ALTER DATABASE {name} ALLOW_CONNECTIONS false")
+        ended = self.ender.submit(self.ender.execute, END_SESSIONS.format(name=name))
+        with contextlib.suppress(psycopg.Error):
+            ended.result()
         self.dropper.submit(self.dropper.execute, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
     def close(self) -> None:
         self.maker.close()
+        self.ender.close()
         self.dropper.close()
 
     def _create(self) -> str:
         name = f"t_{uuid.uuid4().hex[:12]}"
         self.maker.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
         return _with_db(self.server.url, name)
+
+
+# Each session of a database ended, and waited for (5 s at most each).
+END_SESSIONS = (
+    "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity"
+    " WHERE datname = '{name}' AND pid <> pg_backend_pid()"
+)
 
 
 class _Admin(ThreadPoolExecutor):
