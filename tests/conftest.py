@@ -3,6 +3,8 @@
 One embedded server per test session, on tmpfs (so fsync stays on, as users
 run it, and still costs little). Migrations run once into a template
 database; each test gets ``CREATE DATABASE ... TEMPLATE`` and drops it after.
+Both happen beside the tests, on a thread of their own (``Databases``): while
+a test runs, the last test's database is dropped and the next test's copied.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import psycopg
@@ -64,6 +67,110 @@ def _with_db(url: str, name: str) -> str:
     return url.rsplit("/", 1)[0] + "/" + name
 
 
+class Databases:
+    """The tests' migrated databases, made and dropped beside the tests: while
+    a test runs, one thread copies the template for the next test and
+    another drops the last test's database (DROP waits, in steps of 0.1 s,
+    for the sessions its test closed to end). A test then waits for neither,
+    nor for the password exchange of a new admin connection: each thread
+    keeps its own.
+
+    What a test leaves connected still ends with it, as a DROP at its end
+    would end it: its database takes no new connection and its sessions are
+    ended, waited for, before the next test starts (a session a module keeps
+    between tests, as harness.fault_tasks does, fails at its next use, and
+    is made again to the next test's database).
+
+    A test may restart the server or end every session: an admin
+    connection is then made again. A database the thread could not make
+    (a test held the template open, the server was down) is made when the
+    test asks for it, as before; one it could not drop is left to the
+    session's end, when the server is deleted."""
+
+    def __init__(self, server: EmbeddedPostgres) -> None:
+        self.server = server
+        self.maker = _Admin(server, "test-databases-make")
+        self.dropper = _Admin(server, "test-databases-drop")
+        self.ender = _Admin(server, "test-databases-end")
+        self.ahead: Future[str] | None = None
+
+    def take(self) -> str:
+        """A fresh copy of the template for the calling test (its URL)."""
+        ahead, self.ahead = self.ahead, None
+        url = None
+        if ahead is not None:
+            with contextlib.suppress(psycopg.Error):
+                url = ahead.result()
+        if url is None:
+            url = self.maker.submit(self._create).result()
+        self.ahead = self.maker.submit(self._create)
+        return url
+
+    def give_back(self, url: str) -> None:
+        """End the test's sessions now; drop its database beside the next test."""
+        name = url.rsplit("/", 1)[1]
+        self.ender.submit(self.ender.execute, f"ALTER DATABASE {name} ALLOW_CONNECTIONS false")
+        ended = self.ender.submit(self.ender.execute, END_SESSIONS.format(name=name))
+        with contextlib.suppress(psycopg.Error):
+            ended.result()
+        self.dropper.submit(self.dropper.execute, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+    def close(self) -> None:
+        self.maker.close()
+        self.ender.close()
+        self.dropper.close()
+
+    def _create(self) -> str:
+        name = f"t_{uuid.uuid4().hex[:12]}"
+        self.maker.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
+        return _with_db(self.server.url, name)
+
+
+# Each session of a database ended, and waited for (5 s at most each).
+END_SESSIONS = (
+    "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity"
+    " WHERE datname = '{name}' AND pid <> pg_backend_pid()"
+)
+
+
+class _Admin(ThreadPoolExecutor):
+    """A thread with an admin connection of its own, for ``Databases``."""
+
+    def __init__(self, server: EmbeddedPostgres, name: str) -> None:
+        super().__init__(1, thread_name_prefix=name)
+        self.server = server
+        self.conn: psycopg.Connection[tuple[object, ...]] | None = None
+
+    def execute(self, statement: str) -> None:
+        """On the thread only."""
+        for attempt in (1, 2):
+            if self.conn is None or self.conn.broken or self.conn.closed:
+                self.conn = psycopg.connect(self.server.url, autocommit=True)
+            try:
+                self.conn.execute(statement)
+                return
+            except psycopg.OperationalError:
+                # The session was ended under it (a restart, a test's
+                # pg_terminate_backend), or the template was in use: again,
+                # once, on a new connection.
+                self.conn.close()
+                self.conn = None
+                if attempt == 2:
+                    raise
+
+    def close(self) -> None:
+        self.shutdown(wait=True, cancel_futures=True)
+        if self.conn is not None:
+            self.conn.close()
+
+
+@pytest.fixture(scope="session")
+def databases(pg_server: EmbeddedPostgres) -> Iterator[Databases]:
+    made = Databases(pg_server)
+    yield made
+    made.close()
+
+
 @contextlib.contextmanager
 def _database(server: EmbeddedPostgres, template: str | None) -> Iterator[str]:
     """A database of its own (a copy of ``template``, or empty), dropped after."""
@@ -79,10 +186,13 @@ def _database(server: EmbeddedPostgres, template: str | None) -> Iterator[str]:
 
 
 @pytest.fixture
-def db_url(pg_server: EmbeddedPostgres) -> Iterator[str]:
+def db_url(databases: Databases) -> Iterator[str]:
     """URL of a fresh, migrated database that only this test sees."""
-    with _database(pg_server, TEMPLATE) as url:
+    url = databases.take()
+    try:
         yield url
+    finally:
+        databases.give_back(url)
 
 
 @pytest.fixture

@@ -365,16 +365,21 @@ def produce(
 
 
 def start_workers(
-    url: str, workers: int, concurrency: int, logs: ExitStack, log_dir: str | None
+    url: str,
+    workers: int,
+    concurrency: int,
+    logs: ExitStack,
+    log_dir: str | None,
+    settings: dict[str, Any],
 ) -> list[subprocess.Popen[bytes]]:
-    """``pgqueue worker`` processes on the fault handlers (each one's log in
-    ``log_dir``, when given, closed by ``logs``)."""
+    """``pgqueue worker`` processes on the fault handlers with ``settings``
+    (each one's log in ``log_dir``, when given, closed by ``logs``)."""
     procs = []
     for i in range(workers):
         log: Any = subprocess.DEVNULL
         if log_dir:
             log = logs.enter_context((Path(log_dir) / f"soak-worker-{i}.log").open("wb"))
-        procs.append(spawn_worker(url, concurrency=concurrency, log=log, **WORKER_SETTINGS))
+        procs.append(spawn_worker(url, concurrency=concurrency, log=log, **settings))
     return procs
 
 
@@ -389,14 +394,18 @@ def run(
     capacity_jobs: int = 2000,
     row_seconds: float = 60.0,
     log_dir: str | None = None,
+    worker_settings: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Soak the database at ``url`` (migrated, empty) at ``rate`` jobs/s, or
-    at ``load`` x the measured capacity; return the report."""
+    at ``load`` x the measured capacity; return the report. The workers run
+    with WORKER_SETTINGS, overridden by ``worker_settings`` (a short run
+    shortens retention, so that it spans several retention windows)."""
+    settings = {**WORKER_SETTINGS, **(worker_settings or {})}
     create_deliveries(url)
     enqueued: list[int] = []
     capacity = None
     with ExitStack() as logs:
-        procs = start_workers(url, workers, concurrency, logs, log_dir)
+        procs = start_workers(url, workers, concurrency, logs, log_dir, settings)
         try:
             wait_connected(url, workers)
             with Queue(url, settings=Settings(database_url=url)) as q:
@@ -428,7 +437,7 @@ def run(
             "worker_processes": workers,
             "concurrency": concurrency,
             "capacity_jobs": capacity_jobs if capacity is not None else None,
-            "worker_settings": WORKER_SETTINGS,
+            "worker_settings": settings,
             "sample_seconds": SAMPLE_SECONDS,
             "row_seconds": row_seconds,
         },
