@@ -54,6 +54,10 @@ async def test_scheduled_and_retrying_are_views_of_queued_jobs(
     # One that failed before and is due again now.
     retrying_due = await fail_once(aqueue, "boom", queue="r2")
     sql.execute("UPDATE pgqueue_jobs SET run_at = now() WHERE id = %s", (retrying_due,))
+    # (Its backoff, under 2 s, could end during a slow test: an hour instead.)
+    sql.execute(
+        "UPDATE pgqueue_jobs SET run_at = now() + interval '1 hour' WHERE id = %s", (retrying,)
+    )
 
     assert await ids(api, state="scheduled") == [retrying, later.id]
     assert await ids(api, state="retrying") == [retrying_due, retrying]

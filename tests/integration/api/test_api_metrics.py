@@ -52,7 +52,9 @@ async def finish_some(aqueue: AsyncQueue, queue: str, *, ok: int, failed: int, d
         [job] = await aqueue.claim(1, worker="w", queues=[queue])
         await aqueue.ack(job)
     for _ in range(failed):
-        await aqueue.enqueue("t", queue=queue, max_attempts=2)
+        # (Below the others: its retry, due again in a second, is never the
+        # job a later claim of this helper takes.)
+        await aqueue.enqueue("t", queue=queue, max_attempts=2, priority=-1)
         [job] = await aqueue.claim(1, worker="w", queues=[queue])
         await aqueue.fail(job, "transient")
     for _ in range(dead):
