@@ -52,9 +52,7 @@ async def past_first_heartbeat(worker: AsyncWorker, sql: psycopg.Connection[Any]
     await until(lambda: sql.execute(registered, (worker.name,)).fetchone() is not None)
 
 
-def take_over(
-    queue: Queue, sql: psycopg.Connection[Any], job_id: int, worker: str = "other"
-) -> Job:
+def take_over(queue: Queue, job_id: int, worker: str = "other") -> Job:
     """Expire a running job's lease, reap it and claim it again as ``worker``:
     whoever held it before now holds a stale token. The lease expires and is
     reaped in one transaction, so that a running worker's own reaper never

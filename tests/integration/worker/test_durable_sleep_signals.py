@@ -151,7 +151,7 @@ async def test_a_sleep_of_a_stale_attempt_stores_nothing(
 
     queue.enqueue("s")
     [job] = queue.claim(1)
-    taken = take_over(queue, sql, job.id)
+    taken = take_over(queue, job.id)
     handles = Handles(settings, _connections(settings))
     with pytest.raises(StaleAttempt):
         await asyncio.to_thread(handles.sleep, Held(job, handles=handles), 60.0, None)

@@ -173,7 +173,7 @@ def test_a_stale_attempts_report_matches_nothing(
 ) -> None:
     job = queue.enqueue("s")
     [first] = queue.claim(1, worker="first")
-    taken = take_over(queue, sql, job.id)
+    taken = take_over(queue, job.id)
     assert first.lease_token is not None and taken.lease_token is not None
     with psycopg.connect(db_url, autocommit=True) as conn:
         stale = drive_on(

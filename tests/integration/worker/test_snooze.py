@@ -212,7 +212,7 @@ def test_a_stale_token_can_neither_snooze_nor_cancel(
 ) -> None:
     queue.enqueue("t")
     [stale] = queue.claim(1, worker="old")
-    fresh = take_over(queue, sql, stale.id, worker="new")
+    fresh = take_over(queue, stale.id, worker="new")
     assert queue.finish([Outcome.snooze(stale, 0), Outcome.cancel(stale, "late")]) == {}
     now = queue.get(fresh.id)
     assert (now.state, now.worker, now.lease_token, now.attempts, now.snoozes) == (
@@ -241,7 +241,7 @@ async def test_a_worker_whose_lease_was_taken_over_cannot_snooze_the_new_attempt
     s = settings.replace(heartbeat_seconds=29.0)  # no heartbeat during the test
     async with running(AsyncWorker({"slow": slow}, settings=s, concurrency=1)) as worker:
         await asyncio.to_thread(started.wait, 10)
-        taken = take_over(queue, sql, job.id, worker="other")
+        taken = take_over(queue, job.id, worker="other")
         release.set()
         await until(lambda: worker.held_count == 0)
     now = queue.get(job.id)

@@ -149,7 +149,7 @@ async def test_acks_are_fenced_by_token(
     worker = AsyncWorker({"slow": slow}, settings=s, concurrency=1)
     async with running(worker):
         await asyncio.to_thread(started.wait, 10)
-        taken = take_over(queue, sql, job.id, worker="other")
+        taken = take_over(queue, job.id, worker="other")
         release.set()
         await until(lambda: worker.held_count == 0)
     now = queue.get(job.id)
