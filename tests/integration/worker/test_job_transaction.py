@@ -147,7 +147,7 @@ async def test_a_stale_attempt_gets_stale_attempt_and_nothing_of_its_block_commi
         await until(lambda: _registered(ledger))
         job = await aqueue.enqueue("w")
         await until(inside.is_set, 30)
-        taken = await asyncio.to_thread(take_over, queue, ledger, job.id)
+        taken = await asyncio.to_thread(take_over, queue, job.id)
         go_on.set()
         await until(lambda: bool(raised) and worker.held_count == 0)
         assert worker.stats["succeeded"] == 0

@@ -209,7 +209,7 @@ async def test_a_stale_attempt_stores_no_step_and_no_checkpoint(
         await past_first_heartbeat(worker, sql)
         job = await aqueue.enqueue("w")
         await until(inside.is_set, 30)
-        taken = await asyncio.to_thread(take_over, queue, sql, job.id)
+        taken = await asyncio.to_thread(take_over, queue, job.id)
         go_on.set()
         await until(lambda: len(raised) == 2, 30)
     assert all(isinstance(e, StaleAttempt) and e.job_id == job.id for e in raised)
