@@ -285,21 +285,19 @@ def _committed_before(specs: Sequence[JobSpec], call: CallKey) -> Flow[list[Enqu
     together: some of them there means all of its answers were written."""
     if call.ids is None or len(call.ids) != len(specs):  # (a graph's call reserves fewer)
         return None
-    rows = yield Statement("job_get_many", {"ids": call.ids})
-    ours = {row["id"] for row in rows if made_by(row, call)}
+    specs = yield from _in_periods(specs)
+    keys = sorted({str(spec.idempotency_key) for spec in specs if spec.idempotency_key})
+    found = yield Statement("job_enqueue_found", {"ids": call.ids, "idempotency_keys": keys})
+    ours = {row["id"] for row in found if row["reserved"] and made_by(row, call)}
     if not ours:
         return None
-    specs = yield from _in_periods(specs)
-    results: list[Enqueued] = []
-    for spec, job_id in zip(specs, call.ids, strict=True):
-        if job_id in ours or spec.idempotency_key is None:
-            results.append(Enqueued(job_id, job_id in ours))
-            continue
-        holders = yield Statement(
-            "job_get_by_idempotency_key", {"idempotency_key": spec.idempotency_key}
-        )
-        results.append(Enqueued(holders[0]["id"] if holders else job_id, False))
-    return results
+    holders = {row["holds_key"]: row["id"] for row in found if row["holds_key"]}
+    return [
+        Enqueued(job_id, True)
+        if job_id in ours
+        else Enqueued(holders.get(spec.idempotency_key, job_id), False)
+        for spec, job_id in zip(specs, call.ids, strict=True)
+    ]
 
 
 def _with_dependents(specs: Sequence[JobSpec], call: CallKey) -> Flow[list[Enqueued]]:

@@ -131,9 +131,7 @@ SELECT id FROM inserted, (SELECT count(*) FROM woken) w, (SELECT count(*) FROM j
 
 -- name: job_get_many
 -- The jobs of a group commit (enqueue.enqueue_group) by id: those it
--- created and those holding the keys of the jobs it did not. Also the jobs
--- under a bulk enqueue's reserved ids, when its retry finds its batch
--- closed (enqueue._committed_before).
+-- created and those holding the keys of the jobs it did not.
 SELECT * FROM pgqueue_jobs WHERE id = ANY(%(ids)s::bigint[]);
 
 -- name: job_enqueue_found
@@ -141,6 +139,8 @@ SELECT * FROM pgqueue_jobs WHERE id = ANY(%(ids)s::bigint[]);
 -- (`reserved`; an earlier attempt of the same call committed the row if it
 -- carries the call's key, `call_key`: enqueue.made_by), and the jobs
 -- holding their keys now (`holds_key`: the key a row holds, else NULL).
+-- Also what a retry whose batch closed meanwhile reads to learn whether
+-- its first attempt committed (enqueue._committed_before).
 SELECT id, id = ANY(%(ids)s::bigint[]) AS reserved,
        CASE WHEN pgqueue_key_held(unique_scope, state, started_at)
             THEN idempotency_key END AS holds_key,
