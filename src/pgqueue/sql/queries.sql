@@ -1072,8 +1072,6 @@ UNION ALL (
     WHERE (%(state)s::text IS NULL OR %(state)s::text IN ('succeeded', 'dead', 'cancelled'))
       AND NOT %(scheduled)s AND NOT %(retrying)s
       AND (%(state)s::text IS NULL OR state = %(state)s::text)
-      AND (NOT %(scheduled)s OR run_at > now())
-      AND (NOT %(retrying)s OR attempts > 0)
       AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
       AND (%(task)s::text IS NULL OR task = %(task)s::text)
       AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
@@ -1123,8 +1121,6 @@ UNION ALL (
     WHERE (%(state)s::text IS NULL OR %(state)s::text IN ('succeeded', 'dead', 'cancelled'))
       AND NOT %(scheduled)s AND NOT %(retrying)s
       AND (%(state)s::text IS NULL OR state = %(state)s::text)
-      AND (NOT %(scheduled)s OR run_at > now())
-      AND (NOT %(retrying)s OR attempts > 0)
       AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
       AND (%(task)s::text IS NULL OR task = %(task)s::text)
       AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
