@@ -2,7 +2,7 @@
 ANALYZE, spawn, clock. pgqueue and PgQueuer in the same run.
 
     python -m bench.perf.outside_harness [--jobs 20000] [--repeats 5]
-        [--before DIR] [--venv-dir DIR] [--no-pgqueuer] [--out PATH]
+        [--before DIR] [--venv-dir DIR] [--no-pgqueuer] [--uncompiled] [--out PATH]
     (or python -m bench.perf.worker_throughput --outside-harness ...)
 
 Each measurement: empty the queue, enqueue JOBS no-op jobs in one call (the
@@ -20,6 +20,12 @@ all alike; each ratio is taken within a round, then the median):
   * with --before DIR (a checkout of an earlier commit): the same three
     with that checkout's pgqueue in the worker processes (its ``src``), on
     the same server and schema;
+  * with --uncompiled: 2 processes at concurrency 100 importing pgqueue from
+    a copy of src without bytecode. The other scenarios' pgqueue is
+    byte-compiled before the spawn, as a pip install compiles it (and as pip
+    compiled PgQueuer); where PYTHONDONTWRITEBYTECODE is set (this machine)
+    nothing else would, and each process would compile every module it
+    imports at each start;
   * PgQueuer 1.6 (its own virtualenv, as bench.compare.compare makes it):
     1 and 2 processes, each one QueueManager with batch_size 100, the
     fastest of its shapes in results/compare.json, asyncpg and uvloop,
@@ -31,9 +37,12 @@ Writes results/outside_harness.json.
 from __future__ import annotations
 
 import argparse
+import functools
+import shutil
 import signal
 import statistics
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -63,9 +72,15 @@ def _wait_until_empty(conn: psycopg.Connection[Any], empty: str) -> None:
 
 
 def pgqueue_drain(
-    url: str, jobs: int, processes: int, concurrency: int, src: Path | None = None
+    url: str,
+    jobs: int,
+    processes: int,
+    concurrency: int,
+    src: Path | None = None,
+    byte_compiled: bool = True,
 ) -> float:
-    """Jobs per second, from the spawn of the worker processes to an empty queue."""
+    """Jobs per second, from the spawn of the worker processes to an empty
+    queue. ``byte_compiled``: False runs ``src`` as it is (see --uncompiled)."""
     clear(url, checkpoint=False)
     with Queue(url, settings=Settings(database_url=url)) as queue:
         queue.enqueue_many([{"task": "noop"}] * jobs)
@@ -73,7 +88,9 @@ def pgqueue_drain(
         conn.execute("VACUUM ANALYZE pgqueue_jobs")
         conn.execute("CHECKPOINT")
         started = time.monotonic()
-        procs = spawn_workers(url, processes, "noop", concurrency, src=src)
+        procs = spawn_workers(
+            url, processes, "noop", concurrency, src=src, byte_compiled=byte_compiled
+        )
         try:
             _wait_until_empty(conn, f"SELECT NOT ({LIVE_JOBS})")
             seconds = time.monotonic() - started
@@ -123,6 +140,16 @@ def pgqueuer_drain(python: Path, url: str, jobs: int, processes: int) -> float:
     return jobs / seconds
 
 
+@functools.cache
+def uncompiled_copy() -> Path:
+    """A copy of this checkout's src without bytecode, for --uncompiled: how
+    the workers start where PYTHONDONTWRITEBYTECODE is set and nothing
+    compiled pgqueue ahead (each process compiles every module it imports)."""
+    copy = Path(tempfile.mkdtemp(prefix="pgqueue-uncompiled-")) / "src"
+    shutil.copytree(ROOT / "src", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    return copy
+
+
 def _ratios(runs: dict[str, list[float]], pairs: dict[str, tuple[str, str]]) -> dict[str, Any]:
     """The median over rounds of each pair's ratio (None unless both ran)."""
     out: dict[str, Any] = {}
@@ -140,6 +167,7 @@ RATIOS = {
     "after_over_before_1": ("pgqueue_1_process", "before_1_process"),
     "after_over_before_2": ("pgqueue_2_processes", "before_2_processes"),
     "after_over_before_2_c1000": ("pgqueue_2_processes_c1000", "before_2_processes_c1000"),
+    "compiled_over_uncompiled_2": ("pgqueue_2_processes", "uncompiled_2_processes"),
 }
 GOALS = {"pgqueue_2_over_pgqueuer_2": 1.5, "pgqueue_1_over_pgqueuer_1": 1.2}
 
@@ -151,6 +179,11 @@ def main(argv: list[str] | None = None) -> ResultRecord:
     parser.add_argument("--before", type=Path, default=None, help="an earlier checkout")
     parser.add_argument("--venv-dir", type=Path, default=ROOT / ".bench-venvs")
     parser.add_argument("--no-pgqueuer", action="store_true", help="pgqueue alone (smoke test)")
+    parser.add_argument(
+        "--uncompiled",
+        action="store_true",
+        help="also 2 processes of pgqueue imported from a copy of src without bytecode",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
 
@@ -165,6 +198,10 @@ def main(argv: list[str] | None = None) -> ResultRecord:
             scenarios[f"{label}_{name}"] = lambda url, p=processes, c=concurrency, s=src: (
                 pgqueue_drain(url, args.jobs, p, c, src=s)
             )
+    if args.uncompiled:
+        scenarios["uncompiled_2_processes"] = lambda url: pgqueue_drain(
+            url, args.jobs, 2, 100, src=uncompiled_copy(), byte_compiled=False
+        )
     pgqueuer_version = None
     if not args.no_pgqueuer:
         python, pgqueuer_version = ensure_venv(args.venv_dir, "pgqueuer")
