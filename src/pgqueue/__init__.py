@@ -39,50 +39,56 @@ A job's life (see docs/architecture.md):
 
 from __future__ import annotations
 
+import importlib
 import logging
+import typing
 
-from .core.archive import DroppedPartition
-from .core.batches import Batch, BatchState
-from .core.bulk import BulkAction, JobFilter
-from .core.enqueue import Enqueued
-from .core.errors import (
-    BatchClosed,
-    BatchNotFound,
-    DatabaseReadOnly,
-    DatabaseUnavailable,
-    EnqueueOutcomeUnknown,
-    InvalidJob,
-    InvalidQueueControl,
-    InvalidSchedule,
-    InvalidSettings,
-    JobAlreadyFinished,
-    JobKeyHeld,
-    JobNotFound,
-    JobNotRetryable,
-    JobStateConflict,
-    NotInHandler,
-    OutcomeUnknown,
-    PayloadNotOpened,
-    PgQueueError,
-    ScheduleConflict,
-    ScheduleNotFound,
-    SchemaNotMigrated,
-    SignalTimeout,
-    StaleAttempt,
-    WaitTimeout,
-    WorkerFailed,
-    WorkflowNotFound,
-)
-from .core.health import HealthCheck, HealthReport
-from .core.job_spec import JobSpec
-from .core.jobs import AttemptError, Job, JobState
-from .core.outcomes import CancelJob, Outcome, Snooze
-from .core.queue_controls import QueueControls
-from .core.schedules import Schedule, ScheduleRecord
-from .core.settings import Settings
-from .core.workflows import chain, group
-from .db.migrate import migrate
-from .queue import AsyncQueue, Queue
+# The names below are imported on first use (PEP 562), so that a program that
+# needs one part (a worker process, one command of the command line) does not
+# import them all: each module costs its start-up (about 0.02 s of a worker's).
+if typing.TYPE_CHECKING:
+    from .core.archive import DroppedPartition
+    from .core.batches import Batch, BatchState
+    from .core.bulk import BulkAction, JobFilter
+    from .core.enqueue import Enqueued
+    from .core.errors import (
+        BatchClosed,
+        BatchNotFound,
+        DatabaseReadOnly,
+        DatabaseUnavailable,
+        EnqueueOutcomeUnknown,
+        InvalidJob,
+        InvalidQueueControl,
+        InvalidSchedule,
+        InvalidSettings,
+        JobAlreadyFinished,
+        JobKeyHeld,
+        JobNotFound,
+        JobNotRetryable,
+        JobStateConflict,
+        NotInHandler,
+        OutcomeUnknown,
+        PayloadNotOpened,
+        PgQueueError,
+        ScheduleConflict,
+        ScheduleNotFound,
+        SchemaNotMigrated,
+        SignalTimeout,
+        StaleAttempt,
+        WaitTimeout,
+        WorkerFailed,
+        WorkflowNotFound,
+    )
+    from .core.health import HealthCheck, HealthReport
+    from .core.job_spec import JobSpec
+    from .core.jobs import AttemptError, Job, JobState
+    from .core.outcomes import CancelJob, Outcome, Snooze
+    from .core.queue_controls import QueueControls
+    from .core.schedules import Schedule, ScheduleRecord
+    from .core.settings import Settings
+    from .core.workflows import chain, group
+    from .db.migrate import migrate
+    from .queue import AsyncQueue, Queue
 
 __all__ = [
     "AsyncQueue",
@@ -138,3 +144,70 @@ __all__ = [
 ]
 
 logging.getLogger("pgqueue").addHandler(logging.NullHandler())
+
+# Where each public name lives.
+_HOMES = {
+    "AsyncQueue": ".queue",
+    "AttemptError": ".core.jobs",
+    "Batch": ".core.batches",
+    "BatchClosed": ".core.errors",
+    "BatchNotFound": ".core.errors",
+    "BatchState": ".core.batches",
+    "BulkAction": ".core.bulk",
+    "CancelJob": ".core.outcomes",
+    "DatabaseReadOnly": ".core.errors",
+    "DatabaseUnavailable": ".core.errors",
+    "DroppedPartition": ".core.archive",
+    "EnqueueOutcomeUnknown": ".core.errors",
+    "Enqueued": ".core.enqueue",
+    "HealthCheck": ".core.health",
+    "HealthReport": ".core.health",
+    "InvalidJob": ".core.errors",
+    "InvalidQueueControl": ".core.errors",
+    "InvalidSchedule": ".core.errors",
+    "InvalidSettings": ".core.errors",
+    "Job": ".core.jobs",
+    "JobAlreadyFinished": ".core.errors",
+    "JobFilter": ".core.bulk",
+    "JobKeyHeld": ".core.errors",
+    "JobNotFound": ".core.errors",
+    "JobNotRetryable": ".core.errors",
+    "JobSpec": ".core.job_spec",
+    "JobState": ".core.jobs",
+    "JobStateConflict": ".core.errors",
+    "NotInHandler": ".core.errors",
+    "Outcome": ".core.outcomes",
+    "OutcomeUnknown": ".core.errors",
+    "PayloadNotOpened": ".core.errors",
+    "PgQueueError": ".core.errors",
+    "Queue": ".queue",
+    "QueueControls": ".core.queue_controls",
+    "Schedule": ".core.schedules",
+    "ScheduleConflict": ".core.errors",
+    "ScheduleNotFound": ".core.errors",
+    "ScheduleRecord": ".core.schedules",
+    "SchemaNotMigrated": ".core.errors",
+    "Settings": ".core.settings",
+    "SignalTimeout": ".core.errors",
+    "Snooze": ".core.outcomes",
+    "StaleAttempt": ".core.errors",
+    "WaitTimeout": ".core.errors",
+    "WorkerFailed": ".core.errors",
+    "WorkflowNotFound": ".core.errors",
+    "chain": ".core.workflows",
+    "group": ".core.workflows",
+    "migrate": ".db.migrate",
+}
+
+
+def __getattr__(name: str) -> typing.Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES})

@@ -29,7 +29,15 @@ def missing_extra(exc: ModuleNotFoundError) -> str | None:
     return EXTRA_OF.get((exc.name or "").split(".", 1)[0])
 
 
+# The console script's arguments, set before it imports the command line,
+# which then loads only the commands they name (pgqueue.cli.topics_for).
+# None when the command line is imported by anything else.
+command_line: list[str] | None = None
+
+
 def main() -> None:
+    global command_line
+    command_line = sys.argv[1:]
     try:
         from .cli import main as cli_main
     except ModuleNotFoundError as exc:

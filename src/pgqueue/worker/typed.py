@@ -35,11 +35,15 @@ import inspect
 import threading
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from ..core.errors import InvalidJob
 from ..core.jobs import Job
-from ..queue import AsyncQueue, Queue
+
+# The faces are imported where they are used, not with this module: every
+# worker process imports it, and most never enqueue through a typed task.
+if TYPE_CHECKING:
+    from ..queue import AsyncQueue, Queue
 
 __all__ = ["EnqueueOptions", "TypedTask", "is_job_handler"]
 
@@ -85,12 +89,16 @@ class _Defaults:
         self._aqueue: AsyncQueue | None = None
 
     def queue(self) -> Queue:
+        from ..queue import Queue
+
         with self._lock:
             if self._queue is None:
                 self._queue = Queue()
             return self._queue
 
     def aqueue(self) -> AsyncQueue:
+        from ..queue import AsyncQueue
+
         with self._lock:
             if self._aqueue is None:
                 self._aqueue = AsyncQueue()
@@ -208,6 +216,8 @@ class EnqueueOptions(Generic[P, R]):
         self.fields = {**task.fields, **(fields or {})}
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
+        from ..queue import Queue
+
         queue = self.queue or _DEFAULTS.queue()
         if not isinstance(queue, Queue):
             raise TypeError("enqueue needs a Queue; with an AsyncQueue, use enqueue_async")
@@ -215,6 +225,8 @@ class EnqueueOptions(Generic[P, R]):
         return queue.enqueue(self.task.name, payload, connection=self.connection, **self.fields)
 
     async def enqueue_async(self, *args: P.args, **kwargs: P.kwargs) -> Job:
+        from ..queue import AsyncQueue
+
         queue = self.queue or _DEFAULTS.aqueue()
         if not isinstance(queue, AsyncQueue):
             raise TypeError("enqueue_async needs an AsyncQueue; with a Queue, use enqueue")

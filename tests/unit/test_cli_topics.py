@@ -1,0 +1,67 @@
+"""The console script loads only the topic modules of the command it runs
+(pgqueue.cli.topics_for): each command must find under it all it has when
+every topic is loaded."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+from pgqueue.cli import COMMAND_TOPICS
+
+# Prints every command path of the root group, loaded as the console script
+# loads it for the command line given in argv[1] (JSON; null: everything).
+TREE = """
+import json, sys
+from pgqueue import console
+console.command_line = json.loads(sys.argv[1])
+import typer.main
+from pgqueue.cli import app
+
+def walk(command, path):
+    yield " ".join(path)
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from walk(sub, (*path, name))
+
+print(json.dumps(sorted(walk(typer.main.get_command(app), ()))))
+"""
+
+
+def command_paths(command_line: list[str] | None) -> set[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", TREE, json.dumps(command_line)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return set(json.loads(out.stdout))
+
+
+def test_every_top_level_command_has_its_topics_listed() -> None:
+    everything = command_paths(None)
+    top_level = {path for path in everything if path and " " not in path}
+    assert top_level == set(COMMAND_TOPICS)
+
+
+def test_each_command_alone_loads_all_that_lies_under_it() -> None:
+    everything = command_paths(None)
+    commands = sorted(COMMAND_TOPICS)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        paths = pool.map(lambda c: command_paths([c, "--help"]), commands)
+        loaded = dict(zip(commands, paths, strict=True))
+    for command in commands:
+        under = {path for path in everything if path.split(" ")[0] == command}
+        assert under <= loaded[command], command
+        # Only what it needs: another command's subcommands come along only
+        # from a topic module they share (the root's own groups are empty).
+        for path in loaded[command] - under - {""}:
+            other = path.split(" ")[0]
+            shared = set(COMMAND_TOPICS[other]) & set(COMMAND_TOPICS[command])
+            assert shared or path == other, (command, path)
+
+
+def test_a_command_line_naming_no_command_loads_everything() -> None:
+    assert command_paths(["--help"]) == command_paths(None)
+    assert command_paths(["wroker"]) == command_paths(None)
