@@ -16,8 +16,11 @@ clock at the first claim of workers that were already waiting.
 
 Scenarios (rounds interleave them, so that the shared machine's drift hits
 all alike; each ratio is taken within a round, then the median):
-  * pgqueue: 1 and 2 processes at concurrency 100 (the default), 2 at 1,000;
-  * with --before DIR (a checkout of an earlier commit): the same three
+  * pgqueue: 1 and 2 processes at concurrency 100 (the default), 2 at 1,000,
+    each process an application's own worker (bench.perf.worker_child); and
+    ``pgqueue worker --processes 2`` (the command line: its supervisor and
+    two children);
+  * with --before DIR (a checkout of an earlier commit): the same four
     with that checkout's pgqueue in the worker processes (its ``src``), on
     the same server and schema;
   * with --uncompiled: 2 processes at concurrency 100 importing pgqueue from
@@ -78,9 +81,11 @@ def pgqueue_drain(
     concurrency: int,
     src: Path | None = None,
     byte_compiled: bool = True,
+    command_line: bool = False,
 ) -> float:
     """Jobs per second, from the spawn of the worker processes to an empty
-    queue. ``byte_compiled``: False runs ``src`` as it is (see --uncompiled)."""
+    queue. ``byte_compiled``: False runs ``src`` as it is (see --uncompiled);
+    ``command_line``: one ``pgqueue worker --processes PROCESSES``."""
     clear(url, checkpoint=False)
     with Queue(url, settings=Settings(database_url=url)) as queue:
         queue.enqueue_many([{"task": "noop"}] * jobs)
@@ -89,7 +94,13 @@ def pgqueue_drain(
         conn.execute("CHECKPOINT")
         started = time.monotonic()
         procs = spawn_workers(
-            url, processes, "noop", concurrency, src=src, byte_compiled=byte_compiled
+            url,
+            processes,
+            "noop",
+            concurrency,
+            src=src,
+            byte_compiled=byte_compiled,
+            command_line=command_line,
         )
         try:
             _wait_until_empty(conn, f"SELECT NOT ({LIVE_JOBS})")
@@ -168,6 +179,8 @@ RATIOS = {
     "after_over_before_2": ("pgqueue_2_processes", "before_2_processes"),
     "after_over_before_2_c1000": ("pgqueue_2_processes_c1000", "before_2_processes_c1000"),
     "compiled_over_uncompiled_2": ("pgqueue_2_processes", "uncompiled_2_processes"),
+    "cli_2_over_pgqueuer_2": ("pgqueue_cli_2_processes", "pgqueuer_2_processes"),
+    "after_over_before_cli_2": ("pgqueue_cli_2_processes", "before_cli_2_processes"),
 }
 GOALS = {"pgqueue_2_over_pgqueuer_2": 1.5, "pgqueue_1_over_pgqueuer_1": 1.2}
 
@@ -190,13 +203,14 @@ def main(argv: list[str] | None = None) -> ResultRecord:
     scenarios: dict[str, Any] = {}
     sides = [("pgqueue", None)] + ([("before", args.before / "src")] if args.before else [])
     for label, src in sides:
-        for name, processes, concurrency in (
-            ("1_process", 1, 100),
-            ("2_processes", 2, 100),
-            ("2_processes_c1000", 2, 1000),
+        for name, processes, concurrency, cli in (
+            ("1_process", 1, 100, False),
+            ("2_processes", 2, 100, False),
+            ("2_processes_c1000", 2, 1000, False),
+            ("cli_2_processes", 2, 100, True),
         ):
-            scenarios[f"{label}_{name}"] = lambda url, p=processes, c=concurrency, s=src: (
-                pgqueue_drain(url, args.jobs, p, c, src=s)
+            scenarios[f"{label}_{name}"] = lambda url, p=processes, c=concurrency, s=src, k=cli: (
+                pgqueue_drain(url, args.jobs, p, c, src=s, command_line=k)
             )
     if args.uncompiled:
         scenarios["uncompiled_2_processes"] = lambda url: pgqueue_drain(

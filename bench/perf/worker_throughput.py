@@ -93,7 +93,11 @@ def spawn_workers(
     prefetch: int | None = None,
     src: Path | None = None,
     byte_compiled: bool = True,
+    command_line: bool = False,
 ) -> list[subprocess.Popen[bytes]]:
+    """``processes`` worker processes of ``bench.perf.worker_child``, or, with
+    ``command_line``, one ``pgqueue worker --processes PROCESSES`` (its
+    supervisor and children; without ``prefetch``)."""
     # This checkout's pgqueue (or the one in ``src``: another checkout's) and
     # bench first, and the caller's path after (bench.compare.before_after
     # runs another checkout's copy of this file).
@@ -101,22 +105,14 @@ def spawn_workers(
     if byte_compiled:
         byte_compile(Path(path[0]), ROOT / "bench")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, path)))
-    return [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "bench.perf.worker_child",
-                url,
-                task,
-                str(concurrency),
-                *([] if prefetch is None else [str(prefetch)]),
-            ],
-            cwd=ROOT,
-            env=env,
-        )
-        for _ in range(processes)
-    ]
+    if command_line:
+        options = ["--concurrency", str(concurrency), "--processes", str(processes)]
+        worker = ["worker", "--handlers", "bench.handlers:HANDLERS", *options]
+        argv = [sys.executable, "-m", "pgqueue", "--database-url", url, *worker]
+        return [subprocess.Popen(argv, cwd=ROOT, env=env, stderr=subprocess.DEVNULL)]
+    child = [sys.executable, "-m", "bench.perf.worker_child", url, task, str(concurrency)]
+    extra = [] if prefetch is None else [str(prefetch)]
+    return [subprocess.Popen([*child, *extra], cwd=ROOT, env=env) for _ in range(processes)]
 
 
 def stop_workers(procs: list[subprocess.Popen[bytes]]) -> list[int]:

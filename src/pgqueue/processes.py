@@ -20,6 +20,12 @@ What the supervisor says goes to ``on_event(action, message, level)``; the
 children's output either goes where the supervisor's goes (inherited), or,
 with ``on_output(name, line)``, is read line by line and handed over, so that
 the caller can print it with the child's name in front.
+
+A child whose spec has ``fork`` starts the first time as a fork of the
+supervisor running that function, when nothing else runs in this process
+(one thread, output inherited): it has no interpreter to start and nothing
+to import again, which is most of a worker process's start. Restarts, and a
+first start that cannot be a fork, run ``argv``.
 """
 
 from __future__ import annotations
@@ -29,8 +35,10 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
@@ -52,23 +60,83 @@ _TICK = 0.05
 @dataclass(frozen=True)
 class Child:
     """What to run: ``argv`` with ``env`` (None: the supervisor's), ``stdin``
-    bytes written to it (None: no input), ``restart`` when it dies."""
+    bytes written to it (None: no input), ``restart`` when it dies; ``fork``:
+    what a fork of the supervisor runs instead at the first start (its
+    return value is the exit code), when it can (see the module's doc)."""
 
     name: str
     argv: Sequence[str]
     env: Mapping[str, str] | None = None
     stdin: bytes | None = None
     restart: bool = False
+    fork: Callable[[], int] | None = None
+
+
+class _Forked:
+    """A child made by ``os.fork``, with the part of Popen's face the
+    supervisor uses."""
+
+    stdout = None
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
+            time.sleep(0.01)
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+
+def _fork(run: Callable[[], int]) -> _Forked:
+    """Run ``run`` in a fork that leads a process group of its own, with the
+    default signal dispositions (the supervisor's handlers are not its)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: it never returns from here
+        code = 1
+        try:
+            os.setpgid(0, 0)
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_DFL)
+            code = run()
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            # Not the supervisor's atexit handlers (an embedded server's stop).
+            os._exit(code)
+    # Also here: a signal to the group must not find it missing in between.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.setpgid(pid, pid)
+    return _Forked(pid)
 
 
 @dataclass
 class _Running:
     spec: Child
-    process: subprocess.Popen[bytes] | None = None
+    process: subprocess.Popen[bytes] | _Forked | None = None
     reader: threading.Thread | None = None
     started_at: float = 0.0
     restart_at: float = 0.0
     quick_deaths: int = 0
+    starts: int = 0
 
     @property
     def pgid(self) -> int:
@@ -90,10 +158,16 @@ class ProcessSupervisor:
     _signals: list[int] = field(default_factory=list)
     _stopping: bool = False
 
-    def run(self, on_ready: Callable[[], bool] | None = None) -> int:
+    def run(
+        self,
+        on_ready: Callable[[], bool] | None = None,
+        after_start: Callable[[], object] | None = None,
+    ) -> int:
         """Start the children and supervise them until a signal, or until a
         child that is not restarted exits; stop them all; the exit code.
-        ``on_ready`` is polled until it returns True (for a one-time banner)."""
+        ``on_ready`` is polled until it returns True (for a one-time banner).
+        ``after_start`` runs once they are started: if it raises, they are
+        stopped and the exception propagates."""
         previous = {
             sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)
         }
@@ -103,6 +177,12 @@ class ProcessSupervisor:
                 self._spawn(child)
             names = ", ".join(spec.name for spec in self.children)
             self.on_event("start", f"started {len(self.children)} processes: {names}", logging.INFO)
+            if after_start is not None:
+                try:
+                    after_start()
+                except BaseException:
+                    self.stop(signal.SIGTERM)
+                    raise
             failed = self._watch(on_ready)
             if failed is not None:
                 assert failed.process is not None
@@ -171,7 +251,12 @@ class ProcessSupervisor:
         )
 
     def _spawn(self, child: _Running) -> None:
+        child.starts += 1
         piped = self.on_output is not None
+        fork = child.spec.fork
+        if fork is not None and child.starts == 1 and not piped and threading.active_count() == 1:
+            child.process, child.started_at = _fork(fork), time.monotonic()
+            return
         process = subprocess.Popen(
             list(child.spec.argv),
             env=None if child.spec.env is None else dict(child.spec.env),

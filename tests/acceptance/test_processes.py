@@ -7,9 +7,12 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -116,3 +119,73 @@ def test_without_an_event_sink_the_supervisor_logs(caplog: pytest.LogCaptureFixt
     supervisor = ProcessSupervisor([Child("quick", _python("pass"))], stop_timeout=5)
     assert supervisor.run() == 1  # a child that is not restarted ended by itself
     assert "quick exited with code 0; stopping everything" in caplog.text
+
+
+# A supervisor in a process of its own (this one runs threads, and a
+# supervisor with other threads never forks): its child's first start is a
+# fork running ``first``, which records how it runs and dies; the restart
+# runs argv, which records that and waits for the stop.
+FORKING = """
+import os, signal, sys
+from pgqueue.processes import Child, ProcessSupervisor
+
+out = sys.argv[1]
+supervisor = os.getpid()
+
+def first() -> int:
+    default = signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    with open(out, "a") as f:
+        f.write(f"fork {os.getppid() == supervisor} {os.getpgid(0) == os.getpid()} {default}\\n")
+    return 3
+
+again = f"import time; open({out!r}, 'a').write('argv\\\\n'); time.sleep(60)"
+child = Child("w", [sys.executable, "-c", again], restart=True, fork=first)
+sys.exit(ProcessSupervisor([child], stop_timeout=10).run())
+"""
+
+
+def test_a_first_start_is_a_fork_and_a_restart_runs_argv(tmp_path: Path) -> None:
+    out = tmp_path / "starts"
+    out.touch()
+    proc = subprocess.Popen([sys.executable, "-c", FORKING, str(out)])
+    try:
+        deadline = time.monotonic() + 30
+        while out.read_text().count("\n") < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # The fork: the supervisor's child, leading its own group, with the
+        # default SIGTERM (not the supervisor's handler); then, restarted, argv.
+        assert out.read_text().splitlines() == ["fork True True True", "argv"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+ABORTED = """
+import os, sys, time
+from pgqueue.processes import Child, ProcessSupervisor
+
+def work() -> int:
+    print(os.getpid(), flush=True)
+    time.sleep(60)
+    return 0
+
+def check() -> None:
+    time.sleep(0.5)
+    raise RuntimeError("the handlers cannot be loaded")
+
+child = Child("w", [sys.executable, "-c", "pass"], restart=True, fork=work)
+ProcessSupervisor([child], stop_timeout=10).run(after_start=check)
+"""
+
+
+def test_a_failing_check_after_the_start_stops_the_children_and_is_raised() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", ABORTED], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1
+    assert "RuntimeError: the handlers cannot be loaded" in done.stderr
+    pid = int(done.stdout.split()[0])  # the forked child said its pid
+    assert not Path(f"/proc/{pid}").exists()

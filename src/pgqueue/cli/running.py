@@ -24,6 +24,7 @@ from ..db.migrate import migrate
 from ..logs import ENV_LOG_FORMAT
 from ..processes import Child, ProcessSupervisor
 from ..worker import load_handlers
+from ..worker.handlers import find_target
 from ..worker.processes import run_processes
 from . import output
 from .app import app, configure_logging, first_line, state_of, wants_json
@@ -102,22 +103,30 @@ def worker_cmd(
     state = state_of(ctx)
     settings = state.settings(concurrency=concurrency)
     configure_logging(state.debug, logging.INFO)
-    _check_handlers(handlers)
+    # Several processes are forked before the handlers' module is imported
+    # here (run_processes): until then, only what needs none of its code.
+    _check_handlers(handlers, import_module=processes == 1)
     code = run_processes(
         handlers,
         queues=split(queues),
         concurrency=settings.concurrency,
         processes=processes,
         settings=settings,
+        check_handlers=_check_handlers,
     )
     raise typer.Exit(code)
 
 
-def _check_handlers(handlers: str) -> None:
-    """A bad --handlers is a usage error, said before anything starts."""
+def _check_handlers(handlers: str, import_module: bool = True) -> None:
+    """A bad --handlers is a usage error, said before anything starts (what
+    needs the module imported, with ``import_module`` False: once the worker
+    processes have started, which then stop)."""
     _importable_cwd()
     try:
-        load_handlers(handlers)
+        if import_module:
+            load_handlers(handlers)
+        else:
+            find_target(handlers)
     except (ImportError, ValueError, TypeError) as exc:
         raise typer.BadParameter(first_line(exc), param_hint="'--handlers'") from None
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import inspect
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -312,12 +313,19 @@ def load_handlers(spec: str) -> dict[str, Task]:
     return resolve_tasks(load_target(spec))
 
 
+def find_target(spec: str) -> None:
+    """Check what can be checked of ``"package.module:ATTR"`` without running
+    any of its code: its shape, and that its top-level module exists."""
+    module_name, _ = _split_target(spec)
+    top = module_name.partition(".")[0]
+    if importlib.util.find_spec(top) is None:
+        raise ModuleNotFoundError(f"No module named {top!r}", name=top)
+
+
 def load_target(spec: str) -> Mapping[str, Any] | TaskRegistry:
     """What ``"package.module:ATTR"`` names: a mapping or a TaskRegistry
     (a zero-argument factory is called)."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"handlers must look like 'package.module:ATTR', got {spec!r}")
+    module_name, attr = _split_target(spec)
     module = importlib.import_module(module_name)
     try:
         target: Any = module
@@ -330,3 +338,10 @@ def load_target(spec: str) -> Mapping[str, Any] | TaskRegistry:
     if not isinstance(target, Mapping):
         resolve_tasks(target)  # raises, naming what it got
     return target  # type: ignore[no-any-return]
+
+
+def _split_target(spec: str) -> tuple[str, str]:
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"handlers must look like 'package.module:ATTR', got {spec!r}")
+    return module_name, attr

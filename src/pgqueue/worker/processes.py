@@ -4,6 +4,7 @@ processes under ``pgqueue.processes.ProcessSupervisor``, each child running
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import pickle
@@ -11,6 +12,8 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from ..clusters import worker_groups
 from ..core.settings import Settings
@@ -45,20 +48,26 @@ def run_processes(
     concurrency: int,
     processes: int,
     settings: Settings,
+    check_handlers: Callable[[str], object] = load_handlers,
 ) -> int:
     """``pgqueue worker``: ``processes`` == 1 runs one worker in this process,
     more run under a supervisor that restarts a child that dies. Blocks until
-    SIGTERM/SIGINT; returns the exit code (0 after a clean shutdown)."""
+    SIGTERM/SIGINT; returns the exit code (0 after a clean shutdown).
+    ``check_handlers(handlers)`` raises a clear error for handlers that
+    cannot be loaded, here rather than in every child: before anything
+    starts for one process, once the children are forked for several (a
+    module that connects or starts a thread when imported must not be
+    imported before the fork, which would share it with every child)."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     if processes < 1:
         raise ValueError(f"processes must be >= 1, got {processes}")
-    # Fail here, with a clear error, rather than in every child.
-    load_handlers(handlers)
     if settings.clusters:
         # One set of workers per cluster (clusters.py), all supervised here.
         groups = worker_groups(settings, queues)
     else:
+        if processes == 1:
+            check_handlers(handlers)
         # Resolve (and start, if embedded) the database once, for all children.
         settings = settings.replace(database_url=resolve_url(settings))
         if processes == 1:
@@ -79,7 +88,7 @@ def run_processes(
         stop_timeout=settings.shutdown_timeout_seconds + KILL_GRACE_SECONDS,
         on_event=_log_event,
     )
-    return supervisor.run()
+    return supervisor.run(after_start=lambda: check_handlers(handlers))
 
 
 def _child(name: str, config: dict[str, object]) -> Child:
@@ -90,7 +99,11 @@ def _child(name: str, config: dict[str, object]) -> Child:
         "parent": os.getpid(),
     }
     return Child(
-        name, [sys.executable, "-c", _CHILD_COMMAND], stdin=pickle.dumps(config), restart=True
+        name,
+        [sys.executable, "-c", _CHILD_COMMAND],
+        stdin=pickle.dumps(config),
+        restart=True,
+        fork=functools.partial(_run_child, config),
     )
 
 
@@ -105,6 +118,14 @@ def child_main() -> None:
     if not root.handlers:
         root.addHandler(stderr_handler(os.environ.get(ENV_LOG_FORMAT, "text")))
         root.setLevel(config["log_level"])
+    code = _run_child(config)
+    # Handler threads that outlived their timeout must not hold the exit.
+    os._exit(code)
+
+
+def _run_child(config: dict[str, Any]) -> int:
+    """A child's worker, started from its config (in a new interpreter, or in
+    a fork of the supervisor, which has the logging set up already)."""
     threading.Thread(target=_watch_parent, args=(config["parent"],), daemon=True).start()
     code = run_worker(
         config["handlers"],
@@ -113,8 +134,7 @@ def child_main() -> None:
         settings=config["settings"],
     )
     logging.shutdown()
-    # Handler threads that outlived their timeout must not hold the exit.
-    os._exit(code)
+    return code
 
 
 def _watch_parent(parent: int) -> None:

@@ -5,6 +5,7 @@ commands that only touch configuration or the embedded server."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -124,8 +125,45 @@ def test_worker_and_api_refuse_bad_options_before_starting(project: Path) -> Non
     assert "No module named 'no_such_module'" in result.stderr
     result = runner.invoke(app, ["worker", "--handlers", "nocolon"])
     assert result.exit_code == 2 and "package.module:ATTR" in result.stderr
+    # Several processes: what needs no import of the module is checked first.
+    for bad, said in (("no_such_module:HANDLERS", "No module named"), ("nocolon", "ATTR")):
+        result = runner.invoke(app, ["worker", "--processes", "2", "--handlers", bad])
+        assert result.exit_code == 2 and said in result.stderr, result.stderr
+    assert not (project / ".pgqueue").exists()  # no embedded server was made
     result = runner.invoke(app, ["worker", "--handlers", "x:Y", "--concurrency", "0"])
     assert result.exit_code == 2
     (project / "pyproject.toml").write_text("")
     result = runner.invoke(app, ["api", "--host", "0.0.0.0"])
     assert result.exit_code == 2 and "without authentication" in result.stderr
+
+
+def test_several_workers_with_handlers_that_do_not_load_stop_with_a_usage_error(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="pgqueue.worker")
+    # The module exists, so the worker processes start before it is imported
+    # here; it has no such mapping: they are stopped, and the error said.
+    args = ["--database-url", db_url, "worker", "--processes", "2"]
+    result = runner.invoke(app, [*args, "--handlers", "examples.tasks:NO_SUCH_MAPPING"])
+    assert result.exit_code == 2, result.output
+    assert "--handlers" in result.stderr and "NO_SUCH_MAPPING" in result.stderr
+    assert "started 2 processes" in caplog.text  # they had started
+    assert caplog.text.count("exited with code") == 2  # and were stopped
+    assert not _worker_children()
+
+
+def _worker_children() -> list[int]:
+    """This process's children that run a worker (the supervisor's)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
+        if int(ppid) == os.getpid() and b"child_main" in command and state != "Z":
+            found.append(int(entry.name))
+    return found

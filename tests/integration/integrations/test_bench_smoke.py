@@ -467,7 +467,8 @@ def test_outside_harness_smoke_analyzes_the_loaded_table_before_each_drain(
     worker_throughput.main([*args, "--before", str(repo), "--out", str(out)])
     results = _read(out, "outside_harness", "bench.perf.outside_harness").results
     rates = results["rates_jobs_per_second"]
-    assert len(rates) == 6 and all(r["median"] > 0 for r in rates.values())
+    assert len(rates) == 8 and all(r["median"] > 0 for r in rates.values())
+    assert results["ratios"]["after_over_before_cli_2"]["median"] > 0
     assert results["ratios"]["after_over_before_2"]["median"] > 0
     # Each drain: the empty table's ANALYZE, then the loaded one's.
     assert analyzes() - before >= 2 * len(rates)
