@@ -191,6 +191,18 @@ def bulk(
         "error_kind": where.error_kind,
         "ids": None if where.ids is None else list(where.ids),
     }
+    total = yield from _batches(name, params, action, dry_run, batch)
+    if action is BulkAction.DELETE and JobState.SUCCEEDED in states:
+        # Then the succeeded jobs the archive holds (migration 0034).
+        total += yield from _batches("job_bulk_archived", params, action, dry_run, batch)
+    return total
+
+
+def _batches(
+    name: str, params: dict[str, Any], action: BulkAction, dry_run: bool, batch: int
+) -> Flow[int]:
+    """Run the statement of one table's part of a bulk action until it is
+    done: the jobs changed (with ``dry_run``, the jobs matching)."""
     total = 0
     while True:
         try:

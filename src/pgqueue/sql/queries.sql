@@ -991,6 +991,39 @@ FROM (SELECT count(*) FROM ready) r, (SELECT count(*) FROM batched) b
 LEFT JOIN (SELECT finished_at, id FROM matching ORDER BY finished_at DESC, id DESC LIMIT 1) last
     ON true;
 
+-- name: job_bulk_archived
+-- The archive's part of a bulk delete (job_bulk_finished walks the hot
+-- table): up to `limit` archived jobs (succeeded ones, migration 0034) that
+-- match the filter, in id order after `after_id`, deleted; with `dry_run`,
+-- how many match (no limit), and nothing else. An archived row is never
+-- updated, so none is locked: one taken back meanwhile (job_unarchive) is
+-- found gone. It has no steps or signals left (job_archive deleted them),
+-- and its outcome stays counted, as job_prune's do. The partitions are
+-- pruned by `finished_before` when given.
+WITH matching AS (
+    SELECT id, finished_at FROM pgqueue_jobs_archive
+    WHERE 'succeeded' = ANY(%(states)s::text[])
+      AND finished_at <= %(started_at)s::timestamptz
+      AND id > coalesce(%(after_id)s::bigint, 0)
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND (%(task)s::text IS NULL OR task = %(task)s::text)
+      AND (%(enqueued_before)s::timestamptz IS NULL
+           OR enqueued_at < %(enqueued_before)s::timestamptz)
+      AND (%(finished_before)s::timestamptz IS NULL
+           OR finished_at < %(finished_before)s::timestamptz)
+      AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
+      AND (%(error_kind)s::text IS NULL OR pgqueue_error_kind(last_error) = %(error_kind)s::text)
+      AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+    ORDER BY id
+    LIMIT %(limit)s
+), deleted AS (
+    DELETE FROM pgqueue_jobs_archive a USING matching m
+    WHERE NOT %(dry_run)s AND a.id = m.id AND a.finished_at = m.finished_at
+    RETURNING a.id
+)
+SELECT (SELECT count(*) FROM matching) AS matched, (SELECT count(*) FROM deleted) AS affected,
+       NULL::timestamptz AS last_at, (SELECT max(id) FROM matching) AS last_id;
+
 -- name: job_get
 -- One job by id: in the hot table, else in the archive (migration 0034).
 -- The archive is read only when the hot table has no such row (a one-time

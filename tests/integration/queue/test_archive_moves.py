@@ -13,8 +13,9 @@ import psycopg
 import pytest
 from typer.testing import CliRunner
 
-from pgqueue import Queue, Settings, chain
+from pgqueue import BulkAction, JobFilter, JobNotFound, Queue, Settings, chain
 from pgqueue.cli import app
+from pgqueue.core.bulk import bulk
 from pgqueue.core.errors import InvalidSettings
 from pgqueue.db.worker_connection import Connection
 from pgqueue.worker.maintenance import Maintenance
@@ -136,6 +137,32 @@ def test_a_job_enqueued_after_an_archived_parent_takes_it_back(
     sql.execute(OLD)
     assert queue.archive() == 1  # the child only
     assert queue.get(parent).state == "succeeded"
+
+
+def test_a_bulk_delete_counts_and_deletes_the_archived_jobs_it_matches_too(
+    queue: Queue, sql: psycopg.Connection[Any]
+) -> None:
+    kept = run_all(queue, 3, task="keep")
+    gone = run_all(queue, 5, task="gone")
+    sql.execute(OLD)
+    assert queue.archive() == 8
+    hot = run_all(queue, 2, task="gone")  # finished now: still in the hot table
+    assert counts(sql) == (2, 8)
+    # The dry run counts both tables; the delete walks both, in batches
+    # smaller than what matches in each.
+    assert queue.bulk_delete(task="gone", dry_run=True) == 7
+    assert queue.run(bulk(BulkAction.DELETE, JobFilter(task="gone"), batch=2)) == 7
+    assert counts(sql) == (0, 3)
+    assert [j.id for j in queue.list_jobs()] == kept[::-1]
+    for job_id in (*gone, *hot):
+        with pytest.raises(JobNotFound):
+            queue.get(job_id)
+    # A filter on the finished moment prunes the archive's partitions, and
+    # an action on other states leaves it alone.
+    assert queue.bulk_delete(task="keep", finished_before=7200, dry_run=True) == 0
+    assert queue.bulk_delete(task="keep", state="dead", dry_run=True) == 0
+    assert queue.bulk_delete(task="keep", finished_before=60) == 3
+    assert counts(sql) == (0, 0)
 
 
 def test_retention_drops_whole_partitions_and_deletes_nothing_else(
