@@ -70,9 +70,7 @@ def test_a_page_of_a_queue_or_task_rare_in_the_history_reads_its_jobs_only(
     # no other job has: without an index of the archive on them, the walk
     # down the ids reads the 20,000 archived rows to find them. (The hot
     # table's walk is the hot table's: short, as the archive keeps it.)
-    history.execute(
-        "UPDATE pgqueue_jobs_archive SET queue = 'rare', task = 'rare' WHERE id <= 5"
-    )
+    history.execute("UPDATE pgqueue_jobs_archive SET queue = 'rare', task = 'rare' WHERE id <= 5")
     history.execute("ANALYZE pgqueue_jobs_archive")
     params = list_filters(limit=PAGE, **{column: "rare"})
     assert archive_rows(history, name, params) <= 4 * 5
