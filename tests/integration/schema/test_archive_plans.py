@@ -62,21 +62,20 @@ def test_a_page_reads_a_page(history: Any, name: str, filters: dict[str, Any]) -
 
 
 @pytest.mark.parametrize("name", ["job_list", "job_list_summary"])
-@pytest.mark.parametrize("column", ["queue", "task"])
-def test_a_page_of_a_queue_or_task_rare_in_the_history_reads_its_jobs_only(
-    history: psycopg.Connection[Any], name: str, column: str
+def test_a_page_of_a_queue_rare_in_the_history_reads_its_jobs_only(
+    history: psycopg.Connection[Any], name: str
 ) -> None:
-    # Five archived jobs deep in the history, of a queue and a task that
-    # no other job has: without an index of the archive on them, the walk
-    # down the ids reads the 20,000 archived rows to find them. (The hot
-    # table's walk is the hot table's: short, as the archive keeps it.)
-    history.execute("UPDATE pgqueue_jobs_archive SET queue = 'rare', task = 'rare' WHERE id <= 5")
+    # Five archived jobs deep in the history, of a queue no other job has:
+    # without the archive's queue index (migration 0041), the walk down the
+    # ids reads the 20,000 archived rows to find them. (The hot table's walk
+    # is the hot table's: short, as the archive keeps it.)
+    history.execute("UPDATE pgqueue_jobs_archive SET queue = 'rare' WHERE id <= 5")
     history.execute("ANALYZE pgqueue_jobs_archive")
-    params = list_filters(limit=PAGE, **{column: "rare"})
+    params = list_filters(limit=PAGE, queue="rare")
     assert archive_rows(history, name, params) <= 4 * 5
     with history.transaction():
         found = history.execute(QUERIES[name], params).fetchall()
-    assert len(found) == 5
+    assert [row[0] for row in found] == [5, 4, 3, 2, 1]
 
 
 def archive_scans(sql: psycopg.Connection[Any], name: str, params: dict[str, Any]) -> list[Any]:
