@@ -47,6 +47,13 @@ def moves_per_second(conn: psycopg.Connection[Any], queue: Queue, rows: int) -> 
     return moved / (time.monotonic() - started)
 
 
+def set_index(conn: psycopg.Connection[Any], *, present: bool) -> None:
+    if present:
+        conn.execute(f"CREATE INDEX IF NOT EXISTS {INDEX} ON pgqueue_jobs_archive (queue, id)")
+    else:
+        conn.execute(f"DROP INDEX IF EXISTS {INDEX}")
+
+
 def main(argv: list[str] | None = None) -> ResultRecord:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=200_000)
@@ -57,17 +64,16 @@ def main(argv: list[str] | None = None) -> ResultRecord:
     with bench_database("archive_move") as url:
         settings = Settings(database_url=url)
         with psycopg.connect(url, autocommit=True) as conn, Queue(url, settings=settings) as queue:
-            for repeat in range(args.repeats):
-                for side in runs:
-                    if side == "with_index":
-                        conn.execute(
-                            f"CREATE INDEX IF NOT EXISTS {INDEX}"
-                            " ON pgqueue_jobs_archive (queue, id)"
+            try:
+                for repeat in range(args.repeats):
+                    for side in runs:
+                        set_index(conn, present=side == "with_index")
+                        runs[side].append(moves_per_second(conn, queue, args.rows))
+                        print(
+                            f"round {repeat + 1} {side}: {runs[side][-1]:,.0f} rows/s", flush=True
                         )
-                    else:
-                        conn.execute(f"DROP INDEX IF EXISTS {INDEX}")
-                    runs[side].append(moves_per_second(conn, queue, args.rows))
-                    print(f"round {repeat + 1} {side}: {runs[side][-1]:,.0f} rows/s", flush=True)
+            finally:
+                set_index(conn, present=True)  # the schema as the migrations made it
         server = server_info(url)
     ratios = [a / b for a, b in zip(runs["with_index"], runs["without_index"], strict=True)]
     record = ResultRecord(

@@ -418,6 +418,20 @@ def test_the_finish_statement_without_its_batch_step_still_finishes_and_counts()
     assert "pgqueue_counters" in cut and "pgqueue_release" in cut
 
 
+def test_archive_move_smoke(bench_url: str, out_dir: Path) -> None:
+    from bench.perf import archive_move
+
+    out = out_dir / "archive_move.json"
+    archive_move.main(["--rows", "300", "--repeats", "1", "--out", str(out)])
+    results = _read(out, "archive_move", "bench.perf.archive_move").results
+    assert set(results["rows_per_second"]) == {"with_index", "without_index"}
+    assert results["with_over_without"]["median"] > 0
+    # The run leaves the schema as the migrations made it: the index is back.
+    with psycopg.connect(bench_url) as conn:
+        found = conn.execute("SELECT to_regclass('pgqueue_jobs_archive_queue')").fetchone()
+    assert found is not None and found[0] is not None
+
+
 def test_worker_startup_smoke(bench_url: str, out_dir: Path) -> None:
     from bench.perf import worker_startup
 
