@@ -115,6 +115,8 @@ def _fork(run: Callable[[], int]) -> _Forked:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, signal.SIG_DFL)
             code = run()
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
         except BaseException:
             traceback.print_exc()
         finally:
