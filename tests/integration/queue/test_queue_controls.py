@@ -187,7 +187,6 @@ def test_a_lowered_limit_stops_new_starts_until_enough_have_ended(queue: Queue) 
     assert len(queue.claim(10, worker="w", queues=["q"])) == 10
 
 
-
 def test_a_pause_that_commits_while_a_limited_claim_waits_for_the_queues_lock_counts(
     queue: Queue, settings: Settings
 ) -> None:
@@ -211,6 +210,7 @@ def test_a_pause_that_commits_while_a_limited_claim_waits_for_the_queues_lock_co
             queue.pause("q")
             first.rollback()
             assert waiting.result(timeout=5) == []
+
 
 # -- round-robin across queues -----------------------------------------------------------------
 
