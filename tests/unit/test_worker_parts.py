@@ -570,6 +570,32 @@ async def test_a_hint_during_a_claim_starts_the_next_claim_on_the_other_connecti
     await asyncio.wait_for(task, 5)
 
 
+async def test_a_fair_queues_two_claims_are_out_at_once_each_for_its_cap() -> None:
+    """A claim of a fair queue reserves only the slots it can take (its
+    cap), not every free one: the other claimer's claim goes out beside it,
+    so that a key coming beside a backlog waits for whichever begins next."""
+    db = MemoryDatabase()
+    db.fair = ["tenants"]
+    for _ in range(4 * FAIR_CLAIM_JOBS):
+        db.add(queue="tenants")
+    conns = [Gated(db), Gated(db)]
+    lookout = Recorded(db)
+    producer = Producer(
+        conns[0], HeldJobs(4 * FAIR_CLAIM_JOBS), SETTINGS, EVENTS, queues=["tenants"],
+        start=lambda jobs: None, more=conns[1:], lookout=lookout,
+    )  # fmt: skip
+    looking = asyncio.create_task(producer.lookout_loop())
+    await until(lambda: "queue_claim_hints" in lookout.names)
+    claiming = asyncio.create_task(producer.claim_loop())
+    await until(lambda: conns[0].in_flight == conns[1].in_flight == 1)
+    assert conns[0].limits == conns[1].limits == [FAIR_CLAIM_JOBS]
+    for conn in conns:
+        conn.gate.set()
+    producer.stop()
+    looking.cancel()
+    await asyncio.wait_for(claiming, 5)
+
+
 async def test_the_lookout_asks_when_a_job_is_next_due_only_after_a_short_claim() -> None:
     """A worker whose claims all come back full would never sleep until then."""
     db = MemoryDatabase()

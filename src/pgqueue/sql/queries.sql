@@ -253,7 +253,8 @@ SELECT count(pg_notify('pgqueue_jobs', q)) AS notified FROM unnest(%(queues)s::t
 -- running, count the attempt, and give each a lease and a fresh fencing
 -- token. The queue controls (pgqueue_queues; a queue without a row has
 -- none) say how: a paused queue is left out; a limited queue's jobs are
--- chosen by pgqueue_pick_limited, under that queue's lock.
+-- chosen by pgqueue_pick_limited, under that queue's lock (a fair queue
+-- without limits: by pgqueue_pick_fair, under row locks, migration 0040).
 WITH wanted AS (
     SELECT q.name, q.share, q.place, c.paused, c.limited
     FROM unnest((SELECT %(queues)s::text[]), (SELECT %(shares)s::integer[]))
@@ -294,8 +295,9 @@ WITH wanted AS (
     FROM (SELECT id, at FROM in_limited_queues UNION ALL SELECT id, at FROM in_free_queues
           LIMIT %(limit)s) picked,
          (SELECT 'queued'::text OFFSET 0) AS expected(state)
-    -- A limited queue's jobs were chosen, not locked: the state is checked
-    -- again on the row's newest version. Against `expected`, a join
+    -- A limited queue's jobs were chosen, not locked (a fair queue's
+    -- without limits were locked): the state is checked again on the
+    -- row's newest version. Against `expected`, a join
     -- condition (as in job_heartbeat), so that the rows are reached by
     -- primary key whatever the statistics say: neither through a partial
     -- index on the state (under a backlog that grows faster than ANALYZE

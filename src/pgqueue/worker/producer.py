@@ -172,6 +172,7 @@ class Producer:
                     continue
             self._wake.clear()
             sent_at = time.monotonic()
+            free = self._takes(free)
             self._claiming += free
             try:
                 jobs = await conn.drive(
@@ -207,6 +208,20 @@ class Producer:
 
     def _caps(self) -> dict[str, int]:
         return {name: FAIR_CLAIM_JOBS for name in self._hints.fair}
+
+    def _takes(self, free: int) -> int:
+        """What a claim can take of ``free`` slots: all of them, unless
+        every queue it asks is a fair one, whose claims are capped. The
+        rest is left to the other claimer, whose claim then overlaps this
+        one (a fair queue without limits is claimed under row locks, not
+        its queue's lock), so that a key coming beside a backlog waits for
+        whichever claim begins next."""
+        if not self._hints.fair:
+            return free
+        asked = set(self.known)
+        if not asked or not self._hints.fair.issuperset(asked):
+            return free
+        return min(free, FAIR_CLAIM_JOBS * len(asked))
 
     def _capped(self, jobs: list[Job]) -> bool:
         """Whether a fair queue gave as many jobs as its claim may take."""

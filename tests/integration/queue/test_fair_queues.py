@@ -6,6 +6,7 @@ are refused naming the field, through the library, HTTP and the CLI."""
 from __future__ import annotations
 
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import psycopg
@@ -73,3 +74,79 @@ async def test_bad_values_are_refused_naming_the_field_and_nothing_is_written(
     assert off.exit_code == 0, off.output
     [[fair]] = sql.execute("SELECT fair FROM pgqueue_queues WHERE name = 'q'")
     assert fair is None
+
+
+def _pick(conn: psycopg.Connection[Any], wanted: int) -> list[int]:
+    """The ids pgqueue_pick_limited chooses (job_claim's choice of a fair or
+    limited queue's jobs), in the connection's open transaction."""
+    rows = conn.execute("SELECT id FROM pgqueue_pick_limited('q', %s)", [wanted]).fetchall()
+    return [row[0] for row in rows]
+
+
+def _key_of(sql: psycopg.Connection[Any], ids: list[int]) -> Counter[str | None]:
+    rows = sql.execute("SELECT concurrency_key FROM pgqueue_jobs WHERE id = ANY(%s)", [ids])
+    return Counter(row[0] for row in rows)
+
+
+def test_two_claims_of_a_fair_queue_overlap_each_taking_other_jobs(
+    queue: Queue, settings: Settings, sql: psycopg.Connection[Any]
+) -> None:
+    """A claim still open (its transaction not committed) does not hold up
+    the next claim of a fair queue without limits: the next one takes the
+    jobs after those it holds, round robin as ever, at once (it does not
+    wait for the queue's lock, which limits still take). A claim locks
+    only the jobs it takes."""
+    _backlog(queue)
+    queue.set_limits("q", fair=True)
+    with psycopg.connect(settings.database_url) as first:
+        held = _pick(first, 3)  # each key's first job, not committed
+        with psycopg.connect(settings.database_url, autocommit=True) as second:
+            second.execute("SET lock_timeout = '2s'")
+            [[free]] = second.execute(
+                "SELECT count(*) FROM (SELECT id FROM pgqueue_jobs WHERE state = 'queued'"
+                " FOR UPDATE SKIP LOCKED) s"
+            )
+            taken = _pick(second, 6)
+        first.rollback()
+    assert _key_of(sql, held) == {"big": 1, "small": 1, None: 1}
+    assert free == 308 - 3
+    assert not set(held) & set(taken)
+    assert _key_of(sql, taken) == {"big": 2, "small": 2, None: 2}
+
+
+def test_a_fair_queues_claims_with_a_per_key_limit_still_take_turns(
+    queue: Queue, settings: Settings
+) -> None:
+    """With a limit, a claim counts what the claim before it took: the
+    second waits for the first (its lock) rather than overlap it."""
+    _backlog(queue)
+    queue.set_limits("q", fair=True, concurrency_limit_per_key=2)
+    with psycopg.connect(settings.database_url) as first:
+        _pick(first, 3)
+        with psycopg.connect(settings.database_url, autocommit=True) as second:
+            second.execute("SET lock_timeout = '200ms'")
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                _pick(second, 6)
+        first.rollback()
+
+
+def test_a_worker_claims_a_new_keys_jobs_while_another_keys_claim_is_open(
+    queue: Queue, settings: Settings
+) -> None:
+    """The library's claim (job_claim) of a fair queue, beside a claim as
+    large of the big key's backlog that has not committed (a worker's other
+    claimer's): it takes the new key's jobs at once, and the big key's jobs
+    after those the open claim holds."""
+    queue.set_limits("q", fair=True)
+    queue.enqueue_many([{"task": "t", "queue": "q", "concurrency_key": "big"}] * 300)
+    with psycopg.connect(settings.database_url) as first:
+        held = _pick(first, 10)
+        queue.enqueue_many([{"task": "t", "queue": "q", "concurrency_key": "small"}] * 5)
+        with ThreadPoolExecutor(1) as pool:  # (it would wait for the open claim to end)
+            claiming = pool.submit(queue.claim, 10, worker="w", queues=["q"])
+            try:
+                claimed = claiming.result(timeout=5)
+            finally:
+                first.rollback()
+    assert Counter(job.concurrency_key for job in claimed) == {"big": 5, "small": 5}
+    assert not {job.id for job in claimed} & set(held)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -183,6 +185,31 @@ def test_a_lowered_limit_stops_new_starts_until_enough_have_ended(queue: Queue) 
     assert len(queue.claim(10, worker="w", queues=["q"])) == 1
     queue.set_limits("q", concurrency_limit=None)
     assert len(queue.claim(10, worker="w", queues=["q"])) == 10
+
+
+def test_a_pause_that_commits_while_a_limited_claim_waits_for_the_queues_lock_counts(
+    queue: Queue, settings: Settings
+) -> None:
+    """A limited queue's claim reads the queue's controls again once it has
+    the queue's lock: a pause committed while it waited leaves it nothing."""
+    queue.enqueue_many([{"task": "t", "queue": "q"}] * 5)
+    queue.set_limits("q", concurrency_limit=10)
+    with psycopg.connect(settings.database_url) as first:
+        first.execute("SELECT pgqueue_pick_limited('q', 1)")  # holds the queue's lock
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(queue.claim, 5, worker="w", queues=["q"])
+            with psycopg.connect(settings.database_url, autocommit=True) as watch:
+                until_waiting = (
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'"
+                )
+                deadline = time.monotonic() + 5
+                while watch.execute(until_waiting).fetchone() != (1,):
+                    assert time.monotonic() < deadline, "the claim never waited for the lock"
+                    time.sleep(0.01)
+            queue.pause("q")
+            first.rollback()
+            assert waiting.result(timeout=5) == []
 
 
 # -- round-robin across queues -----------------------------------------------------------------
