@@ -127,3 +127,45 @@ def test_supervisor_restarts_a_dead_child_and_stops_cleanly(
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0
     assert not children(proc.pid)
+
+
+# A handlers' module that notes each process that imports it.
+NOTING = """
+import os
+with open(os.environ["NOTED"], "a") as noted:
+    noted.write(f"{os.getpid()}\\n")
+
+async def echo(job):
+    return job.payload
+
+HANDLERS = {"echo": echo}
+"""
+
+
+def test_the_command_lines_worker_processes_import_the_handlers_themselves(
+    db_url: str, queue: Queue, tmp_path: Path
+) -> None:
+    # They start as forks of the supervisor; the supervisor imports the
+    # handlers' module only after them (it checks it), so that nothing the
+    # module opens when imported is shared: each child imported it itself.
+    (tmp_path / "noting_tasks.py").write_text(NOTING)
+    noted = tmp_path / "noted"
+    env = dict(os.environ, NOTED=str(noted), PYTHONPATH=str(ROOT / "src"))
+    command = [sys.executable, "-m", "pgqueue", "--database-url", db_url, "worker"]
+    proc = subprocess.Popen(
+        [*command, "--handlers", "noting_tasks:HANDLERS", "--processes", "2"],
+        cwd=tmp_path,
+        env=env,
+    )
+    try:
+        workers = wait_for(lambda: children(proc.pid) if len(children(proc.pid)) == 2 else None)
+        wait_for(lambda: noted.exists() and len(noted.read_text().split()) == 3)
+        assert {int(pid) for pid in noted.read_text().split()} == {proc.pid, *workers}
+        job = queue.enqueue("echo", {"x": 1})
+        assert queue.wait(job.id, 20).state is JobState.SUCCEEDED
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -103,9 +103,10 @@ def worker_cmd(
     state = state_of(ctx)
     settings = state.settings(concurrency=concurrency)
     configure_logging(state.debug, logging.INFO)
-    # Several processes are forked before the handlers' module is imported
-    # here (run_processes): until then, only what needs none of its code.
-    _check_handlers(handlers, import_module=processes == 1)
+    # Only what needs none of the handlers' module's code: run_processes
+    # imports it when it may (before one worker in this process starts, or
+    # once the worker processes are forked: they must not share what it opens).
+    _check_handlers(handlers, import_module=False)
     code = run_processes(
         handlers,
         queues=split(queues),
