@@ -74,8 +74,9 @@ PACE_MARGIN = 2
 # How long the pace remembers the busiest rate it measured (see _pace).
 PACE_MEMORY_SECONDS = 1.0
 # A fair queue's claim takes at most this many of its jobs (docs/howto/
-# limits.md, "Fair queues"): its claims are under its lock, one at a time,
-# so that a key that comes beside a large backlog waits for one short claim.
+# limits.md, "Fair queues"), so that a key that comes beside a large backlog
+# waits for one short claim (without limits, a worker's two claims of it
+# overlap: migration 0040; with limits, they take turns under its lock).
 FAIR_CLAIM_JOBS = 50
 # A due time the lookout learns wakes an idle claimer if it comes this much
 # before the claimer's own wake-up.
