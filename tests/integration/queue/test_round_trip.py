@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pgqueue import JobState, Queue, Settings
+from pgqueue.core.rules import SEALED_KEY
 from tests.support import api_client
 
 # Python writes a float with an exponent from this magnitude on.
@@ -69,7 +70,14 @@ json_values = st.recursive(
 @settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(payload=st.dictionaries(storable_text, json_values, max_size=6))
+# The envelope's key is refused at the top level (tested where sealing is);
+# Hypothesis draws string constants from the code under test, so it does
+# find it.
+@given(
+    payload=st.dictionaries(
+        storable_text.filter(lambda key: key != SEALED_KEY), json_values, max_size=6
+    )
+)
 def test_payloads_and_results_come_back_as_the_rule_says(
     queue: Queue, payload: dict[str, Any]
 ) -> None:
