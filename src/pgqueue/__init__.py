@@ -43,6 +43,11 @@ import importlib
 import logging
 import typing
 
+# The one place the version is written: pyproject.toml reads it from here
+# (tool.setuptools.dynamic), and a worker reads it without importlib.metadata
+# (a start-up cost of its own).
+__version__ = "0.1.0"
+
 # The names below are imported on first use (PEP 562), so that a program that
 # needs one part (a worker process, one command of the command line) does not
 # import them all: each module costs its start-up (about 0.02 s of a worker's).

@@ -21,14 +21,22 @@ Only this module imports OpenTelemetry (``opentelemetry-api``: ``pip install
 function here gives back what it was given, and nothing is written into jobs.
 OpenTelemetry's API records nothing until the application installs an SDK
 (a TracerProvider), so with the API alone the spans are no-ops.
+
+Installed, it is imported only once the process uses it (``_in_use``: the
+application imported its trace API, to install an SDK or to start a span,
+or a job arrived carrying a trace context): a worker process of an
+application that does not trace would pay its import (about 0.02 s of the
+start) for spans that nobody records and no context to carry.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import importlib.util
 import json
 import math
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
@@ -43,13 +51,10 @@ from .core.json_text import dump_json
 from .core.settings import Settings
 
 if TYPE_CHECKING:
-    from .core.outcomes import Outcome
-
-try:
     from opentelemetry import context, propagate, trace
     from opentelemetry.trace import SpanKind, Status, StatusCode
-except ImportError:  # the bare install: tracing is off
-    trace = None  # type: ignore[assignment]
+
+    from .core.outcomes import Outcome
 
 __all__ = [
     "CONTEXT_KEY",
@@ -73,14 +78,41 @@ CONTEXT_KEY = "otel"
 SYSTEM = "pgqueue"
 
 
+# Whether OpenTelemetry's API is installed (without importing it).
+_INSTALLED = importlib.util.find_spec("opentelemetry") is not None
+_loaded = False
+
+
 def available() -> bool:
     """Whether OpenTelemetry's API is installed."""
-    return trace is not None
+    return _INSTALLED
 
 
 def enabled(settings: Settings) -> bool:
     """Whether to trace: the API is installed and the setting is on."""
-    return trace is not None and settings.tracing
+    return _INSTALLED and settings.tracing
+
+
+def _load() -> None:
+    """Import OpenTelemetry's API into this module's names, once (callers
+    have checked ``enabled``)."""
+    global _loaded, context, propagate, trace, SpanKind, Status, StatusCode
+    if not _loaded:
+        from opentelemetry import context, propagate, trace
+        from opentelemetry.trace import SpanKind, Status, StatusCode
+
+        _loaded = True
+
+
+def _in_use() -> bool:
+    """Whether this process uses OpenTelemetry (see the module's docstring):
+    without its trace API imported, no span can be current and no SDK
+    installed, so there is no context to carry and no span to record."""
+    if not _loaded:
+        if "opentelemetry.trace" not in sys.modules:
+            return False
+        _load()
+    return True
 
 
 def _tracer() -> trace.Tracer:
@@ -88,6 +120,7 @@ def _tracer() -> trace.Tracer:
     # OpenTelemetry's proxy, which hands over to the provider once there is one.
     global _TRACER
     if _TRACER is None:
+        _load()
         _TRACER = trace.get_tracer(SYSTEM)
     return _TRACER
 
@@ -98,7 +131,7 @@ _TRACER: trace.Tracer | None = None
 def _sdk_installed() -> bool:
     """Whether the application installed a TracerProvider (without one,
     every span is a no-op)."""
-    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    return _in_use() and not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
 
 
 # -- the producer's side -----------------------------------------------------------
@@ -107,7 +140,7 @@ def _sdk_installed() -> bool:
 def _current_headers() -> dict[str, str] | None:
     """The current trace context as W3C headers (traceparent, tracestate,
     baggage), or None when no span is current."""
-    if not trace.get_current_span().get_span_context().is_valid:
+    if not _in_use() or not trace.get_current_span().get_span_context().is_valid:
         return None
     headers: dict[str, str] = {}
     propagate.inject(headers)
@@ -166,9 +199,9 @@ class EnqueueFlows:
         try:
             job = await write(spec)
         except BaseException as exc:
-            _end_span(name, SpanKind.PRODUCER, attributes, start, error=exc)
+            _end_span(name, "PRODUCER", attributes, start, error=exc)
             raise
-        _end_span(name, SpanKind.PRODUCER, attributes, start, result=job)
+        _end_span(name, "PRODUCER", attributes, start, result=job)
         return job
 
 
@@ -180,7 +213,7 @@ def _enqueued(on: bool, make: Callable[P, Flow[T]], name: str = "enqueue") -> Ca
         attributes = _enqueue_attributes(args[0])
         first = args[0]
         span_name = f"{name} {first.task}" if isinstance(first, JobSpec) else name
-        return _recorded(make(*args, **kwargs), span_name, SpanKind.PRODUCER, attributes)
+        return _recorded(make(*args, **kwargs), span_name, "PRODUCER", attributes)
 
     return traced
 
@@ -196,7 +229,7 @@ def _enqueue_attributes(jobs: Any) -> dict[str, Any]:
 def _recorded(
     flow: Flow[T],
     name: str,
-    kind: SpanKind,
+    kind: str,
     attributes: dict[str, Any],
     keep: Callable[[T], bool] = lambda _: True,
 ) -> Flow[T]:
@@ -217,16 +250,19 @@ def _recorded(
 
 def _end_span(
     name: str,
-    kind: SpanKind,
+    kind: str,
     attributes: dict[str, Any],
     start: int,
     *,
     error: BaseException | None = None,
     result: Any = None,
 ) -> None:
-    """A span that began at ``start`` and ends now: ERROR with ``error``,
-    else with what ``result`` says."""
-    span = _tracer().start_span(name, kind=kind, attributes=attributes, start_time=start)
+    """A span of ``kind`` (a SpanKind's name) that began at ``start`` and
+    ends now: ERROR with ``error``, else with what ``result`` says. None
+    when OpenTelemetry is not in use: no SDK could record it."""
+    if not _in_use():
+        return
+    span = _tracer().start_span(name, kind=SpanKind[kind], attributes=attributes, start_time=start)
     if error is not None:
         if not isinstance(error, GeneratorExit):
             span.record_exception(error)
@@ -276,7 +312,7 @@ def claims(settings: Settings, make: Callable[P, Flow[list[Job]]]) -> Callable[P
             "messaging.operation.type": "receive",
             "pgqueue.claim.limit": kwargs.get("limit"),
         }
-        return _recorded(make(*args, **kwargs), "claim", SpanKind.CLIENT, attributes, keep=bool)
+        return _recorded(make(*args, **kwargs), "claim", "CLIENT", attributes, keep=bool)
 
     return traced
 
@@ -322,6 +358,7 @@ def running(
 
 @contextlib.contextmanager
 def _span_of(job: Job, headers: dict[str, str]) -> Iterator[Callable[[Outcome], None]]:
+    _load()  # a job's context is carried even where the application does not trace
     parent = propagate.extract(headers)
     attributes = _attributes(
         job.queue,
@@ -370,7 +407,8 @@ def outcome_name(outcome: Outcome) -> str:
 
 def failed(exc: BaseException) -> None:
     """Record a handler's exception on the current span (the attempt's)."""
-    trace.get_current_span().record_exception(exc)
+    if _in_use():
+        trace.get_current_span().record_exception(exc)
 
 
 def carried(fn: Callable[[Job], Any]) -> Callable[[Job], Any]:
@@ -388,6 +426,7 @@ def remote_context(headers: Mapping[str, str]) -> Iterator[None]:
     """The trace context of a request's headers (``traceparent``...) made
     current, unless a span is current already (the application's own
     server instrumentation made one, a child of those headers)."""
+    _load()
     if trace.get_current_span().get_span_context().is_valid:
         yield
         return

@@ -29,3 +29,15 @@ def test_a_worker_process_does_not_import_the_queue_faces() -> None:
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_version_is_the_installed_distributions_and_the_command_lines() -> None:
+    import importlib.metadata
+    import subprocess
+    import sys
+
+    assert importlib.metadata.version("pgqueue") == pgqueue.__version__
+    shown = subprocess.run(
+        [sys.executable, "-m", "pgqueue", "--version"], capture_output=True, text=True, check=True
+    )
+    assert shown.stdout.strip() == f"pgqueue {pgqueue.__version__}"

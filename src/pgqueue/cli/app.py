@@ -239,9 +239,9 @@ def configure_logging(debug: bool, level: int = logging.WARNING, log_format: str
 
 def _version(value: bool) -> None:
     if value:
-        from importlib.metadata import version
+        from .. import __version__
 
-        typer.echo(f"pgqueue {version('pgqueue')}")
+        typer.echo(f"pgqueue {__version__}")
         raise typer.Exit()
 
 

@@ -14,7 +14,6 @@ import dataclasses
 import functools
 import json
 import os
-import tomllib
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -320,6 +319,8 @@ def _read_pyproject(path: Path) -> dict[str, Any]:
     """The ``[tool.pgqueue]`` table; keys may use - or _."""
     if not path.is_file():
         return {}
+    import tomllib  # here: a worker given its settings never reads a file
+
     try:
         with open(path, "rb") as handle:
             document = tomllib.load(handle)

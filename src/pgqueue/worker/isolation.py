@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib.util
-import multiprocessing
 import os
 import pickle
 from collections.abc import Iterable
@@ -55,6 +54,8 @@ class HandlerProcesses:
         """Start the children now, if any task is isolated: a child's start
         is not part of its first job's time."""
         if self.isolated and self._pool is None:
+            import multiprocessing
+
             from pebble import ProcessPool
 
             context = multiprocessing.get_context("spawn")

@@ -31,7 +31,6 @@ import asyncio
 import contextlib
 import contextvars
 import functools
-import importlib.metadata
 import logging
 import os
 import socket
@@ -40,7 +39,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
-from .. import tracing
+from .. import __version__, tracing
 from ..core import workers
 from ..core.errors import WorkerFailed
 from ..core.reads import schema_pending
@@ -81,14 +80,6 @@ _HANDLER_RUNS = (Stage.RUNNING, Stage.COMPLETING, Stage.COMPLETED, Stage.SLEEPIN
 
 def default_worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-
-
-@functools.cache
-def _version() -> str:
-    try:
-        return importlib.metadata.version("pgqueue")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
 
 
 class AsyncWorker:
@@ -282,7 +273,7 @@ class AsyncWorker:
         s, events = self.settings, self.events
         claims, claims2, outcomes, outcomes2, upkeep = conns
         info = WorkerInfo(
-            self.name, socket.gethostname(), os.getpid(), _version(), self.queues, self.concurrency
+            self.name, socket.gethostname(), os.getpid(), __version__, self.queues, self.concurrency
         )
         self.lease_keeper = LeaseKeeper(upkeep, self.held, s, events, info, self._load)
         self.producer = Producer(
