@@ -4,6 +4,10 @@ the migration files of ``pgqueue/migrations``.
 Each block in queries.sql starts with ``-- name: <entity>_<action>``; one
 more, ``job_claim_explain``, is job_claim's EXPLAIN. Nothing else in the
 package holds SQL.
+
+A block that starts with ``-- fragment: <name>`` is lines that several
+statements share (the filters of the job listings, say): a statement's line
+``--> <name>`` stands for them, so that they are written once.
 """
 
 from __future__ import annotations
@@ -13,9 +17,10 @@ import re
 from pathlib import Path
 from typing import LiteralString
 
-__all__ = ["QUERIES", "READS", "migration_files", "migration_versions"]
+__all__ = ["QUERIES", "READS", "migration_files", "migration_versions", "parse"]
 
-_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_BLOCK = re.compile(r"^-- (name|fragment): (\w+)\s*$", re.MULTILINE)
+_INCLUDE = re.compile(r"^[ \t]*--> (\w+)[ \t]*$", re.MULTILINE)
 
 # The files are read where pip installs them, beside this module, not through
 # importlib.resources: its import and first use cost every worker process
@@ -23,20 +28,42 @@ _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 _HERE = Path(__file__).parent
 
 
-def _load() -> dict[str, LiteralString]:
-    text = (_HERE / "queries.sql").read_text(encoding="utf-8")
-    parts = _NAME.split(text)
-    queries: dict[str, LiteralString] = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        if name in queries:
-            raise RuntimeError(f"query {name!r} is defined twice in queries.sql")
-        # Comments stay in the file for readers; the server gets the statement.
-        lines = [line for line in body.splitlines() if not line.strip().startswith("--")]
-        queries[name] = "\n".join(lines).strip().rstrip(";")
+def _without_comments(body: str) -> str:
+    # Comments stay in the file for readers; the server gets the statement.
+    return "\n".join(line for line in body.splitlines() if not line.strip().startswith("--"))
+
+
+def parse(text: str) -> dict[str, LiteralString]:
+    """The statements of a queries.sql text by name, fragments put in place.
+    Raises RuntimeError for a name given twice, an unknown fragment, or a
+    fragment that no statement uses."""
+    parts = _BLOCK.split(text)
+    blocks: dict[str, dict[str, str]] = {"name": {}, "fragment": {}}
+    for kind, name, body in zip(parts[1::3], parts[2::3], parts[3::3], strict=True):
+        if name in blocks["name"] or name in blocks["fragment"]:
+            raise RuntimeError(f"{name!r} is defined twice in queries.sql")
+        blocks[kind][name] = body
+    fragments = {
+        name: _without_comments(body).strip("\n") for name, body in blocks["fragment"].items()
+    }
+    used: set[str] = set()
+
+    def fragment(found: re.Match[str]) -> str:
+        if found[1] not in fragments:
+            raise RuntimeError(f"queries.sql: no fragment named {found[1]!r}")
+        used.add(found[1])
+        return fragments[found[1]]
+
+    queries: dict[str, LiteralString] = {
+        name: _without_comments(_INCLUDE.sub(fragment, body)).strip().rstrip(";")
+        for name, body in blocks["name"].items()
+    }
+    if unused := sorted(fragments.keys() - used):
+        raise RuntimeError(f"queries.sql: fragments no statement uses: {', '.join(unused)}")
     return queries
 
 
-QUERIES = _load()
+QUERIES = parse((_HERE / "queries.sql").read_text(encoding="utf-8"))
 
 # The claim's plan as the planner would choose it now (EXPLAIN without
 # ANALYZE: nothing runs), for the doctor's claim_plan check: the same text

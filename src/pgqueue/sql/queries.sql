@@ -844,6 +844,32 @@ WITH picked AS (
 )
 SELECT retried.* FROM retried, (SELECT count(*) FROM woken) w, (SELECT count(*) FROM batched) b;
 
+-- fragment: job_filter
+-- The filters that the job listings and the bulk actions share (the
+-- library's list_jobs and JobFilter, GET /jobs, POST /jobs/bulk/*, the
+-- CLI's jobs list and bulk commands), each off when its parameter is NULL.
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND (%(task)s::text IS NULL OR task = %(task)s::text)
+      AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
+      AND (%(error_kind)s::text IS NULL OR pgqueue_error_kind(last_error) = %(error_kind)s::text)
+
+-- fragment: job_list_page
+-- The rest of a listing's filter (job_list, job_list_summary: each branch),
+-- then its page: the newest `limit` matches before the cursor `before_id`.
+      AND (%(payload_contains)s::jsonb IS NULL OR payload @> %(payload_contains)s::jsonb)
+      AND (%(metadata_contains)s::jsonb IS NULL OR metadata @> %(metadata_contains)s::jsonb)
+      AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
+    ORDER BY id DESC
+    LIMIT %(limit)s
+
+-- fragment: job_summary_columns
+-- job_list_summary's columns: all but the heavy ones.
+    SELECT id, queue, task, priority, state, run_at, attempts, max_attempts, snoozes,
+           timeout_seconds, idempotency_key, unique_scope, concurrency_key, worker,
+           lease_expires_at,
+           enqueued_at, started_at, finished_at, workflow_id, depends_on,
+           progress_fraction, progress_at, batch_id
+
 -- name: job_bulk_cancel
 -- One batch of a bulk cancel: up to `limit` waiting, queued or running jobs (of
 -- `states`) that match the filter; with `dry_run`, how many match (no
@@ -868,12 +894,9 @@ WITH candidate AS (
     -- The filter, written once: the planner pushes it into each branch.
     SELECT id FROM candidate
     WHERE enqueued_at <= %(started_at)s::timestamptz
-      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-      AND (%(task)s::text IS NULL OR task = %(task)s::text)
       AND (%(enqueued_before)s::timestamptz IS NULL
            OR enqueued_at < %(enqueued_before)s::timestamptz)
-      AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
-      AND (%(error_kind)s::text IS NULL OR pgqueue_error_kind(last_error) = %(error_kind)s::text)
+    --> job_filter
       AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
     LIMIT %(limit)s
 ), picked AS (
@@ -935,14 +958,11 @@ WITH matching AS (
       AND finished_at >= coalesce(%(after_at)s::timestamptz, '-infinity')
       AND (finished_at > %(after_at)s::timestamptz OR id > %(after_id)s::bigint
            OR %(after_at)s::timestamptz IS NULL)
-      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-      AND (%(task)s::text IS NULL OR task = %(task)s::text)
       AND (%(enqueued_before)s::timestamptz IS NULL
            OR enqueued_at < %(enqueued_before)s::timestamptz)
       AND (%(finished_before)s::timestamptz IS NULL
            OR finished_at < %(finished_before)s::timestamptz)
-      AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
-      AND (%(error_kind)s::text IS NULL OR pgqueue_error_kind(last_error) = %(error_kind)s::text)
+    --> job_filter
       AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
     ORDER BY finished_at, id
     LIMIT %(limit)s
@@ -1007,14 +1027,11 @@ WITH matching AS (
     WHERE 'succeeded' = ANY(%(states)s::text[])
       AND finished_at <= %(started_at)s::timestamptz
       AND id > coalesce(%(after_id)s::bigint, 0)
-      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-      AND (%(task)s::text IS NULL OR task = %(task)s::text)
       AND (%(enqueued_before)s::timestamptz IS NULL
            OR enqueued_at < %(enqueued_before)s::timestamptz)
       AND (%(finished_before)s::timestamptz IS NULL
            OR finished_at < %(finished_before)s::timestamptz)
-      AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
-      AND (%(error_kind)s::text IS NULL OR pgqueue_error_kind(last_error) = %(error_kind)s::text)
+    --> job_filter
       AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
     ORDER BY id
     LIMIT %(limit)s
@@ -1090,15 +1107,8 @@ DELETE FROM pgqueue_waits WHERE until < now();
     WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
       AND (NOT %(scheduled)s OR run_at > now())
       AND (NOT %(retrying)s OR attempts > 0)
-      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-      AND (%(task)s::text IS NULL OR task = %(task)s::text)
-      AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
-      AND (%(error_kind)s::text IS NULL OR pgqueue_error_kind(last_error) = %(error_kind)s::text)
-      AND (%(payload_contains)s::jsonb IS NULL OR payload @> %(payload_contains)s::jsonb)
-      AND (%(metadata_contains)s::jsonb IS NULL OR metadata @> %(metadata_contains)s::jsonb)
-      AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
-    ORDER BY id DESC
-    LIMIT %(limit)s
+    --> job_filter
+    --> job_list_page
 )
 UNION ALL (
     SELECT * FROM pgqueue_jobs_archive
@@ -1107,15 +1117,8 @@ UNION ALL (
     WHERE (%(state)s::text IS NULL OR %(state)s::text IN ('succeeded', 'dead', 'cancelled'))
       AND NOT %(scheduled)s AND NOT %(retrying)s
       AND (%(state)s::text IS NULL OR state = %(state)s::text)
-      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-      AND (%(task)s::text IS NULL OR task = %(task)s::text)
-      AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
-      AND (%(error_kind)s::text IS NULL OR pgqueue_error_kind(last_error) = %(error_kind)s::text)
-      AND (%(payload_contains)s::jsonb IS NULL OR payload @> %(payload_contains)s::jsonb)
-      AND (%(metadata_contains)s::jsonb IS NULL OR metadata @> %(metadata_contains)s::jsonb)
-      AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
-    ORDER BY id DESC
-    LIMIT %(limit)s
+    --> job_filter
+    --> job_list_page
 )
 ORDER BY id DESC
 LIMIT %(limit)s;
@@ -1125,46 +1128,24 @@ LIMIT %(limit)s;
 -- progress_info): what a listing that polls needs, without reading large
 -- values. The archive as in job_list.
 (
-    SELECT id, queue, task, priority, state, run_at, attempts, max_attempts, snoozes,
-           timeout_seconds, idempotency_key, unique_scope, concurrency_key, worker,
-           lease_expires_at,
-           enqueued_at, started_at, finished_at, workflow_id, depends_on,
-           progress_fraction, progress_at, batch_id
+    --> job_summary_columns
     FROM pgqueue_jobs
     WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
       AND (NOT %(scheduled)s OR run_at > now())
       AND (NOT %(retrying)s OR attempts > 0)
-      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-      AND (%(task)s::text IS NULL OR task = %(task)s::text)
-      AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
-      AND (%(error_kind)s::text IS NULL OR pgqueue_error_kind(last_error) = %(error_kind)s::text)
-      AND (%(payload_contains)s::jsonb IS NULL OR payload @> %(payload_contains)s::jsonb)
-      AND (%(metadata_contains)s::jsonb IS NULL OR metadata @> %(metadata_contains)s::jsonb)
-      AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
-    ORDER BY id DESC
-    LIMIT %(limit)s
+    --> job_filter
+    --> job_list_page
 )
 UNION ALL (
-    SELECT id, queue, task, priority, state, run_at, attempts, max_attempts, snoozes,
-           timeout_seconds, idempotency_key, unique_scope, concurrency_key, worker,
-           lease_expires_at,
-           enqueued_at, started_at, finished_at, workflow_id, depends_on,
-           progress_fraction, progress_at, batch_id
+    --> job_summary_columns
     FROM pgqueue_jobs_archive
     -- The archive holds ended jobs only: for another state this branch
     -- reads nothing.
     WHERE (%(state)s::text IS NULL OR %(state)s::text IN ('succeeded', 'dead', 'cancelled'))
       AND NOT %(scheduled)s AND NOT %(retrying)s
       AND (%(state)s::text IS NULL OR state = %(state)s::text)
-      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-      AND (%(task)s::text IS NULL OR task = %(task)s::text)
-      AND (%(error_contains)s::text IS NULL OR strpos(last_error, %(error_contains)s::text) > 0)
-      AND (%(error_kind)s::text IS NULL OR pgqueue_error_kind(last_error) = %(error_kind)s::text)
-      AND (%(payload_contains)s::jsonb IS NULL OR payload @> %(payload_contains)s::jsonb)
-      AND (%(metadata_contains)s::jsonb IS NULL OR metadata @> %(metadata_contains)s::jsonb)
-      AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
-    ORDER BY id DESC
-    LIMIT %(limit)s
+    --> job_filter
+    --> job_list_page
 )
 ORDER BY id DESC
 LIMIT %(limit)s;
