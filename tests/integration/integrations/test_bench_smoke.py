@@ -698,3 +698,18 @@ def test_api_group_commit_smoke(bench_url: str, out_dir: Path) -> None:
     assert set(results["jobs_per_second"]) == {"noop", "group_commit", "single_commits"}
     assert all(r["median"] > 0 for r in results["jobs_per_second"].values())
     assert results["ratio_medians"]["jobs_over_noop"] > 0
+
+
+def test_fairness_smoke(bench_url: str, out_dir: Path) -> None:
+    from bench.perf import fairness
+
+    out = out_dir / "fairness.json"
+    sizes = ["--big", "2000", "--small", "3", "--rounds", "2", "--plain-rounds", "2"]
+    fairness.main([*sizes, "--pause", "0.05", "--out", str(out)])
+    results = _read(out, "fairness", "bench.perf.fairness").results
+    assert set(results["scenarios"]) == {"empty", "busy", "fair", "plain"}
+    for name in ("empty", "busy", "fair"):
+        scenario = results["scenarios"][name]
+        assert scenario["small_started"] == scenario["small_jobs"] == 6, name
+    assert results["scenarios"]["busy"]["big_jobs_started_meanwhile"] > 0
+    assert results["fair_p99_over_busy_p99"] > 0 and results["fair_p99_over_empty_p99"] > 0
