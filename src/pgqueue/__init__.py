@@ -82,6 +82,7 @@ if typing.TYPE_CHECKING:
     from .core.health import HealthCheck, HealthReport
     from .core.job_spec import JobSpec
     from .core.jobs import AttemptError, Job, JobState
+    from .core.key_objectives import KeyObjective
     from .core.outcomes import CancelJob, Outcome, Snooze
     from .core.queue_controls import QueueControls
     from .core.schedules import Schedule, ScheduleRecord
@@ -119,6 +120,7 @@ __all__ = [
     "JobSpec",
     "JobState",
     "JobStateConflict",
+    "KeyObjective",
     "NotInHandler",
     "Outcome",
     "OutcomeUnknown",
@@ -175,6 +177,7 @@ _HOMES = {
     "JobSpec": ".core.job_spec",
     "JobState": ".core.jobs",
     "JobStateConflict": ".core.errors",
+    "KeyObjective": ".core.key_objectives",
     "NotInHandler": ".core.errors",
     "Outcome": ".core.outcomes",
     "OutcomeUnknown": ".core.errors",
