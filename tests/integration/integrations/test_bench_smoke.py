@@ -110,6 +110,21 @@ def test_latency_smoke(bench_url: str, out_dir: Path) -> None:
         assert 0 <= row["p50_ms"] <= row["p95_ms"] <= row["p99_ms"] <= row["max_ms"]
 
 
+@pytest.mark.parametrize("keys", [False, True], ids=["queues", "keys"])
+def test_objectives_smoke(bench_url: str, out_dir: Path, keys: bool) -> None:
+    from bench.perf import objectives
+
+    name = "key_objectives" if keys else "objectives"
+    out = out_dir / f"{name}.json"
+    rates = ["--tight-rate", "40", "--bulk-rate", "40", "--seconds", "0.5"]
+    objectives.main([*rates, *(["--keys"] if keys else []), "--out", str(out)])
+    scenarios = _read(out, name, "bench.perf.objectives").results["scenarios"]
+    assert set(scenarios) == {"without", "with"}
+    for scenario in scenarios.values():
+        assert scenario["tight"]["jobs"] == scenario["bulk"]["jobs"] == 20
+    assert scenarios["with"]["tight"]["over_objective"] >= 0
+
+
 def test_cancel_latency_smoke(out_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from bench.perf import cancel_latency
 
