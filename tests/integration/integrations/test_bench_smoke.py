@@ -125,6 +125,18 @@ def test_objectives_smoke(bench_url: str, out_dir: Path, keys: bool) -> None:
     assert scenarios["with"]["tight"]["over_objective"] >= 0
 
 
+def test_fair_claim_cost_smoke(bench_url: str, out_dir: Path) -> None:
+    from bench.perf import fair_claim_cost
+
+    out = out_dir / "fair_claim_cost.json"
+    fair_claim_cost.main(["--jobs", "200", "--keys", "10", "--calls", "2", "--out", str(out)])
+    setups = _read(out, "fair_claim_cost", "bench.perf.fair_claim_cost").results["setups"]
+    assert set(setups) == set(fair_claim_cost.SETUPS)
+    assert all(
+        row["today"]["median_ms"] > 0 < row["earlier"]["median_ms"] for row in setups.values()
+    )
+
+
 def test_cancel_latency_smoke(out_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from bench.perf import cancel_latency
 
