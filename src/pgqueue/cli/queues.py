@@ -152,12 +152,15 @@ def key_objective_cmd(
     with state_of(ctx).queue() as q:
         objective = q.set_key_objective(name, key, seconds)
     if wants_json(ctx, json_out):
-        output.emit_json(objective.to_dict() if objective else {"queue": name, "key": key})
+        # Removed: as the HTTP API answers, the objective and its numbers null.
+        gone = {"queue": name, "key": key, "max_start_lag_seconds": None}
+        gone |= {"wait_seconds": None, "shortfall_seconds": None}
+        output.emit_json(objective.to_dict() if objective else gone)
         return
     said = "no objective"
     if objective is not None:
-        said = f"start within {output.age(seconds)} (its next job has waited "
-        said += f"{output.age(objective.wait_seconds)})"
+        said = f"start within {output.age(objective.max_start_lag_seconds)} (its next job "
+        said += f"has waited {output.age(objective.wait_seconds)})"
     state_of(ctx).out.print(f"{escape(name)} {escape(key)}: {said}")
 
 

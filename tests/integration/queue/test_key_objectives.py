@@ -227,6 +227,8 @@ def test_the_command_line_sets_lists_and_removes_them(
     assert tenant["max_start_lag_seconds"] == 40.0 and tenant["shortfall_seconds"] >= 60.0
     off = runner.invoke(app, [*base, "key-objective", "q", "tenant", "--max-start-lag", "none"])
     assert off.exit_code == 0 and "no objective" in off.output
+    again = [*base, "key-objective", "q", "tenant", "--max-start-lag", "none", "--json"]
+    assert json.loads(runner.invoke(app, again).output)["max_start_lag_seconds"] is None
     assert runner.invoke(app, [*base, "keys", "q", "--json"]).output.strip() == "[]"
 
 
