@@ -105,6 +105,27 @@ def test_the_jobs_without_a_key_take_their_turn_after_the_keys_behind(
     assert _keys(queue, 4) == {None: 2, "bulk": 2}
 
 
+def test_two_claims_of_a_key_behind_its_objective_overlap_each_taking_other_jobs(
+    queue: Queue, settings: Settings, sql: psycopg.Connection[Any]
+) -> None:
+    """A claim still open holds the first of tight's jobs; the next claim
+    takes tight's next ones at once (SKIP LOCKED), before the round robin."""
+    _tenants(queue, sql, tight=6.0)
+    _enqueue(queue, sql, "tight", 5, waited=6.0)  # ten of tight's
+    queue.set_key_objective("q", "tight", 10.0)
+    pick = "SELECT p.id, j.concurrency_key FROM pgqueue_pick_limited('q', %s) p"
+    pick += " JOIN pgqueue_jobs j USING (id)"
+    with psycopg.connect(settings.database_url) as first:
+        held = first.execute(pick, [4]).fetchall()
+        with psycopg.connect(settings.database_url, autocommit=True) as second:
+            second.execute("SET lock_timeout = '2s'")
+            taken = second.execute(pick, [8]).fetchall()
+        first.rollback()
+    assert Counter(key for _, key in held) == {"tight": 4}
+    assert Counter(key for _, key in taken) == {"tight": 6, "bulk00": 1, "bulk01": 1}
+    assert not {id_ for id_, _ in held} & {id_ for id_, _ in taken}
+
+
 def test_per_key_limits_hold_for_a_key_behind_its_objective(
     queue: Queue, sql: psycopg.Connection[Any]
 ) -> None:
