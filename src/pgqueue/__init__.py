@@ -87,6 +87,7 @@ if typing.TYPE_CHECKING:
     from .core.health import HealthCheck, HealthReport
     from .core.job_spec import JobSpec
     from .core.jobs import AttemptError, Job, JobState
+    from .core.key_objectives import KeyObjective
     from .core.outcomes import CancelJob, Outcome, Snooze
     from .core.queue_controls import QueueControls
     from .core.schedules import Schedule, ScheduleRecord
@@ -124,6 +125,7 @@ __all__ = [
     "JobSpec",
     "JobState",
     "JobStateConflict",
+    "KeyObjective",
     "NotInHandler",
     "Outcome",
     "OutcomeUnknown",
@@ -180,6 +182,7 @@ _HOMES = {
     "JobSpec": ".core.job_spec",
     "JobState": ".core.jobs",
     "JobStateConflict": ".core.errors",
+    "KeyObjective": ".core.key_objectives",
     "NotInHandler": ".core.errors",
     "Outcome": ".core.outcomes",
     "OutcomeUnknown": ".core.errors",

@@ -150,6 +150,8 @@ def populate(queue: Queue, sql: psycopg.Connection[Any]) -> dict[str, int]:
     queue.enqueue("send_email", queue="archive")
     queue.pause("archive")
     queue.set_limits("images", max_start_lag_seconds=60)  # its oldest has waited an hour
+    queue.set_limits("reports", fair=True)
+    queue.set_key_objective("reports", "acme", 2)  # no job of acme waits: not behind
 
     def worker(name: str, queues: list[str]) -> None:
         info = WorkerInfo(name, "host-1", 100, "0.1.0", queues, 4)
@@ -233,6 +235,7 @@ def test_overview_numbers_are_the_databases(
     # 60 s objective; a queue without an objective has no shortfall.
     assert 3500 < float(queues["images"]["cols"]["start_lag_shortfall_seconds"]) < 3700
     assert queues["images"]["cols"]["limits"] == "start within 60 s"
+    assert queues["reports"]["cols"]["limits"] == "fair across keys; acme within 2 s"
     assert queues["emails"]["cols"]["start_lag_shortfall_seconds"] == "-"
     assert queues["emails"]["buttons"] == ["Pause", "Limits"]
 

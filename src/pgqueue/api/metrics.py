@@ -10,6 +10,8 @@ with each other and share one now()):
     start_latency_histogram   enqueue-to-start buckets, written at claim
     worker_list               the workers registry (one row per worker process)
     queue_controls            the queues' controls (their latency objectives)
+    key_objective_list        the per-key latency objectives, each with its
+                              key's wait (a probe per declared key)
 
 None of them reads finished jobs, so a scrape costs the same with a million
 of them in the table as with none (bench/metrics_history.py).
@@ -27,6 +29,13 @@ Metrics:
     pgqueue_queue_start_lag_shortfall_seconds{queue}
                                               gauge: how far the oldest runnable job's
                                               wait is past that objective (0: within it)
+    pgqueue_key_start_lag_objective_seconds{queue,key}
+                                              gauge: a key's latency objective in a fair
+                                              queue (only the keys declared: operators
+                                              choose them, so the series stay few)
+    pgqueue_key_start_lag_shortfall_seconds{queue,key}
+                                              gauge: how far the key's next job's wait is
+                                              past it (0: within it)
     pgqueue_jobs_completed_total{queue,state} counter: jobs that ended succeeded,
                                               dead or cancelled
     pgqueue_job_failures_total{queue}         counter: failed attempts (handler
@@ -61,8 +70,9 @@ from prometheus_client.core import (
     Metric,
 )
 
-from ..core import workers
+from ..core import key_objectives, workers
 from ..core.flows import Flow, Statement
+from ..core.key_objectives import KeyObjective
 from ..core.workers import WorkerRow
 
 __all__ = ["LIVE_STATES", "Snapshot", "render", "snapshot"]
@@ -81,6 +91,7 @@ class Snapshot:
     latency: list[Row]
     workers: list[WorkerRow] = field(default_factory=list)
     objectives: dict[str, float] = field(default_factory=dict)
+    key_objectives: list[KeyObjective] = field(default_factory=list)
 
     def queues(self) -> list[str]:
         """Every queue that has live jobs or has ever counted an outcome."""
@@ -103,7 +114,8 @@ def snapshot() -> Flow[Snapshot]:
         for row in controls
         if row["max_start_lag_seconds"] is not None
     }
-    return Snapshot(stats, counters, latency, alive, objectives)
+    keys = yield from key_objectives.read()
+    return Snapshot(stats, counters, latency, alive, objectives, keys)
 
 
 class _SnapshotCollector:
@@ -155,7 +167,8 @@ class _SnapshotCollector:
 
     def _objectives(self, stats: dict[str, Row]) -> Iterator[Metric]:
         """Each queue's latency objective, and how far its oldest runnable
-        job's wait (the database's clock) is past it."""
+        job's wait (the database's clock) is past it; each declared key's
+        objective, and how far its next job's wait is past it."""
         objective = GaugeMetricFamily(
             "pgqueue_queue_start_lag_objective_seconds",
             "The queue's latency objective: the longest a runnable job should wait to start.",
@@ -171,7 +184,22 @@ class _SnapshotCollector:
             lag = float(stats.get(queue, {}).get("oldest_runnable_seconds", 0.0))
             objective.add_metric([queue], seconds)
             shortfall.add_metric([queue], max(0.0, lag - seconds))
-        yield from (objective, shortfall)
+        key_objective = GaugeMetricFamily(
+            "pgqueue_key_start_lag_objective_seconds",
+            "A key's latency objective in a fair queue: the longest its runnable jobs should "
+            "wait to start.",
+            labels=["queue", "key"],
+        )
+        key_shortfall = GaugeMetricFamily(
+            "pgqueue_key_start_lag_shortfall_seconds",
+            "How far the key's next job's wait is past its latency objective (0: within it).",
+            labels=["queue", "key"],
+        )
+        for declared in self.snap.key_objectives:
+            labels = [declared.queue, declared.key]
+            key_objective.add_metric(labels, declared.max_start_lag_seconds)
+            key_shortfall.add_metric(labels, declared.shortfall_seconds)
+        yield from (objective, shortfall, key_objective, key_shortfall)
 
     def _workers(self, queues: Sequence[str]) -> Iterator[Metric]:
         live = [w for w in self.snap.workers if w.alive]

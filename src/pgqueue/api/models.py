@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from ..core.job_spec import JOB_FIELDS, JobField
 from ..core.jobs import MAX_ATTEMPT_ERRORS, QUEUE_NAME, TASK_NAME, Job, JobState
+from ..core.key_objectives import KeyObjective
 from ..core.queue_controls import LIMITS, QueueControls
 from ..core.redaction import Redaction
 
@@ -35,6 +36,8 @@ __all__ = [
     "JobList",
     "JobOut",
     "JobSummary",
+    "KeyObjectiveList",
+    "KeyObjectiveOut",
     "Problem",
     "QueueControlsOut",
     "QueueLimits",
@@ -325,6 +328,36 @@ class QueueControlsOut(BaseModel):
             limits=QueueLimits(**controls.limits()),
             updated_at=controls.updated_at,
         )
+
+
+class KeyObjectiveOut(BaseModel):
+    """One concurrency_key's latency objective in a fair queue."""
+
+    queue: str
+    key: str
+    # (null, all three: the objective was removed.)
+    max_start_lag_seconds: float | None = Field(
+        default=None,
+        description="The longest the key's runnable jobs should wait to start (null: removed).",
+    )
+    wait_seconds: float | None = Field(
+        default=None,
+        description="How long the key's next job has waited (0: none is runnable; null: no "
+        "objective).",
+    )
+    shortfall_seconds: float | None = Field(
+        default=None,
+        description="How far that wait is past the objective (0: within it; null: no objective).",
+    )
+
+    @classmethod
+    def of(cls, objective: KeyObjective) -> KeyObjectiveOut:
+        return cls(**objective.to_dict())
+
+
+class KeyObjectiveList(BaseModel):
+    queue: str
+    keys: list[KeyObjectiveOut]
 
 
 class QueueOut(BaseModel):

@@ -8,10 +8,17 @@ limits; admin: every write is).
     PATCH /queues/{name}/limits   a JSON merge patch of the limits: a limit
                                   given changes (null removes it), one not
                                   given stays
+    GET   /queues/{name}/keys     the queue's per-key latency objectives,
+                                  each with its key's wait and shortfall
+    PUT   /queues/{name}/keys/{key}/objective
+                                  declare one ({"max_start_lag_seconds": 2};
+                                  null removes it)
 
-Each write answers with the queue's controls. The values are judged by
-``controls.change``, as in the library and the command line; a bad one is
-a 422 naming it, and nothing is written.
+Each write of the controls answers with the queue's controls, one of an
+objective with the objective. The values are judged by
+``queue_controls.change`` and ``key_objectives.set_objective``, as in the
+library and the command line; a bad one is a 422 naming it, and nothing is
+written.
 """
 
 # No "from __future__ import annotations": FastAPI reads the signatures at
@@ -24,11 +31,14 @@ from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from ..core import stats
+from ..core.key_objectives import RULES as KEY_OBJECTIVE_RULES
 from ..core.queue_controls import LIMITS
 from ..queue import AsyncQueue
 from .http_errors import ERROR_RESPONSES, documented_errors
 from .models import (
     QUEUE_PATTERN,
+    KeyObjectiveList,
+    KeyObjectiveOut,
     QueueControlsOut,
     QueueJobs,
     QueueLimits,
@@ -42,6 +52,8 @@ __all__ = ["router"]
 router = APIRouter(tags=["queues"])
 
 QueueName = Annotated[str, Path(pattern=QUEUE_PATTERN, description="The queue's name.")]
+# A path: a key may hold a slash. Judged by key_objectives.set_objective.
+KeyName = Annotated[str, Path(description="The concurrency_key, 1 to 255 characters.")]
 RESPONSES: dict[int | str, dict[str, Any]] = {
     status: ERROR_RESPONSES[status] for status in (400, 401, 403, 413, 422, 500, 503)
 }
@@ -66,6 +78,17 @@ def _patch_model() -> type[_Patch]:
         for name, (rule, text) in LIMITS.items()
     }
     return create_model("QueueLimitsPatch", __base__=_Patch, **fields)
+
+
+class KeyObjectivePut(_Patch):
+    # Any: judged by key_objectives.set_objective, as in the library.
+    max_start_lag_seconds: Any = Field(
+        description="The longest the key's runnable jobs should wait to start; null removes "
+        "the objective.",
+        json_schema_extra={
+            "anyOf": [KEY_OBJECTIVE_RULES["max_start_lag_seconds"].json_schema(), {"type": "null"}]
+        },
+    )
 
 
 if TYPE_CHECKING:
@@ -159,3 +182,34 @@ async def set_queue_limits(
 ) -> QueueControlsOut:
     limits = body.model_dump(exclude_unset=True)
     return QueueControlsOut.of(await _queue(request).set_limits(name, **limits))
+
+
+@router.get(
+    "/queues/{name}/keys",
+    response_model=KeyObjectiveList,
+    responses=RESPONSES,
+    summary="A queue's per-key latency objectives",
+    description="Each concurrency_key with an objective, the wait of its next job (as the "
+    "claims weigh it) and how far that is past the objective.",
+)
+async def list_key_objectives(name: QueueName, request: Request) -> KeyObjectiveList:
+    objectives = await _queue(request).key_objectives(name)
+    return KeyObjectiveList(queue=name, keys=[KeyObjectiveOut.of(o) for o in objectives])
+
+
+@router.put(
+    "/queues/{name}/keys/{key:path}/objective",
+    response_model=KeyObjectiveOut,
+    responses=RESPONSES,
+    summary="Declare a key's latency objective",
+    description="In a fair queue, a key whose next job has waited half of its objective is "
+    "claimed before the round robin, the furthest behind first. null removes it.",
+)
+async def set_key_objective(
+    name: QueueName, key: KeyName, body: KeyObjectivePut, request: Request
+) -> KeyObjectiveOut:
+    seconds = body.max_start_lag_seconds
+    objective = await _queue(request).set_key_objective(name, key, seconds)
+    if objective is None:
+        return KeyObjectiveOut(queue=name, key=key)
+    return KeyObjectiveOut.of(objective)

@@ -1,5 +1,7 @@
 """The queues: ``queues`` (the table of watching.py), and their controls:
-``queues pause``, ``queues resume`` and ``queues limit``."""
+``queues pause``, ``queues resume`` and ``queues limit``; the per-key
+latency objectives of fair queues: ``queues key-objective`` and
+``queues keys``."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
+from ..core.key_objectives import KeyObjective
 from ..core.queue_controls import QueueControls
 from . import output, watching
 from .app import app, state_of, wants_json
@@ -23,6 +26,12 @@ queues_app = typer.Typer(
 app.add_typer(queues_app, name="queues")
 
 Name = Annotated[str, typer.Argument(help="The queue's name.", show_default=False)]
+KEY_COLUMNS = (
+    output.Column("key", flexible=True),
+    output.Column("objective", justify="right"),
+    output.Column("wait", justify="right"),
+    output.Column("shortfall", justify="right"),
+)
 # A limit given as this word is removed.
 NONE = "none"
 
@@ -120,6 +129,61 @@ def limit_cmd(
         )
     with state_of(ctx).queue() as q:
         _print(ctx, q.set_limits(name, **changes), json_out)
+
+
+@queues_app.command("key-objective")
+def key_objective_cmd(
+    ctx: typer.Context,
+    name: Name,
+    key: Annotated[str, typer.Argument(help="The concurrency_key.", show_default=False)],
+    max_start_lag: Annotated[
+        str,
+        typer.Option(
+            help="The key's latency objective: its jobs should start within this long "
+            "(30, 5s, 2m); none removes it.",
+            show_default=False,
+        ),
+    ],
+    json_out: JsonFlag = False,
+) -> None:
+    """Declare the latency objective of one concurrency_key of a fair queue: a key
+    whose next job has waited half of it is claimed before the round robin."""
+    seconds = option(_seconds, max_start_lag, "--max-start-lag")
+    with state_of(ctx).queue() as q:
+        objective = q.set_key_objective(name, key, seconds)
+    if wants_json(ctx, json_out):
+        # Removed: as the HTTP API answers, the objective and its numbers null.
+        gone = {"queue": name, "key": key, "max_start_lag_seconds": None}
+        gone |= {"wait_seconds": None, "shortfall_seconds": None}
+        output.emit_json(objective.to_dict() if objective else gone)
+        return
+    said = "no objective"
+    if objective is not None:
+        said = f"start within {output.age(objective.max_start_lag_seconds)} (its next job "
+        said += f"has waited {output.age(objective.wait_seconds)})"
+    state_of(ctx).out.print(f"{escape(name)} {escape(key)}: {said}")
+
+
+@queues_app.command("keys")
+def keys_cmd(ctx: typer.Context, name: Name, json_out: JsonFlag = False) -> None:
+    """The per-key latency objectives of a queue: each key's objective, how long
+    its next job has waited, and how far that is past the objective."""
+    with state_of(ctx).queue() as q:
+        objectives = q.key_objectives(name)
+    if wants_json(ctx, json_out):
+        output.emit_json([o.to_dict() for o in objectives])
+        return
+    out = state_of(ctx).out
+    if not objectives:
+        out.print(f"{escape(name)}: no key objectives")
+        return
+    rows = [_key_cells(o) for o in objectives]
+    out.print(output.fitted_table(KEY_COLUMNS, rows, out.width))
+
+
+def _key_cells(o: KeyObjective) -> list[str]:
+    behind = f"[red]{output.age(o.shortfall_seconds)}[/]" if o.shortfall_seconds else "-"
+    return [escape(o.key), output.age(o.max_start_lag_seconds), output.age(o.wait_seconds), behind]
 
 
 def _seconds(text: str) -> float | None:

@@ -36,7 +36,7 @@ from .jobs import QUEUE_NAME
 from .json_text import printable
 from .rules import Integer, Name, Rule, Seconds, Switch
 
-__all__ = ["CONTROLS", "LIMITS", "QueueControls", "change", "read_all"]
+__all__ = ["CONTROLS", "LIMITS", "QueueControls", "change", "checked", "read_all"]
 
 MAX_LIMIT = 1_000_000
 MAX_PERIOD_SECONDS = 366 * 24 * 3600.0
@@ -124,7 +124,7 @@ def change(
     the names of LIMITS; a limit given as None is removed). Run it in a
     transaction: it locks the queue's row, so that two changes at once
     cannot undo each other."""
-    queue = _checked("queue", queue, _QUEUE)
+    queue = checked("queue", queue, _QUEUE)
     given = {name: _check(name, value, allowed) for name, value in changes.items()}
     rows = yield Statement("queue_controls_lock", {"queue": queue})
     wanted = replace(QueueControls.from_row(rows[0]), **given)
@@ -158,10 +158,10 @@ def _check(name: str, value: Any, allowed: Collection[str]) -> Any:
         if not isinstance(value, bool):
             raise InvalidQueueControl(name, f"must be true or false, got {type(value).__name__}")
         return value
-    return None if value is None else _checked(name, value, LIMITS[name][0])
+    return None if value is None else checked(name, value, LIMITS[name][0])
 
 
-def _checked(name: str, value: Any, rule: Rule) -> Any:
+def checked(name: str, value: Any, rule: Rule) -> Any:
     """The rule's check, its error as one about a queue control."""
     try:
         return rule.check(name, value)

@@ -13,6 +13,7 @@ from ..core import (
     archive,
     batches,
     dependencies,
+    key_objectives,
     queue_controls,
     reads,
     runtime_schedules,
@@ -33,6 +34,7 @@ from ..core.flows import Flow
 from ..core.health import HealthReport
 from ..core.job_spec import JobSpec
 from ..core.jobs import Job, JobState
+from ..core.key_objectives import KeyObjective
 from ..core.outcomes import Outcome, attempt_token
 from ..core.queue_controls import QueueControls
 from ..core.schedules import ScheduleRecord
@@ -295,6 +297,16 @@ class AsyncQueue(Common):
 
     async def queue_controls(self) -> dict[str, QueueControls]:
         return await self.run(queue_controls.read_all())
+
+    async def set_key_objective(
+        self, queue: str, key: str, max_start_lag_seconds: float | None
+    ) -> KeyObjective | None:
+        """As Queue.set_key_objective."""
+        flow = key_objectives.set_objective(queue, key, max_start_lag_seconds)
+        return await self.run(flow, transaction=True)
+
+    async def key_objectives(self, queue: str) -> list[KeyObjective]:
+        return await self.run(key_objectives.read(queue))
 
     async def get(self, job_id: int) -> Job:
         return await self.run(reads.get(job_id))

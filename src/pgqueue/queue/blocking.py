@@ -11,6 +11,7 @@ from ..core import (
     archive,
     batches,
     dependencies,
+    key_objectives,
     queue_controls,
     reads,
     runtime_schedules,
@@ -31,6 +32,7 @@ from ..core.flows import Flow
 from ..core.health import HealthReport
 from ..core.job_spec import JobSpec
 from ..core.jobs import Job, JobState
+from ..core.key_objectives import KeyObjective
 from ..core.outcomes import Outcome, attempt_token
 from ..core.queue_controls import QueueControls
 from ..core.schedules import ScheduleRecord
@@ -285,6 +287,22 @@ class Queue(Common):
     def queue_controls(self) -> dict[str, QueueControls]:
         """The pause and limits of every queue that ever had any, by name."""
         return self.run(queue_controls.read_all())
+
+    def set_key_objective(
+        self, queue: str, key: str, max_start_lag_seconds: float | None
+    ) -> KeyObjective | None:
+        """Declare the latency objective of one concurrency_key of a fair
+        queue (None removes it): a claim takes first the jobs of the keys
+        whose next job has waited half of theirs, the furthest behind first.
+        The objective as the claims now weigh it (None: removed);
+        InvalidQueueControl names a bad argument, and nothing is written."""
+        flow = key_objectives.set_objective(queue, key, max_start_lag_seconds)
+        return self.run(flow, transaction=True)
+
+    def key_objectives(self, queue: str) -> list[KeyObjective]:
+        """The key objectives of ``queue``, by key, each with its key's wait
+        and shortfall."""
+        return self.run(key_objectives.read(queue))
 
     # -- operators ----------------------------------------------------------------
 

@@ -1464,6 +1464,29 @@ WITH written AS (
 )
 SELECT written.* FROM written, (SELECT count(*) FROM woken) w;
 
+-- name: key_objective_set
+-- Declare a key's latency objective in a fair queue (core/key_objectives.py),
+-- or change it.
+INSERT INTO pgqueue_key_objectives AS o (queue, key, max_start_lag_seconds)
+VALUES (%(queue)s, %(key)s, %(max_start_lag_seconds)s)
+ON CONFLICT (queue, key) DO UPDATE
+SET max_start_lag_seconds = excluded.max_start_lag_seconds, updated_at = now();
+
+-- name: key_objective_remove
+-- Remove a key's latency objective (nothing to remove is no error).
+DELETE FROM pgqueue_key_objectives WHERE queue = %(queue)s AND key = %(key)s;
+
+-- name: key_objective_list
+-- The key objectives of `queue` (NULL: of every queue), each with the wait
+-- of its key's next job as the claims weigh it (pgqueue_key_lags, migration
+-- 0042): the rows an operator declared, a few per queue, and one probe of
+-- the claim index per row.
+SELECT q.queue, l.key, l.max_start_lag_seconds, l.wait_seconds
+FROM (SELECT DISTINCT o.queue FROM pgqueue_key_objectives o
+      WHERE %(queue)s::text IS NULL OR o.queue = %(queue)s::text) q
+CROSS JOIN LATERAL pgqueue_key_lags(q.queue, now()) l
+ORDER BY q.queue, l.key;
+
 -- name: worker_register
 -- A worker process starts: its row in the registry (a restarted name
 -- starts afresh). With `session`, the PostgreSQL session this statement

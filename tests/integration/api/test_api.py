@@ -349,6 +349,8 @@ async def test_healthz_docs_and_openapi(api: httpx.AsyncClient) -> None:
         "/queues/{name}/pause",
         "/queues/{name}/resume",
         "/queues/{name}/limits",
+        "/queues/{name}/keys",
+        "/queues/{name}/keys/{key}/objective",
         "/queues/{name}/history",
         "/metrics",
         "/healthz",

@@ -72,6 +72,8 @@ async def test_metrics_families_and_values(
         "pgqueue_queue_lag_seconds": "gauge",
         "pgqueue_queue_start_lag_objective_seconds": "gauge",
         "pgqueue_queue_start_lag_shortfall_seconds": "gauge",
+        "pgqueue_key_start_lag_objective_seconds": "gauge",
+        "pgqueue_key_start_lag_shortfall_seconds": "gauge",
         "pgqueue_jobs_completed": "counter",
         "pgqueue_job_failures": "counter",
         "pgqueue_job_snoozes": "counter",

@@ -110,6 +110,33 @@ def test_latency_smoke(bench_url: str, out_dir: Path) -> None:
         assert 0 <= row["p50_ms"] <= row["p95_ms"] <= row["p99_ms"] <= row["max_ms"]
 
 
+@pytest.mark.parametrize("keys", [False, True], ids=["queues", "keys"])
+def test_objectives_smoke(bench_url: str, out_dir: Path, keys: bool) -> None:
+    from bench.perf import objectives
+
+    name = "key_objectives" if keys else "objectives"
+    out = out_dir / f"{name}.json"
+    rates = ["--tight-rate", "40", "--bulk-rate", "40", "--seconds", "0.5"]
+    objectives.main([*rates, *(["--keys"] if keys else []), "--out", str(out)])
+    scenarios = _read(out, name, "bench.perf.objectives").results["scenarios"]
+    assert set(scenarios) == {"without", "with"}
+    for scenario in scenarios.values():
+        assert scenario["tight"]["jobs"] == scenario["bulk"]["jobs"] == 20
+    assert scenarios["with"]["tight"]["over_objective"] >= 0
+
+
+def test_fair_claim_cost_smoke(bench_url: str, out_dir: Path) -> None:
+    from bench.perf import fair_claim_cost
+
+    out = out_dir / "fair_claim_cost.json"
+    fair_claim_cost.main(["--jobs", "200", "--keys", "10", "--calls", "2", "--out", str(out)])
+    setups = _read(out, "fair_claim_cost", "bench.perf.fair_claim_cost").results["setups"]
+    assert set(setups) == set(fair_claim_cost.SETUPS)
+    assert all(
+        row["today"]["median_ms"] > 0 < row["earlier"]["median_ms"] for row in setups.values()
+    )
+
+
 def test_cancel_latency_smoke(out_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from bench.perf import cancel_latency
 
