@@ -5,20 +5,23 @@ backlog, against the same jobs on an empty queue.
                                   [--concurrency 100] [--out PATH]
 
 On a fresh server on disk (fsync on), the queue ``tenants`` gets the
-control ``fair`` (docs/howto/limits.md, "Fair queues"). Four scenarios, one
+control ``fair`` (docs/howto/limits.md, "Fair queues"). Five scenarios, one
 after the other, each on an emptied table:
 
   * ``empty``: no backlog, an idle machine;
   * ``busy``: no backlog in ``tenants``, but BIG jobs in another queue,
-    ``other``, that the same worker serves: the machine and the worker as
-    busy as beside a backlog, the queue of the small key empty;
+    ``other``, drained by a second worker process meanwhile: the machine as
+    busy as beside a backlog, the small key's queue and worker idle;
+  * ``shared_worker``: the same backlog in ``other``, drained by the small
+    key's own worker (it serves both queues);
   * ``fair``: BIG jobs of the key ``big`` in ``tenants`` enqueued first
     (bulk enqueues), then ``VACUUM ANALYZE`` (what autovacuum does after it);
   * ``plain``: the same backlog, with ``fair`` off (claim order), for
     contrast: its rounds are cut short (``--plain-rounds``).
 
 In each, one worker process (a forked ``AsyncWorker``, CONCURRENCY slots,
-no-op handlers, serving ``tenants``, and ``other`` in ``busy``) starts;
+no-op handlers, serving ``tenants``, and ``other`` in ``shared_worker``)
+starts;
 once it has been running for a second, ROUNDS times SMALL jobs of the key
 ``small`` are enqueued together, PAUSE seconds apart.
 A small job's start latency is its ``started_at`` minus its
@@ -35,10 +38,12 @@ job started (below 0 when the claim came before the client heard of the
 commit). The first is what the machine's load costs any enqueue; the
 second is the claim's part.
 
-Two ratios of p99s: ``fair`` over ``empty`` (the issue's goal as written:
-the same p99 as on an empty queue), and ``fair`` over ``busy`` (the same,
-with the machine as loaded in both: on two cores a backlog being worked
-slows every enqueue and commit, whatever the claim does).
+Three ratios of p99s: ``fair`` over ``empty`` (the issue's goal as written:
+the same p99 as on an empty queue), ``fair`` over ``busy`` (the same, with
+the machine as loaded in both: on two cores a backlog being worked slows
+every enqueue and commit, whatever the claim does), and ``shared_worker``
+over ``fair`` (a backlog in another queue of the same worker, against one
+beside the key in a fair queue).
 """
 
 from __future__ import annotations
@@ -104,15 +109,16 @@ def _scenario(
     rounds: int,
     pause: float,
     concurrency: int,
-    elsewhere: bool = False,
+    elsewhere: str | None = None,
 ) -> dict[str, Any]:
-    """One scenario; ``elsewhere``: the BIG jobs go to ``other``, which the
-    worker serves too, instead of beside the small key."""
+    """One scenario. ``elsewhere``: the BIG jobs go to ``other`` instead of
+    beside the small key, drained by a worker of their own ("own_worker")
+    or by the small key's worker ("same_worker")."""
     clear(url)
-    queues = [QUEUE, OTHER] if elsewhere else [QUEUE]
+    queues = [QUEUE, OTHER] if elsewhere == "same_worker" else [QUEUE]
     with Queue(url, settings=Settings(database_url=url)) as q:
         q.set_limits(QUEUE, fair=fair)
-        big_job = {"task": "work", "queue": queues[-1], "concurrency_key": "big"}
+        big_job = {"task": "work", "queue": OTHER if elsewhere else QUEUE, "concurrency_key": "big"}
         for start in range(0, big, CHUNK):  # each call within its deadline
             q.enqueue_many([big_job] * min(CHUNK, big - start))
     if big:
@@ -120,10 +126,15 @@ def _scenario(
             conn.execute("VACUUM ANALYZE pgqueue_jobs")
     ctx = mp.get_context("fork")
     done = ctx.Event()
-    proc = ctx.Process(target=_worker, args=(url, concurrency, queues, done), daemon=True)
-    proc.start()
+    procs = [ctx.Process(target=_worker, args=(url, concurrency, queues, done), daemon=True)]
+    if elsewhere == "own_worker":
+        procs.append(
+            ctx.Process(target=_worker, args=(url, concurrency, [OTHER], done), daemon=True)
+        )
+    for proc in procs:
+        proc.start()
     try:
-        wait_connected(url, 1)
+        wait_connected(url, len(procs))
         time.sleep(1.0)  # the worker claiming the backlog, if any
         small_job = {"task": "work", "queue": QUEUE, "concurrency_key": "small"}
         returned: dict[int, float] = {}  # job id: when its enqueue call returned
@@ -136,7 +147,7 @@ def _scenario(
             while _not_started(url) and time.monotonic() < deadline:
                 time.sleep(0.05)
     finally:
-        stop([proc], done)
+        stop(procs, done)
     with psycopg.connect(url, autocommit=True) as conn:
         ms = [row[0] for row in conn.execute(LATENCIES).fetchall()]
         [[big_started]] = conn.execute(
@@ -182,14 +193,20 @@ def main(argv: list[str] | None = None) -> ResultRecord:
         results = {
             "empty": _scenario(url, big=0, fair=True, rounds=args.rounds, **common),
             "busy": _scenario(
-                url, big=args.big, fair=True, rounds=args.rounds, elsewhere=True, **common
+                url, big=args.big, fair=True, rounds=args.rounds, elsewhere="own_worker", **common
+            ),
+            "shared_worker": _scenario(
+                url, big=args.big, fair=True, rounds=args.rounds, elsewhere="same_worker", **common
             ),
             "fair": _scenario(url, big=args.big, fair=True, rounds=args.rounds, **common),
             "plain": _scenario(url, big=args.big, fair=False, rounds=args.plain_rounds, **common),
         }
-    empty, busy, fair = (results[name]["latency_ms"] for name in ("empty", "busy", "fair"))
+    empty, busy, shared, fair = (
+        results[name]["latency_ms"] for name in ("empty", "busy", "shared_worker", "fair")
+    )
     ratio = fair["p99_ms"] / empty["p99_ms"] if empty and fair else None
     busy_ratio = fair["p99_ms"] / busy["p99_ms"] if busy and fair else None
+    shared_ratio = shared["p99_ms"] / fair["p99_ms"] if shared and fair else None
     record = ResultRecord(
         name="fairness",
         command=command_line(__spec__, argv),
@@ -201,7 +218,8 @@ def main(argv: list[str] | None = None) -> ResultRecord:
             "plain_rounds": args.plain_rounds,
             "pause_seconds": args.pause,
             "wait_seconds": WAIT_SECONDS,
-            "worker": f"1 AsyncWorker process, concurrency {args.concurrency}, no-op handlers",
+            "worker": f"1 AsyncWorker process, concurrency {args.concurrency}, no-op handlers"
+            " (busy: a second one draining the other queue)",
             "latency": "started_at - enqueued_at of the small key's jobs (database clock)",
             "machine_state": "shared, not idle (load averages below)",
             "load_average_before": list(load_before),
@@ -212,6 +230,7 @@ def main(argv: list[str] | None = None) -> ResultRecord:
             "scenarios": results,
             "fair_p99_over_empty_p99": ratio,
             "fair_p99_over_busy_p99": busy_ratio,
+            "shared_worker_p99_over_fair_p99": shared_ratio,
         },
     )
     path = write_result(record, args.out)
@@ -230,7 +249,10 @@ def main(argv: list[str] | None = None) -> ResultRecord:
                 f" then p50 {split[1]['p50_ms']:.1f} p99 {split[1]['p99_ms']:.1f})"
             )
         print(f"{name:>6}: {started_of} small jobs started, {shown}")
-    print(f"fair p99 / empty p99: {ratio}; fair p99 / busy p99: {busy_ratio}; written to {path}")
+    print(
+        f"fair p99 / empty p99: {ratio}; fair p99 / busy p99: {busy_ratio};"
+        f" shared_worker p99 / fair p99: {shared_ratio}; written to {path}"
+    )
     return record
 
 

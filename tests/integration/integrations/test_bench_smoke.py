@@ -734,9 +734,14 @@ def test_fairness_smoke(bench_url: str, out_dir: Path) -> None:
     sizes = ["--big", "2000", "--small", "3", "--rounds", "2", "--plain-rounds", "2"]
     fairness.main([*sizes, "--pause", "0.05", "--out", str(out)])
     results = _read(out, "fairness", "bench.perf.fairness").results
-    assert set(results["scenarios"]) == {"empty", "busy", "fair", "plain"}
-    for name in ("empty", "busy", "fair"):
+    assert set(results["scenarios"]) == {"empty", "busy", "shared_worker", "fair", "plain"}
+    for name in ("empty", "busy", "shared_worker", "fair"):
         scenario = results["scenarios"][name]
         assert scenario["small_started"] == scenario["small_jobs"] == 6, name
     assert results["scenarios"]["busy"]["big_jobs_started_meanwhile"] > 0
-    assert results["fair_p99_over_busy_p99"] > 0 and results["fair_p99_over_empty_p99"] > 0
+    ratios = (
+        "fair_p99_over_busy_p99",
+        "fair_p99_over_empty_p99",
+        "shared_worker_p99_over_fair_p99",
+    )
+    assert all(results[ratio] > 0 for ratio in ratios)
