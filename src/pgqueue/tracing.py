@@ -78,8 +78,17 @@ CONTEXT_KEY = "otel"
 SYSTEM = "pgqueue"
 
 
-# Whether OpenTelemetry's API is installed (without importing it).
-_INSTALLED = importlib.util.find_spec("opentelemetry") is not None
+def _api_installed() -> bool:
+    """Whether OpenTelemetry's API is installed, without importing it (the
+    ``opentelemetry`` namespace alone, from another of its packages, is not
+    the API)."""
+    try:
+        return importlib.util.find_spec("opentelemetry.trace") is not None
+    except ModuleNotFoundError:  # no opentelemetry package at all
+        return False
+
+
+_INSTALLED = _api_installed()
 _loaded = False
 
 
