@@ -49,25 +49,6 @@ def claimed(db: MemoryDatabase, count: int = 1, **fields: Any) -> list[Job]:
 # -- the registry ----------------------------------------------------------------------
 
 
-def test_prefetched_jobs_start_each_queues_in_claim_order_the_queues_in_turn() -> None:
-    held = HeldJobs(1)
-    first, *rest = claimed(MemoryDatabase(), 6)
-    in_queue = ["backlog", "backlog", "backlog", "new", "backlog"]
-    waiting = [dataclasses.replace(job, queue=q) for job, q in zip(rest, in_queue, strict=True)]
-    running = held.hold(first)
-    for job in waiting:
-        assert held.hold(job).stage is Stage.PREFETCHED
-    assert held.prefetched == 5 and held.free_slots() == 0
-    started = []
-    held.handler_finished(running)
-    while (ready := held.next_ready()) is not None:
-        started.append(ready.job)
-        held.handler_finished(ready)
-    # The new queue's job second, not after the backlog's four.
-    assert [job.id for job in started] == [waiting[i].id for i in (0, 3, 1, 2, 4)]
-    assert held.prefetched == 0
-
-
 def test_free_slots_count_running_handlers_hung_threads_and_unwritten_outcomes() -> None:
     hung = [0]
     held = HeldJobs(4, hung_threads=lambda: hung[0])

@@ -7,12 +7,8 @@ cannot stop a thread).
 
 Prefetch: a claim may take up to ``ahead`` jobs more than the free slots;
 they wait (held, leased and heartbeated like any held job) in a buffer and
-start as slots free up, so that slots do not stay empty while the next
-claim is in flight: each queue's in claim order, the queues round robin, as
-the claim shares its slots between them. (In claim order across queues, a
-worker of two queues started a new job of one after every job of the other's
-backlog that it had claimed ahead: 34-37 ms at the median, docs/results.md
-section 30.) The producer sets ``ahead`` (at most
+start, in claim order, as slots free up, so that slots do not stay empty
+while the next claim is in flight. The producer sets ``ahead`` (at most
 ``prefetch``) to the jobs that start during two claims' round trips: it grows
 when commits are slow or jobs short, and stays near 0 for long jobs, whose
 claimed jobs would otherwise wait here while another worker could run them.
@@ -162,10 +158,7 @@ class HeldJobs:
         self.finished = 0  # handlers finished since the start (the producer's pace)
         self._hung_threads = hung_threads
         self._held: dict[int, Held] = {}
-        # Prefetched, by queue, each in claim order; the queue to start from
-        # next first (round robin).
-        self._prefetched: dict[str, deque[Held]] = {}
-        self._waiting = 0  # prefetched jobs in all
+        self._prefetched: deque[Held] = deque()  # prefetched, in claim order
         self.slot_freed = asyncio.Event()  # for the producer
         self.released = asyncio.Event()  # for the shutdown's drain
 
@@ -187,7 +180,7 @@ class HeldJobs:
     @property
     def prefetched(self) -> int:
         """Prefetched jobs not started yet."""
-        return self._waiting
+        return len(self._prefetched)
 
     def free_slots(self) -> int:
         """How many jobs the next claim may take: the free slots not already
@@ -195,7 +188,7 @@ class HeldJobs:
         # Outcomes not yet written count against a second allowance as large,
         # so that a database outage cannot make the worker claim without bound.
         hung = self.hung
-        busy = self.running + hung + self._waiting
+        busy = self.running + hung + len(self._prefetched)
         bound = 2 * (self.concurrency + self.prefetch) - len(self._held)
         # A worker with hung threads claims only what it can start now:
         # nothing ahead, that would wait behind them while others are free.
@@ -206,14 +199,9 @@ class HeldJobs:
         """The next prefetched job, now RUNNING and counted, if a slot is free
         (a job whose lease was lost meanwhile comes out too, ``lost`` set:
         the caller drops it)."""
-        if not self._waiting or not self._slot_free():
+        if not self._prefetched or not self._slot_free():
             return None
-        queue, waiting = next(iter(self._prefetched.items()))
-        held = waiting.popleft()
-        self._waiting -= 1
-        del self._prefetched[queue]
-        if waiting:  # its next job after the other queues' next ones
-            self._prefetched[queue] = waiting
+        held = self._prefetched.popleft()
         if not held.lost:
             held.stage = Stage.RUNNING
             self.running += 1
@@ -221,9 +209,8 @@ class HeldJobs:
 
     def take_prefetched(self) -> list[Held]:
         """Every prefetched job, out of the buffer: none of them will start."""
-        prefetched = [held for waiting in self._prefetched.values() for held in waiting]
+        prefetched = list(self._prefetched)
         self._prefetched.clear()
-        self._waiting = 0
         return prefetched
 
     def hold(self, job: Job) -> Held:
@@ -233,10 +220,9 @@ class HeldJobs:
         here (its snooze just committed, or its lease was lost and the job
         came back to this worker): the new attempt takes the id, and the
         parts still busy with the old one keep their own ``Held``."""
-        if self._waiting or not self._slot_free():
+        if self._prefetched or not self._slot_free():
             held = self._held[job.id] = Held(job, stage=Stage.PREFETCHED, handles=self.handles)
-            self._prefetched.setdefault(job.queue, deque()).append(held)
-            self._waiting += 1
+            self._prefetched.append(held)
         else:
             held = self._held[job.id] = Held(job, handles=self.handles)
             self.running += 1
