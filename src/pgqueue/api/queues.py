@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, ConfigDict, Field, create_model
+from starlette.convertors import StringConvertor, register_url_convertor
 
 from ..core import stats
 from ..core.key_objectives import RULES as KEY_OBJECTIVE_RULES
@@ -52,7 +53,19 @@ __all__ = ["router"]
 router = APIRouter(tags=["queues"])
 
 QueueName = Annotated[str, Path(pattern=QUEUE_PATTERN, description="The queue's name.")]
-# A path: a key may hold a slash. Judged by key_objectives.set_objective.
+
+
+class _KeySegments(StringConvertor):
+    """Whatever stands between /keys/ and /objective: a key may hold a
+    slash or a line break (which Starlette's ``path`` does not match, a 404)
+    and is judged by its rule (key_objectives.set_objective), so that an
+    empty or bad key is a 422 naming ``key``."""
+
+    regex = r"[\s\S]*"
+
+
+register_url_convertor("pgqueue_key", _KeySegments())
+
 KeyName = Annotated[str, Path(description="The concurrency_key, 1 to 255 characters.")]
 RESPONSES: dict[int | str, dict[str, Any]] = {
     status: ERROR_RESPONSES[status] for status in (400, 401, 403, 413, 422, 500, 503)
@@ -198,7 +211,7 @@ async def list_key_objectives(name: QueueName, request: Request) -> KeyObjective
 
 
 @router.put(
-    "/queues/{name}/keys/{key:path}/objective",
+    "/queues/{name}/keys/{key:pgqueue_key}/objective",
     response_model=KeyObjectiveOut,
     responses=RESPONSES,
     summary="Declare a key's latency objective",

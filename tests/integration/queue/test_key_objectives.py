@@ -207,6 +207,17 @@ async def test_http_sets_lists_and_removes_them_with_admin_access_only(
         assert (await client.get("/queues/q/keys", headers=read)).json()["keys"] == []
 
 
+async def test_http_takes_a_key_with_a_line_break_as_a_job_may_carry_it(
+    settings: Settings, sql: psycopg.Connection[Any]
+) -> None:
+    async with api_client(settings) as client:
+        answer = await client.put(
+            "/queues/q/keys/a%0Ab%2Fc/objective", json={"max_start_lag_seconds": 3}
+        )
+    assert answer.status_code == 200, answer.text
+    assert sql.execute("SELECT key FROM pgqueue_key_objectives").fetchall() == [("a\nb/c",)]
+
+
 @pytest.mark.parametrize(
     ("path", "body", "field"),
     [
@@ -216,6 +227,7 @@ async def test_http_sets_lists_and_removes_them_with_admin_access_only(
         ("/queues/q/keys/k/objective", {"max_start_lag_seconds": 1, "x": 1}, "x"),
         (f"/queues/q/keys/{'k' * 256}/objective", {"max_start_lag_seconds": 1}, "key"),
         ("/queues/q/keys/k%00/objective", {"max_start_lag_seconds": 1}, "key"),
+        ("/queues/q/keys//objective", {"max_start_lag_seconds": 1}, "key"),
     ],
 )
 async def test_http_refuses_a_bad_objective_with_a_422_naming_the_field(
