@@ -33,6 +33,7 @@ from starlette.convertors import StringConvertor, register_url_convertor
 
 from ..core import stats
 from ..core.key_objectives import RULES as KEY_OBJECTIVE_RULES
+from ..core.key_objectives import removed
 from ..core.queue_controls import LIMITS
 from ..queue import AsyncQueue
 from .http_errors import ERROR_RESPONSES, documented_errors
@@ -223,6 +224,4 @@ async def set_key_objective(
 ) -> KeyObjectiveOut:
     seconds = body.max_start_lag_seconds
     objective = await _queue(request).set_key_objective(name, key, seconds)
-    if objective is None:
-        return KeyObjectiveOut(queue=name, key=key)
-    return KeyObjectiveOut.of(objective)
+    return KeyObjectiveOut(**(objective.to_dict() if objective else removed(name, key)))

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from ..core.key_objectives import KeyObjective
+from ..core.key_objectives import KeyObjective, removed
 from ..core.queue_controls import QueueControls
 from . import output, watching
 from .app import app, state_of, wants_json
@@ -152,10 +152,7 @@ def key_objective_cmd(
     with state_of(ctx).queue() as q:
         objective = q.set_key_objective(name, key, seconds)
     if wants_json(ctx, json_out):
-        # Removed: as the HTTP API answers, the objective and its numbers null.
-        gone = {"queue": name, "key": key, "max_start_lag_seconds": None}
-        gone |= {"wait_seconds": None, "shortfall_seconds": None}
-        output.emit_json(objective.to_dict() if objective else gone)
+        output.emit_json(objective.to_dict() if objective else removed(name, key))
         return
     said = "no objective"
     if objective is not None:

@@ -26,7 +26,7 @@ from .jobs import MAX_KEY_LENGTH, QUEUE_NAME
 from .queue_controls import LIMITS, checked
 from .rules import Key, Name, Rule
 
-__all__ = ["RULES", "KeyObjective", "read", "set_objective"]
+__all__ = ["RULES", "KeyObjective", "read", "removed", "set_objective"]
 
 # Each argument and the rule its value passes: the objective's as the
 # queue's own objective's.
@@ -80,6 +80,13 @@ def set_objective(
     seconds = _checked("max_start_lag_seconds", max_start_lag_seconds)
     yield Statement("key_objective_set", {**params, "max_start_lag_seconds": seconds})
     return next(o for o in (yield from read(queue)) if o.key == key)
+
+
+def removed(queue: str, key: str) -> dict[str, Any]:
+    """What a removal answers (the HTTP API, the command line's --json):
+    ``KeyObjective.to_dict``'s keys, the objective and its numbers null."""
+    numbers = dict.fromkeys(("max_start_lag_seconds", "wait_seconds", "shortfall_seconds"))
+    return {"queue": queue, "key": key, **numbers}
 
 
 def read(queue: str | None = None) -> Flow[list[KeyObjective]]:
