@@ -2,7 +2,8 @@
 ANALYZE, spawn, clock. pgqueue and PgQueuer in the same run.
 
     python -m bench.perf.outside_harness [--jobs 20000] [--repeats 5]
-        [--before DIR] [--venv-dir DIR] [--no-pgqueuer] [--uncompiled] [--out PATH]
+        [--before DIR] [--venv-dir DIR] [--no-pgqueuer] [--uncompiled]
+        [--slow-commits] [--out PATH]
     (or python -m bench.perf.worker_throughput --outside-harness ...)
 
 Each measurement: empty the queue, enqueue JOBS no-op jobs in one call (the
@@ -13,6 +14,11 @@ the wall, from the spawn until the queue table has no job left to run. The
 clock includes the processes' start (imports, connections), as an outside
 harness's does; bench.perf.worker_throughput's own drains start their
 clock at the first claim of workers that were already waiting.
+
+Each round first measures the server's commit latency (one-row INSERT
+commits, one after another: the file's commit_latency_ms). With
+--slow-commits the server delays every commit by 2 ms (commit_delay), as a
+slow disk would: where the worker's second claim and ack connections pay.
 
 Scenarios (rounds interleave them, so that the shared machine's drift hits
 all alike; each ratio is taken within a round, then the median):
@@ -54,7 +60,12 @@ import psycopg
 
 from bench.common import LIVE_JOBS, bench_database, clear, summary
 from bench.compare.compare import database_url, ensure_venv, run_helper
-from bench.perf.worker_throughput import compile_workers, spawn_workers, stop_workers
+from bench.perf.worker_throughput import (
+    commit_latency,
+    compile_workers,
+    spawn_workers,
+    stop_workers,
+)
 from bench.record import ResultRecord, command_line, server_info, write_result
 from pgqueue import Queue, Settings
 
@@ -184,6 +195,9 @@ RATIOS = {
     "cli_2_over_pgqueuer_2": ("pgqueue_cli_2_processes", "pgqueuer_2_processes"),
     "after_over_before_cli_2": ("pgqueue_cli_2_processes", "before_cli_2_processes"),
 }
+# Each commit waits 2 ms before its flush (commit_siblings 0: whatever the
+# other sessions do), as on a disk whose flush takes that long.
+SLOW_COMMITS = {"commit_delay": "2000", "commit_siblings": "0"}
 GOALS = {"pgqueue_2_over_pgqueuer_2": 1.5, "pgqueue_1_over_pgqueuer_1": 1.2}
 
 
@@ -198,6 +212,11 @@ def main(argv: list[str] | None = None) -> ResultRecord:
         "--uncompiled",
         action="store_true",
         help="also 2 processes of pgqueue imported from a copy of src without bytecode",
+    )
+    parser.add_argument(
+        "--slow-commits",
+        action="store_true",
+        help="a server whose every commit waits 2 ms more (commit_delay), as on a slow disk",
     )
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -230,9 +249,12 @@ def main(argv: list[str] | None = None) -> ResultRecord:
             )
 
     runs: dict[str, list[float]] = {name: [] for name in scenarios}
-    with bench_database("outside_harness") as url:
+    commits: list[dict[str, float]] = []
+    options = SLOW_COMMITS if args.slow_commits else None
+    with bench_database("outside_harness", options) as url:
         info = server_info(url)
         for repeat in range(args.repeats):
+            commits.append(commit_latency(url))
             for name, drain in scenarios.items():
                 runs[name].append(drain(url))
                 print(f"round {repeat + 1} {name}: {runs[name][-1]:,.0f} jobs/s", flush=True)
@@ -249,11 +271,13 @@ def main(argv: list[str] | None = None) -> ResultRecord:
             "pgqueuer_batch_size": PGQUEUER_BATCH,
             "clock": "wall, from the spawn of the worker processes to an empty queue",
             "statistics": "VACUUM ANALYZE of the loaded queue table before the spawn",
+            "server_options": SLOW_COMMITS if args.slow_commits else None,
         },
         results={
             "rates_jobs_per_second": {k: summary(v) | {"runs": v} for k, v in runs.items()},
             "ratios": ratios,
             "goals": GOALS,
+            "commit_latency_ms": {"by_round": commits},
         },
     )
     path = write_result(record, args.out)

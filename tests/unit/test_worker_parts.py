@@ -788,7 +788,7 @@ async def test_the_worker_opens_every_connection_before_its_parts_start() -> Non
         await until(lambda: db.state(job_id) == "succeeded")
     # The last is the upkeep connection: the schema check, before all, opens it.
     used = [opened_before_use[id(conn)] for conn in made[:-1] if id(conn) in opened_before_use]
-    assert len(made) == 5 and len(used) >= 2  # a claimer's and a writer's, at least
+    assert len(made) == 4 and len(used) >= 2  # a claimer's and a writer's, at least
     assert all(used)
 
 

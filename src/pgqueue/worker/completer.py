@@ -2,10 +2,12 @@
 
 Outcomes wait in an outbox and go out in batches: one ``job_finish``
 statement for up to ``ACK_BATCH_MAX`` of them, sent when a batch is full or
-``ACK_DELAY_SECONDS`` after its first outcome. One writer per connection
-(the worker gives it two): while one batch commits, the next goes out on
-the other connection, and what arrives meanwhile makes the next batch larger
-(so batches grow when commits are slow). Snoozes and cancels that
+``ACK_DELAY_SECONDS`` after its first outcome. One writer, on one
+connection: what arrives while a batch commits makes the next batch larger,
+so batches grow when commits are slow. (A second writer on a second
+connection, committing while the first did, was measured: it made drains
+slower, 0.95x with fast commits and with 2 ms ones, docs/results.md
+section 31.) Snoozes and cancels that
 handlers asked for go in the same batch, each kind in a statement of its own
 (``transitions.finish_groups``), written group after group. Each row is
 fenced by its attempt's token, so a worker whose lease was taken over
@@ -33,7 +35,7 @@ from ..core.transitions import finish, finish_groups
 from ..db.driver import DRIVER_ERRORS, RETRYABLE_ERRORS
 from ..db.worker_connection import FlowDriver
 from .held import Held, HeldJobs, Stage
-from .supervision import WAIT_OUT, Backoff, EventLog, short, together
+from .supervision import WAIT_OUT, Backoff, EventLog, short
 
 __all__ = ["ACK_BATCH_MAX", "ACK_DELAY_SECONDS", "Completer"]
 
@@ -59,10 +61,8 @@ class Completer:
         settings: Settings,
         events: EventLog,
         ended: Callable[[set[str]], None] = lambda queues: None,
-        *,
-        more: Sequence[FlowDriver] = (),
     ) -> None:
-        self.conns = [conn, *more]  # one writer each
+        self.conn = conn
         self.held = held
         self.settings = settings
         self.events = events
@@ -136,11 +136,8 @@ class Completer:
         self._ready.set()
 
     async def write_loop(self) -> None:
-        """Write batches of outcomes as they come, for ever, one writer per
-        connection; a writer's unexpected error ends them all and is raised."""
-        await together(self._writer(conn) for conn in self.conns)
-
-    async def _writer(self, conn: FlowDriver) -> None:
+        """Write batches of outcomes as they come, for ever; an unexpected
+        error is raised."""
         backoff = Backoff(self.events, "writing outcomes")
         while True:
             groups = finish_groups(await self._next_batch())
@@ -148,7 +145,7 @@ class Completer:
             # written (a group already written would match nothing again).
             for index, group in enumerate(groups):
                 try:
-                    states = await self._write(conn, group)
+                    states = await self._write(group)
                 except WAIT_OUT as exc:
                     self._retry_later([o for rest in groups[index:] for o in rest])
                     await backoff.failed(exc)
@@ -205,10 +202,10 @@ class Completer:
         self._outbox[:0] = batch
         self._ready.set()
 
-    async def _write(self, conn: FlowDriver, batch: Sequence[Outcome]) -> dict[int, JobState]:
+    async def _write(self, batch: Sequence[Outcome]) -> dict[int, JobState]:
         try:
             self.stats["finishes"] += 1
-            return await conn.drive(finish(self.settings, batch))
+            return await self.conn.drive(finish(self.settings, batch))
         except RETRYABLE_ERRORS:
             raise
         except REFUSED as exc:
@@ -220,12 +217,12 @@ class Completer:
             )
         states: dict[int, JobState] = {}
         for outcome in batch:
-            states.update(await self._write_one(conn, outcome))
+            states.update(await self._write_one(outcome))
         return states
 
-    async def _write_one(self, conn: FlowDriver, outcome: Outcome) -> dict[int, JobState]:
+    async def _write_one(self, outcome: Outcome) -> dict[int, JobState]:
         try:
-            return await conn.drive(finish(self.settings, [outcome]))
+            return await self.conn.drive(finish(self.settings, [outcome]))
         except RETRYABLE_ERRORS:
             raise
         except REFUSED as exc:
@@ -236,7 +233,7 @@ class Completer:
                 held.job, f"handler returned a result PostgreSQL cannot store: {problem}"
             )
             try:
-                return await conn.drive(finish(self.settings, [fallback]))
+                return await self.conn.drive(finish(self.settings, [fallback]))
             except RETRYABLE_ERRORS:
                 raise
             except REFUSED:

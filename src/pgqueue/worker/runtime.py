@@ -71,7 +71,7 @@ log = logging.getLogger("pgqueue.worker")
 Hints = Callable[[str], AsyncIterator[str | CancelNotice | None]]
 
 # The worker's connections besides LISTEN (see run()); docs/worker.md counts them.
-CONNECTIONS = 5
+CONNECTIONS = 4
 
 
 # The stages in which a held job's handler may still run.
@@ -196,8 +196,10 @@ class AsyncWorker:
         if not self.url:
             self.url = await asyncio.to_thread(resolve_url, self.settings)
         self.handler_connections.url = self.url
-        # Claims and outcomes (two each, so that one statement goes out while
-        # the other commits), and upkeep (heartbeats, maintenance, schedules, the lookout).
+        # Claims (two, so that a claim goes out while the other is in
+        # flight: a fair queue's claims overlap), outcomes (one: batches grow
+        # while it commits), and upkeep (heartbeats, maintenance, schedules,
+        # the lookout).
         connections = [self._connect(self.url) for _ in range(CONNECTIONS - 1)]
         connections.append(self._connect_upkeep(self.url))
         self._build(*connections)
@@ -271,7 +273,7 @@ class AsyncWorker:
 
     def _build(self, *conns: FlowDriver) -> None:
         s, events = self.settings, self.events
-        claims, claims2, outcomes, outcomes2, upkeep = conns
+        claims, claims2, outcomes, upkeep = conns
         info = WorkerInfo(
             self.name, socket.gethostname(), os.getpid(), __version__, self.queues, self.concurrency
         )
@@ -288,7 +290,7 @@ class AsyncWorker:
             cancelled=self.lease_keeper.cancelled,
         )
         self.completer = Completer(
-            outcomes, self.held, s, events, self.producer.jobs_ended, more=[outcomes2]
+            outcomes, self.held, s, events, self.producer.jobs_ended
         )
         self.progress_writer = ProgressWriter(upkeep, self.handles, events)
         self.maintenance = Maintenance(upkeep, s, events, self.name)
