@@ -289,9 +289,7 @@ class AsyncWorker:
             lookout=upkeep,
             cancelled=self.lease_keeper.cancelled,
         )
-        self.completer = Completer(
-            outcomes, self.held, s, events, self.producer.jobs_ended
-        )
+        self.completer = Completer(outcomes, self.held, s, events, self.producer.jobs_ended)
         self.progress_writer = ProgressWriter(upkeep, self.handles, events)
         self.maintenance = Maintenance(upkeep, s, events, self.name)
         self.scheduler = Scheduler(upkeep, s, events, declared=self.schedules, tasks=self.tasks)
