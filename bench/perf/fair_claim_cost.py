@@ -3,7 +3,7 @@ database: what a change to them costs a claim.
 
     python -m bench.perf.fair_claim_cost [--jobs 20000] [--keys 100] [--wanted 100]
                                          [--calls 60] [--against 0040_fair_claims_overlap]
-                                         [--out PATH]
+                                         [--declared 0,10,100,1000] [--out PATH]
 
 On a fresh server, JOBS queued jobs of one queue spread over KEYS
 concurrency_keys, analyzed. The functions ``pgqueue_pick_fair`` and
@@ -14,6 +14,15 @@ picks WANTED jobs, CALLS times, today's and the earlier one in turn (so that
 the machine's load weighs on both alike), each call rolled back: the same
 jobs every time. Writes each setup's median and minimum milliseconds a call,
 and today's over the earlier median, to results/fair_claim_cost.json.
+
+With DECLARED (counts, ascending), the setups are measured again at each
+count of key objectives declared on the queue (``declared`` in the
+results; ``setups`` is the first count's): half of them on keys that have
+queued jobs, the others (and those beyond KEYS) on keys with none, each an
+hour long, so that no key is behind and every claim picks the same jobs as
+without them. Today's claims probe each declared key once; the earlier
+functions know no objectives, so their times are the machine's load at
+that count.
 """
 
 from __future__ import annotations
@@ -63,6 +72,24 @@ def earlier_functions(version: str) -> list[str]:
     return made
 
 
+# An hour: the keys' jobs, queued moments ago, are not behind it.
+OBJECTIVE_SECONDS = 3600.0
+
+
+def declared_keys(count: int, keys: int) -> list[str]:
+    """The keys of ``count`` objectives: in turn one with queued jobs (k0,
+    k1, ... while KEYS last) and one with none (absent0, ...), so that a
+    larger count declares a smaller one's keys and more."""
+    queued = [f"k{i}" for i in range(min(keys, (count + 1) // 2))]
+    absent = [f"absent{i}" for i in range(count - len(queued))]
+    turns = [key for pair in zip(queued, absent, strict=False) for key in pair]
+    return (turns + queued[len(absent) :] + absent[len(queued) :])[:count]
+
+
+def _counts(text: str) -> list[int]:
+    return sorted({int(n) for n in text.split(",")})
+
+
 def _time(conn: psycopg.Connection[Any], function: str, wanted: int) -> float:
     began = time.perf_counter()
     query = sql.SQL("SELECT * FROM {}(%s, %s)").format(sql.Identifier(function))
@@ -79,10 +106,16 @@ def main(argv: list[str] | None = None) -> ResultRecord:
     parser.add_argument("--wanted", type=int, default=100)
     parser.add_argument("--calls", type=int, default=60)
     parser.add_argument("--against", default="0040_fair_claims_overlap")
+    parser.add_argument(
+        "--declared",
+        type=_counts,
+        default=None,
+        help="counts of key objectives to declare on the queue, each measured (e.g. 0,10,100)",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     load_before = os.getloadavg()
-    results: dict[str, Any] = {}
+    by_count: dict[int, dict[str, Any]] = {}
     with bench_database("fair_claim_cost") as url:
         info = server_info(url)
         clear(url)
@@ -96,20 +129,15 @@ def main(argv: list[str] | None = None) -> ResultRecord:
                 conn.execute("VACUUM ANALYZE pgqueue_jobs")
                 for statement in earlier_functions(args.against):
                     conn.execute(statement)
-            for setup, (controls, function) in SETUPS.items():
-                off = dict.fromkeys(("fair", "concurrency_limit", "concurrency_limit_per_key"))
-                q.set_limits(QUEUE, **{**off, **controls})
-                ms: dict[str, list[float]] = {"today": [], "earlier": []}
-                with psycopg.connect(url) as conn:
-                    for _ in range(args.calls):
-                        ms["today"].append(_time(conn, f"pgqueue_{function}", args.wanted))
-                        ms["earlier"].append(_time(conn, f"earlier_{function}", args.wanted))
-                row: dict[str, Any] = {
-                    name: {"median_ms": statistics.median(v), "min_ms": min(v)}
-                    for name, v in ms.items()
-                }
-                row["today_over_earlier"] = row["today"]["median_ms"] / row["earlier"]["median_ms"]
-                results[setup] = row
+            declared: list[str] = []
+            for count in args.declared or [0]:
+                for key in declared_keys(count, args.keys)[len(declared) :]:
+                    q.set_key_objective(QUEUE, key, OBJECTIVE_SECONDS)
+                    declared.append(key)
+                with psycopg.connect(url, autocommit=True) as conn:
+                    # As autovacuum would: the planner knows how many rows.
+                    conn.execute("ANALYZE pgqueue_key_objectives")
+                by_count[count] = _setups(q, url, args.calls, args.wanted)
     record = ResultRecord(
         name="fair_claim_cost",
         command=command_line(__spec__, argv),
@@ -120,21 +148,47 @@ def main(argv: list[str] | None = None) -> ResultRecord:
             "wanted": args.wanted,
             "calls": args.calls,
             "against": args.against,
+            **({"declared": args.declared} if args.declared else {}),
+            "objective_seconds": OBJECTIVE_SECONDS,
             "setups": {name: controls for name, (controls, _) in SETUPS.items()},
             "machine_state": "shared, not idle (load averages below)",
             "load_average_before": list(load_before),
             "load_average_after": list(os.getloadavg()),
         },
-        results={"setups": results},
+        results={
+            "setups": next(iter(by_count.values())),
+            **({"declared": {str(n): row for n, row in by_count.items()}} if args.declared else {}),
+        },
     )
     path = write_result(record, args.out)
-    for setup, row in results.items():
-        print(
-            f"{setup:>34}: today {row['today']['median_ms']:.2f} ms, {args.against} "
-            f"{row['earlier']['median_ms']:.2f} ms ({row['today_over_earlier']:.2f}x)"
-        )
+    for count, results in by_count.items():
+        for setup, row in results.items():
+            print(
+                f"{count:>5} declared {setup:>34}: today {row['today']['median_ms']:.2f} ms, "
+                f"{args.against} {row['earlier']['median_ms']:.2f} ms "
+                f"({row['today_over_earlier']:.2f}x)"
+            )
     print(f"written to {path}")
     return record
+
+
+def _setups(q: Queue, url: str, calls: int, wanted: int) -> dict[str, Any]:
+    """Each setup's times a call, today's functions and the earlier ones in turn."""
+    results: dict[str, Any] = {}
+    for setup, (controls, function) in SETUPS.items():
+        off = dict.fromkeys(("fair", "concurrency_limit", "concurrency_limit_per_key"))
+        q.set_limits(QUEUE, **{**off, **controls})
+        ms: dict[str, list[float]] = {"today": [], "earlier": []}
+        with psycopg.connect(url) as conn:
+            for _ in range(calls):
+                ms["today"].append(_time(conn, f"pgqueue_{function}", wanted))
+                ms["earlier"].append(_time(conn, f"earlier_{function}", wanted))
+        row: dict[str, Any] = {
+            name: {"median_ms": statistics.median(v), "min_ms": min(v)} for name, v in ms.items()
+        }
+        row["today_over_earlier"] = row["today"]["median_ms"] / row["earlier"]["median_ms"]
+        results[setup] = row
+    return results
 
 
 if __name__ == "__main__":

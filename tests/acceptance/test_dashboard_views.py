@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -257,6 +258,53 @@ def test_overview_numbers_are_the_databases(
     assert len(set(queue_colours)) == len(queue_colours)
     assert sorted(history[1]) == sorted(["total", *live])
     assert path.stat().st_size > 10_000
+
+
+# Each request the page made, by path (its query left out).
+REQUESTED = """performance.getEntriesByType("resource")
+  .map((e) => new URL(e.name).pathname).filter((p) => p !== "/events")"""
+
+
+def test_every_refresh_reads_the_fair_queues_key_objectives_in_one_request(
+    stack: dict[str, int], settings: Settings, queue: Queue, sql: psycopg.Connection[Any],
+    page: DevTools,
+) -> None:  # fmt: skip
+    # Three fair queues with objectives (reports has acme's), one named
+    # "keys"; an objective of a queue that is not fair is not shown.
+    for name in ("keys", "images"):
+        queue.set_limits(name, fair=True)
+    queue.enqueue("resize", queue="keys", concurrency_key="k1")
+    sql.execute("UPDATE pgqueue_jobs SET run_at = now() - interval '10 s' WHERE queue = 'keys'")
+    queue.set_key_objective("keys", "k1", 4)
+    queue.set_key_objective("images", "big", 30)
+    queue.set_key_objective("emails", "vip", 1)
+    with LiveServer(create_app(settings)) as server:
+        open_page(page, server)
+        page.run("performance.clearResourceTimings(), true")
+        # A change pushed over GET /events: the page refreshes (twice, so
+        # that one whole refresh is among the requests counted).
+        for _ in range(2):
+            queue.enqueue("send_email", queue="emails")
+            until(page, f"({REQUESTED}).filter((p) => p === '/queues').length >= {_ + 1}")
+        until(page, "!window.pgqueueLive.refreshing")
+        requested: list[str] = page.run(REQUESTED)  # type: ignore[assignment]
+        queues = rows(page, "queues-body", "queue")
+
+    per_queue = [path for path in requested if path.startswith("/queues/")]
+    assert per_queue == [], requested
+    listings, reads = requested.count("/queues"), requested.count("/keys")
+    # One read of the objectives per listing of the queues (the last refresh
+    # may have listed them and not yet read the objectives).
+    assert listings >= 2 and listings - 1 <= reads <= listings, requested
+    # k1's job has waited 10 s and more: 6 s and more past its 4 s.
+    behind = re.fullmatch(r"fair across keys; k1 within 4 s \((\d+\.\d) s behind\)",
+                          queues["keys"]["cols"]["limits"])  # fmt: skip
+    assert behind and 6.0 <= float(behind[1]) < 60.0, queues["keys"]["cols"]
+    assert (
+        queues["images"]["cols"]["limits"] == "fair across keys, start within 60 s; big within 30 s"
+    )
+    assert queues["reports"]["cols"]["limits"] == "fair across keys; acme within 2 s"
+    assert "vip" not in queues["emails"]["cols"]["limits"]
 
 
 def limits_of(sql: psycopg.Connection[Any], name: str) -> tuple[Any, ...] | None:

@@ -27,6 +27,7 @@ from ..core.queue_controls import LIMITS, QueueControls
 from ..core.redaction import Redaction
 
 __all__ = [
+    "AllKeyObjectives",
     "BatchEnqueued",
     "EnqueueOutcome",
     "EnqueueRequest",
@@ -358,6 +359,10 @@ class KeyObjectiveOut(BaseModel):
 class KeyObjectiveList(BaseModel):
     queue: str
     keys: list[KeyObjectiveOut]
+
+
+class AllKeyObjectives(BaseModel):
+    keys: list[KeyObjectiveOut] = Field(description="Every queue's, by queue and key.")
 
 
 class QueueOut(BaseModel):

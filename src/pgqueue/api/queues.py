@@ -10,6 +10,9 @@ limits; admin: every write is).
                                   given stays
     GET   /queues/{name}/keys     the queue's per-key latency objectives,
                                   each with its key's wait and shortfall
+    GET   /keys                   every queue's, in one read (the
+                                  dashboard's); not under /queues/, where
+                                  a queue may be named "keys"
     PUT   /queues/{name}/keys/{key}/objective
                                   declare one ({"max_start_lag_seconds": 2};
                                   null removes it)
@@ -39,6 +42,7 @@ from ..queue import AsyncQueue
 from .http_errors import ERROR_RESPONSES, documented_errors
 from .models import (
     QUEUE_PATTERN,
+    AllKeyObjectives,
     KeyObjectiveList,
     KeyObjectiveOut,
     QueueControlsOut,
@@ -209,6 +213,18 @@ async def set_queue_limits(
 async def list_key_objectives(name: QueueName, request: Request) -> KeyObjectiveList:
     objectives = await _queue(request).key_objectives(name)
     return KeyObjectiveList(queue=name, keys=[KeyObjectiveOut.of(o) for o in objectives])
+
+
+@router.get(
+    "/keys",
+    response_model=AllKeyObjectives,
+    responses=documented_errors(),
+    summary="Every queue's per-key latency objectives",
+    description="As GET /queues/{name}/keys, for every queue in one read, by queue and key.",
+)
+async def list_all_key_objectives(request: Request) -> AllKeyObjectives:
+    objectives = await _queue(request).key_objectives()
+    return AllKeyObjectives(keys=[KeyObjectiveOut.of(o) for o in objectives])
 
 
 @router.put(

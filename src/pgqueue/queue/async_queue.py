@@ -305,7 +305,7 @@ class AsyncQueue(Common):
         flow = key_objectives.set_objective(queue, key, max_start_lag_seconds)
         return await self.run(flow, transaction=True)
 
-    async def key_objectives(self, queue: str) -> list[KeyObjective]:
+    async def key_objectives(self, queue: str | None = None) -> list[KeyObjective]:
         return await self.run(key_objectives.read(queue))
 
     async def get(self, job_id: int) -> Job:

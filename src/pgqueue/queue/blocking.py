@@ -299,9 +299,9 @@ class Queue(Common):
         flow = key_objectives.set_objective(queue, key, max_start_lag_seconds)
         return self.run(flow, transaction=True)
 
-    def key_objectives(self, queue: str) -> list[KeyObjective]:
-        """The key objectives of ``queue``, by key, each with its key's wait
-        and shortfall."""
+    def key_objectives(self, queue: str | None = None) -> list[KeyObjective]:
+        """The key objectives of ``queue`` (None: of every queue), by queue
+        and key, each with its key's wait and shortfall."""
         return self.run(key_objectives.read(queue))
 
     # -- operators ----------------------------------------------------------------

@@ -350,6 +350,7 @@ async def test_healthz_docs_and_openapi(api: httpx.AsyncClient) -> None:
         "/queues/{name}/resume",
         "/queues/{name}/limits",
         "/queues/{name}/keys",
+        "/keys",
         "/queues/{name}/keys/{key}/objective",
         "/queues/{name}/history",
         "/metrics",

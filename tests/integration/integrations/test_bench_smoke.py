@@ -129,12 +129,22 @@ def test_fair_claim_cost_smoke(bench_url: str, out_dir: Path) -> None:
     from bench.perf import fair_claim_cost
 
     out = out_dir / "fair_claim_cost.json"
-    fair_claim_cost.main(["--jobs", "200", "--keys", "10", "--calls", "2", "--out", str(out)])
-    setups = _read(out, "fair_claim_cost", "bench.perf.fair_claim_cost").results["setups"]
-    assert set(setups) == set(fair_claim_cost.SETUPS)
-    assert all(
-        row["today"]["median_ms"] > 0 < row["earlier"]["median_ms"] for row in setups.values()
-    )
+    args = ["--jobs", "200", "--keys", "10", "--calls", "2", "--declared", "25,0,3"]
+    fair_claim_cost.main([*args, "--out", str(out)])
+    results = _read(out, "fair_claim_cost", "bench.perf.fair_claim_cost").results
+    # Each count of declared objectives measured, in order; setups: the first's.
+    assert list(results["declared"]) == ["0", "3", "25"]
+    assert results["setups"] == results["declared"]["0"]
+    for setups in results["declared"].values():
+        assert set(setups) == set(fair_claim_cost.SETUPS)
+        assert all(
+            row["today"]["median_ms"] > 0 < row["earlier"]["median_ms"] for row in setups.values()
+        )
+    # Keys with queued jobs and keys with none; past KEYS, none.
+    declared = fair_claim_cost.declared_keys(25, 10)
+    assert declared[:4] == ["k0", "absent0", "k1", "absent1"] and len(set(declared)) == 25
+    assert sum(key.startswith("k") for key in declared) == 10
+    assert fair_claim_cost.declared_keys(3, 10) == declared[:3]
 
 
 def test_cancel_latency_smoke(out_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -207,6 +207,31 @@ async def test_http_sets_lists_and_removes_them_with_admin_access_only(
         assert (await client.get("/queues/q/keys", headers=read)).json()["keys"] == []
 
 
+async def test_http_lists_every_queues_objectives_in_one_read_a_queue_named_keys_too(
+    queue: Queue, settings: Settings, sql: psycopg.Connection[Any]
+) -> None:
+    _enqueue(queue, sql, "tenant", 1, waited=100.0)
+    queue.set_key_objective("q", "tenant", 40.0)
+    queue.set_key_objective("q", "idle", 5.0)
+    # A queue named "keys": GET /keys is not GET /queues/keys/..., nor the reverse.
+    queue.set_key_objective("keys", "acme", 2.0)
+    tokens = settings.replace(api_tokens=("admin-token",), api_read_tokens=("read-token",))
+    async with api_client(tokens) as client:
+        read = {"Authorization": "Bearer read-token"}
+        answer = await client.get("/keys", headers=read)
+        own = (await client.get("/queues/keys/keys", headers=read)).json()
+        refused = await client.get("/keys")
+    assert answer.status_code == 200, answer.text
+    listed = [(o["queue"], o["key"], o["max_start_lag_seconds"]) for o in answer.json()["keys"]]
+    assert listed == [("keys", "acme", 2.0), ("q", "idle", 5.0), ("q", "tenant", 40.0)]
+    tenant = answer.json()["keys"][2]
+    assert 60.0 <= tenant["shortfall_seconds"] < 120.0
+    assert own["queue"] == "keys" and [o["key"] for o in own["keys"]] == ["acme"]
+    assert refused.status_code == 401
+    # The library's read of every queue is the same list.
+    assert [(o.queue, o.key, o.max_start_lag_seconds) for o in queue.key_objectives()] == listed
+
+
 async def test_http_takes_a_key_with_a_line_break_as_a_job_may_carry_it(
     settings: Settings, sql: psycopg.Connection[Any]
 ) -> None:
