@@ -358,3 +358,34 @@ def test_a_worker_with_hung_threads_claims_nothing_ahead() -> None:
     assert held.free_slots() == 1  # the one slot it can start a job in now
     hung[0] = 2
     assert held.free_slots() == 0
+
+
+def test_jobs_held_first_start_before_the_prefetched_ones_in_claim_order() -> None:
+    db = MemoryDatabase()
+    held = HeldJobs(1, prefetch=10)
+    running, *ahead = claimed(db, 4)
+    quick = claimed(db, 2)
+    held.hold(running)
+    for job in ahead:
+        held.hold(job)
+    for job in quick:
+        assert held.hold(job, first=True).stage is Stage.PREFETCHED  # the one slot is busy
+    order = []
+    held.running -= 1  # the running job's handler ended
+    while (entry := held.next_ready()) is not None:
+        order.append(entry.job.id)
+        held.running -= 1
+    assert order == [job.id for job in quick + ahead]
+
+
+def test_a_job_held_first_starts_at_once_when_a_slot_is_free() -> None:
+    """Even with prefetched jobs waiting (their runner has not come for them
+    yet): a job held first waits behind none of them."""
+    db = MemoryDatabase()
+    held = HeldJobs(1, prefetch=10)
+    jobs = claimed(db, 4)
+    first = held.hold(jobs[0])
+    assert held.hold(jobs[1]).stage is Stage.PREFETCHED
+    held.handler_finished(first)  # a slot is free, its runner not yet back
+    assert held.hold(jobs[2]).stage is Stage.PREFETCHED  # behind the waiting one
+    assert held.hold(jobs[3], first=True).stage is Stage.RUNNING

@@ -159,6 +159,7 @@ class HeldJobs:
         self._hung_threads = hung_threads
         self._held: dict[int, Held] = {}
         self._prefetched: deque[Held] = deque()  # prefetched, in claim order
+        self._first = 0  # how many at its front were held first (hold)
         self.slot_freed = asyncio.Event()  # for the producer
         self.released = asyncio.Event()  # for the shutdown's drain
 
@@ -202,6 +203,7 @@ class HeldJobs:
         if not self._prefetched or not self._slot_free():
             return None
         held = self._prefetched.popleft()
+        self._first = max(0, self._first - 1)
         if not held.lost:
             held.stage = Stage.RUNNING
             self.running += 1
@@ -211,18 +213,26 @@ class HeldJobs:
         """Every prefetched job, out of the buffer: none of them will start."""
         prefetched = list(self._prefetched)
         self._prefetched.clear()
+        self._first = 0
         return prefetched
 
-    def hold(self, job: Job) -> Held:
+    def hold(self, job: Job, *, first: bool = False) -> Held:
         """Hold a claimed job: RUNNING (counted) at once if a slot is free
         and no job waits before it, else WAITING until ``next_ready`` starts
-        it. An older attempt of the same job may still be
+        it. With ``first`` (a quiet queue's job, claimed out of turn: the
+        producer's quick claims) no job waits before it: it waits only for a
+        slot, at the front of the buffer after the other jobs held first.
+        An older attempt of the same job may still be
         here (its snooze just committed, or its lease was lost and the job
         came back to this worker): the new attempt takes the id, and the
         parts still busy with the old one keep their own ``Held``."""
-        if self._prefetched or not self._slot_free():
+        if (self._prefetched and not first) or not self._slot_free():
             held = self._held[job.id] = Held(job, stage=Stage.PREFETCHED, handles=self.handles)
-            self._prefetched.append(held)
+            if first:
+                self._prefetched.insert(self._first, held)
+                self._first += 1
+            else:
+                self._prefetched.append(held)
         else:
             held = self._held[job.id] = Held(job, handles=self.handles)
             self.running += 1

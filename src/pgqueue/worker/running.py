@@ -76,9 +76,11 @@ class JobRunners:
         self._crashed = crashed
         self._hung_reported = 0
 
-    def start(self, jobs: list[Job]) -> None:
+    def start(self, jobs: list[Job], *, first: bool = False) -> None:
+        """Hold the claimed jobs and run those that have a slot (``first``:
+        before the prefetched ones, HeldJobs.hold)."""
         for job in jobs:
-            held = self.held.hold(job)
+            held = self.held.hold(job, first=first)
             if held.stage is Stage.RUNNING:  # else it waits for a slot: _next_ready
                 self._spawn(held)
 

@@ -285,6 +285,7 @@ class AsyncWorker:
             events,
             queues=self.queues,
             start=self.runners.start,
+            start_first=functools.partial(self.runners.start, first=True),
             more=[claims2],
             lookout=upkeep,
             cancelled=self.lease_keeper.cancelled,
