@@ -755,3 +755,16 @@ def test_fairness_smoke(bench_url: str, out_dir: Path) -> None:
         "shared_worker_p99_over_fair_p99",
     )
     assert all(results[ratio] > 0 for ratio in ratios)
+    # Each small job's handler began after its enqueue (the handler's wall clock).
+    assert results["scenarios"]["empty"]["handler_start_ms"]["p50_ms"] > 0
+
+
+def test_fairness_smoke_runs_only_the_scenarios_named(bench_url: str, out_dir: Path) -> None:
+    from bench.perf import fairness
+
+    out = out_dir / "fairness_only.json"
+    sizes = ["--big", "500", "--small", "2", "--rounds", "2", "--pause", "0.05"]
+    fairness.main([*sizes, "--only", "shared_worker", "--out", str(out)])
+    results = _read(out, "fairness", "bench.perf.fairness").results
+    assert set(results["scenarios"]) == {"shared_worker"}
+    assert results["fair_p99_over_empty_p99"] is None
