@@ -896,3 +896,28 @@ async def test_a_hint_of_a_queue_that_gave_jobs_waits_for_the_claimers() -> None
     producer.stop()
     tasks[1].cancel()
     await asyncio.wait_for(tasks[0], 5)
+
+
+async def test_a_worker_holding_its_whole_allowance_makes_no_quick_claim() -> None:
+    """Outcomes not yet written (a database outage) fill the allowance: a
+    hint of a quiet queue then claims nothing more."""
+    db = MemoryDatabase()
+    held = HeldJobs(1)
+    for _ in range(2):  # 2 * (concurrency + prefetch)
+        db.add(queue="backlog")
+    for job in driver.drive(t.claim(SETTINGS, limit=2, worker="unit"), db):
+        held.hold(job)
+    lookout = Recorded(db)
+    producer = Producer(
+        MemoryConnection(db), held, SETTINGS, EVENTS, queues=["backlog", "quiet"],
+        start=lambda jobs: None, lookout=lookout,
+    )  # fmt: skip
+    producer._sparse = frozenset({"quiet"})  # as the last claim left it
+    quick = asyncio.create_task(producer.quick_loop())
+    db.add(queue="quiet")
+    producer._claiming = 1  # a claim is out
+    producer._hinted("quiet")
+    await asyncio.sleep(0.05)
+    assert lookout.names == []
+    producer.stop()
+    await asyncio.wait_for(quick, 5)

@@ -186,15 +186,19 @@ class HeldJobs:
     def free_slots(self) -> int:
         """How many jobs the next claim may take: the free slots not already
         promised to prefetched jobs, plus ``ahead``."""
-        # Outcomes not yet written count against a second allowance as large,
-        # so that a database outage cannot make the worker claim without bound.
         hung = self.hung
         busy = self.running + hung + len(self._prefetched)
-        bound = 2 * (self.concurrency + self.prefetch) - len(self._held)
         # A worker with hung threads claims only what it can start now:
         # nothing ahead, that would wait behind them while others are free.
         ahead = 0 if hung else self.ahead
-        return max(0, min(self.concurrency + ahead - busy, bound))
+        return max(0, min(self.concurrency + ahead - busy, self.allowance()))
+
+    def allowance(self) -> int:
+        """How many more jobs this worker may hold at all: outcomes not yet
+        written count against a second allowance as large as the slots and
+        the buffer, so that a database outage cannot make it claim without
+        bound."""
+        return 2 * (self.concurrency + self.prefetch) - len(self._held)
 
     def next_ready(self) -> Held | None:
         """The next prefetched job, now RUNNING and counted, if a slot is free

@@ -248,13 +248,14 @@ class Producer:
             self._quick_asked.clear()
             queues = sorted(self._quick)
             self._quick.clear()
-            if self.stopping or not queues:
+            limit = min(QUICK_CLAIM_JOBS * len(queues), self.held.allowance() - self._claiming)
+            if self.stopping or limit <= 0:
                 continue
             try:
                 jobs = await self.lookout.drive(
                     tracing.claims(self.settings, claim)(
                         self.settings,
-                        limit=QUICK_CLAIM_JOBS * len(queues),
+                        limit=limit,
                         worker=self.events.worker,
                         queues=queues,
                         caps=self._caps(),
