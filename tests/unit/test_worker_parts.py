@@ -921,3 +921,18 @@ async def test_a_worker_holding_its_whole_allowance_makes_no_quick_claim() -> No
     assert lookout.names == []
     producer.stop()
     await asyncio.wait_for(quick, 5)
+
+
+async def test_a_worker_of_every_queue_claims_before_the_lookout_has_listed_them() -> None:
+    """Its first claim lists the queues itself: under a backlog it does not
+    ask no queue and then wait for the lookout's listing (no lookout runs
+    here, and its poll is far longer than the test)."""
+    db = MemoryDatabase()
+    job_id = db.add(queue="backlog")
+    producer = idle_producer(db, queues=None)
+    task = asyncio.create_task(producer.claim_loop())
+    await until(lambda: db.state(job_id) == "running")
+    assert db.sent("queue_names_queued") != []
+    assert db.sent("job_claim")[0].params["queues"] == ["backlog"]
+    producer.stop()
+    await asyncio.wait_for(task, 5)

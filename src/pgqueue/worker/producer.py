@@ -20,7 +20,8 @@ a flood in one cannot hold up another; the turn moves on with every claim,
 and a queue that gave nothing last time is asked for one job (what it does
 not take goes to the others in the same statement). A
 worker of every queue claims from the queues that have queued jobs: it lists
-them once per poll interval, and learns a new one from its hint. Queues with
+them once per poll interval (until the first listing, its claims list them
+themselves), and learns a new one from its hint. Queues with
 a latency objective (``max_start_lag_seconds``) at least half way to it are
 asked first, for every slot, the furthest behind first: the claim flow reads
 their waits before its claim (``transitions.claim``, only when one of the
@@ -117,6 +118,11 @@ class Producer:
         self.events = events
         self.queues = list(queues) if queues else None
         self.known = list(self.queues or ())  # the queues claimed from
+        # Whether ``known`` is worth claiming from: a worker of every queue
+        # knows none until the lookout's first listing, and meanwhile its
+        # claims list the queues themselves (else its first claim, under a
+        # backlog, would ask no queue and wait for the listing).
+        self._listed = self.queues is not None
         self.start = start
         self.start_first = start_first or start  # a quick claim's jobs: before the buffer's
         self.cancelled = cancelled  # a cancel's notice heard (LeaseKeeper.cancelled)
@@ -198,7 +204,7 @@ class Producer:
                         self.settings,
                         limit=free,
                         worker=self.events.worker,
-                        queues=self.known,
+                        queues=self.known if self._listed else None,
                         turn=self._turn,
                         sparse=self._sparse,
                         caps=self._caps(),
@@ -390,6 +396,7 @@ class Producer:
         if not set(known).issubset(self.known):
             self._wake.set()
         self.known = known
+        self._listed = True
 
     def _claimed(self, jobs: list[Job], *, full: bool) -> None:
         self.stats["claims"] += 1
