@@ -162,9 +162,17 @@ def key_objective_cmd(
 
 
 @queues_app.command("keys")
-def keys_cmd(ctx: typer.Context, name: Name, json_out: JsonFlag = False) -> None:
-    """The per-key latency objectives of a queue: each key's objective, how long
-    its next job has waited, and how far that is past the objective."""
+def keys_cmd(
+    ctx: typer.Context,
+    name: Annotated[
+        str | None,
+        typer.Argument(help="The queue's name (default: every queue's).", show_default=False),
+    ] = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """The per-key latency objectives of a queue, or of every queue: each key's
+    objective, how long its next job has waited, and how far that is past
+    the objective."""
     with state_of(ctx).queue() as q:
         objectives = q.key_objectives(name)
     if wants_json(ctx, json_out):
@@ -172,10 +180,11 @@ def keys_cmd(ctx: typer.Context, name: Name, json_out: JsonFlag = False) -> None
         return
     out = state_of(ctx).out
     if not objectives:
-        out.print(f"{escape(name)}: no key objectives")
+        out.print(f"{escape(name)}: no key objectives" if name else "no key objectives")
         return
-    rows = [_key_cells(o) for o in objectives]
-    out.print(output.fitted_table(KEY_COLUMNS, rows, out.width))
+    columns = KEY_COLUMNS if name else (output.Column("queue", flexible=True), *KEY_COLUMNS)
+    rows = [_key_cells(o) if name else [escape(o.queue), *_key_cells(o)] for o in objectives]
+    out.print(output.fitted_table(columns, rows, out.width))
 
 
 def _key_cells(o: KeyObjective) -> list[str]:

@@ -283,6 +283,16 @@ def test_the_command_line_sets_lists_and_removes_them(
     listed = runner.invoke(app, [*base, "keys", "q", "--json"])
     [tenant] = json.loads(listed.output)
     assert tenant["max_start_lag_seconds"] == 40.0 and tenant["shortfall_seconds"] >= 60.0
+    queue.set_key_objective("other", "acme", 5.0)
+    every = runner.invoke(app, [*base, "keys"])  # no queue named: every queue's
+    assert every.exit_code == 0, every.output
+    assert [line.split()[:2] for line in every.output.splitlines() if "acme" in line] == [
+        ["other", "acme"]
+    ]
+    assert "tenant" in every.output
+    every = json.loads(runner.invoke(app, [*base, "keys", "--json"]).output)
+    assert [(o["queue"], o["key"]) for o in every] == [("other", "acme"), ("q", "tenant")]
+    queue.set_key_objective("other", "acme", None)
     off = runner.invoke(app, [*base, "key-objective", "q", "tenant", "--max-start-lag", "none"])
     assert off.exit_code == 0 and "no objective" in off.output
     again = [*base, "key-objective", "q", "tenant", "--max-start-lag", "none", "--json"]
