@@ -11,6 +11,7 @@ import contextvars
 import dataclasses
 import logging
 import threading
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -812,90 +813,76 @@ async def test_a_stopped_worker_fails_the_attempts_of_handlers_past_the_shutdown
     assert JobState(db.state(job_id)) is JobState.QUEUED
 
 
+@contextlib.asynccontextmanager
+async def under_backlog(
+    queues: list[str], **start: Any
+) -> AsyncIterator[tuple[MemoryDatabase, Recorded, asyncio.Queue[str]]]:
+    """A producer of ``queues`` whose claims took a backlog of the queue
+    "backlog" (the others gave nothing) and whose next claim is out (held
+    at its gate): the database, the lookout's connection and where to put
+    the hints it hears."""
+    db = MemoryDatabase()
+    for _ in range(30):
+        db.add(queue="backlog")
+    claims = [Gated(db), Gated(db)]
+    lookout = Recorded(db)
+    producer = Producer(
+        claims[0], HeldJobs(10), SETTINGS, EVENTS, queues=queues, more=claims[1:],
+        lookout=lookout, **{"start": lambda jobs: None, **start},
+    )  # fmt: skip
+    hinted = asyncio.Queue[str]()
+
+    async def hints() -> Any:
+        yield None
+        while True:
+            yield await hinted.get()
+
+    tasks = [
+        asyncio.create_task(producer.claim_loop()),
+        asyncio.create_task(producer.listen_loop(hints)),
+    ]
+    claims[0].gate.set()
+    await until(lambda: producer.stats["claims"] >= 1)
+    claims[0].gate.clear()
+    producer.held.slot_freed.set()
+    await until(lambda: claims[0].in_flight + claims[1].in_flight >= 1)
+    try:
+        yield db, lookout, hinted
+    finally:
+        for conn in claims:
+            conn.gate.set()
+        producer.stop()
+        tasks[1].cancel()
+        await asyncio.wait_for(tasks[0], 5)
+
+
 async def test_a_quiet_queue_hinted_under_a_backlog_is_claimed_at_once_by_the_lookout() -> None:
     """A worker busy with a backlog of one queue claims in big batches; a
     job of another of its queues, quiet until now, is claimed at once on
     the lookout's connection while the claimers' claims are out, and starts
     before the jobs claimed ahead."""
-    db = MemoryDatabase()
-    for _ in range(30):
-        db.add(queue="backlog")
-    claims = [Gated(db), Gated(db)]
-    lookout = Recorded(db)
     started: list[tuple[bool, list[str]]] = []
-    producer = Producer(
-        claims[0], HeldJobs(10), SETTINGS, EVENTS, queues=["backlog", "quiet"],
+    async with under_backlog(
+        ["backlog", "quiet"],
         start=lambda jobs: started.append((False, [j.queue for j in jobs])),
         start_first=lambda jobs: started.append((True, [j.queue for j in jobs])),
-        more=claims[1:], lookout=lookout,
-    )  # fmt: skip
-    hinted = asyncio.Queue[str]()
-
-    async def hints() -> Any:
-        yield None
-        while True:
-            yield await hinted.get()
-
-    tasks = [
-        asyncio.create_task(producer.claim_loop()),
-        asyncio.create_task(producer.listen_loop(hints)),
-    ]
-    claims[0].gate.set()
-    claims[1].gate.set()
-    await until(lambda: started != [])  # a claim of the backlog only: "quiet" gave nothing
-    for conn in claims:
-        conn.gate.clear()
-    producer.held.slot_freed.set()
-    await until(lambda: claims[0].in_flight + claims[1].in_flight >= 1)  # the next claim is out
-    quiet = db.add(queue="quiet")
-    await hinted.put("quiet")
-    await until(lambda: db.state(quiet) == "running")
-    assert started[-1] == (True, ["quiet"])
-    assert "job_claim" in lookout.names
-    for conn in claims:
-        conn.gate.set()
-    producer.stop()
-    tasks[1].cancel()
-    await asyncio.wait_for(tasks[0], 5)
+    ) as (db, lookout, hinted):
+        assert started == [(False, ["backlog"] * 10)]  # "quiet" gave nothing
+        quiet = db.add(queue="quiet")
+        await hinted.put("quiet")
+        await until(lambda: db.state(quiet) == "running")
+        assert started[-1] == (True, ["quiet"])
+        assert "job_claim" in lookout.names
 
 
 async def test_a_hint_of_a_queue_that_gave_jobs_waits_for_the_claimers() -> None:
     """Under a backlog of the hinted queue itself, its hints make no extra
     claims: its jobs come in the claimers' batches."""
-    db = MemoryDatabase()
-    for _ in range(30):
+    async with under_backlog(["backlog"]) as (db, lookout, hinted):
         db.add(queue="backlog")
-    claims = [Gated(db), Gated(db)]
-    lookout = Recorded(db)
-    producer = Producer(
-        claims[0], HeldJobs(10), SETTINGS, EVENTS, queues=["backlog"],
-        start=lambda jobs: None, more=claims[1:], lookout=lookout,
-    )  # fmt: skip
-    hinted = asyncio.Queue[str]()
-
-    async def hints() -> Any:
-        yield None
-        while True:
-            yield await hinted.get()
-
-    tasks = [
-        asyncio.create_task(producer.claim_loop()),
-        asyncio.create_task(producer.listen_loop(hints)),
-    ]
-    claims[0].gate.set()
-    await until(lambda: db.sent("job_claim") != [])
-    claims[0].gate.clear()
-    producer.held.slot_freed.set()
-    await until(lambda: claims[0].in_flight + claims[1].in_flight >= 1)
-    db.add(queue="backlog")
-    await hinted.put("backlog")
-    await asyncio.sleep(0.05)
-    assert "job_claim" not in lookout.names
-    for conn in claims:
-        conn.gate.set()
-    producer.stop()
-    tasks[1].cancel()
-    await asyncio.wait_for(tasks[0], 5)
+        await hinted.put("backlog")
+        await asyncio.sleep(0.05)
+        assert "job_claim" not in lookout.names
 
 
 async def test_a_worker_holding_its_whole_allowance_makes_no_quick_claim() -> None:
