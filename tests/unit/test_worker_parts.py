@@ -899,10 +899,9 @@ async def test_a_worker_holding_its_whole_allowance_makes_no_quick_claim() -> No
         MemoryConnection(db), held, SETTINGS, EVENTS, queues=["backlog", "quiet"],
         start=lambda jobs: None, lookout=lookout,
     )  # fmt: skip
-    producer._sparse = frozenset({"quiet"})  # as the last claim left it
+    producer._sparse = frozenset({"quiet"})  # as the last claim, full, left it
     quick = asyncio.create_task(producer.quick_loop())
     db.add(queue="quiet")
-    producer._claiming = 1  # a claim is out
     producer._hinted("quiet")
     await asyncio.sleep(0.05)
     assert lookout.names == []
@@ -923,3 +922,41 @@ async def test_a_worker_of_every_queue_claims_before_the_lookout_has_listed_them
     assert db.sent("job_claim")[0].params["queues"] == ["backlog"]
     producer.stop()
     await asyncio.wait_for(task, 5)
+
+
+async def test_a_hint_of_a_queue_that_ran_dry_at_a_short_claim_makes_no_quick_claim() -> None:
+    """No backlog, a claim out (one queue at moderate load): the hint of its
+    queue, dry at the last claim, waits for the claimers, who are not busy
+    with a backlog; the lookout's connection claims nothing."""
+    db = MemoryDatabase()
+    claims, lookout = Gated(db), Recorded(db)
+    claims.gate.set()
+    slow = SETTINGS.replace(poll_interval_seconds=60)
+    producer = Producer(
+        claims, HeldJobs(10), slow, EVENTS, queues=["default"], start=lambda jobs: None,
+        lookout=lookout,
+    )  # fmt: skip
+    hinted = asyncio.Queue[str]()
+
+    async def hints() -> Any:
+        yield None
+        while True:
+            yield await hinted.get()
+
+    tasks = [
+        asyncio.create_task(producer.claim_loop()),
+        asyncio.create_task(producer.listen_loop(hints)),
+    ]
+    await until(lambda: producer.stats["claims"] >= 1)  # nothing: the queue is dry
+    claims.gate.clear()
+    producer.wake()
+    await until(lambda: claims.in_flight == 1)  # a claim is out
+    job_id = db.add()
+    await hinted.put("default")
+    await asyncio.sleep(0.05)
+    assert "job_claim" not in lookout.names
+    claims.gate.set()
+    await until(lambda: db.state(job_id) == "running")
+    producer.stop()
+    tasks[1].cancel()
+    await asyncio.wait_for(tasks[0], 5)

@@ -40,8 +40,8 @@ claimer's connection, the claims would wait behind it.
 Quick claims: under a backlog the claims are big (hundreds of jobs) and
 back to back, so that a job of another of the worker's queues, quiet until
 then, would wait for the claims in flight and the next one. A hint for a
-queue that gave nothing at the last claim, heard while a claim is out or
-jobs wait in the buffer, is claimed at once on the lookout's connection
+queue that gave nothing at the last claim, when that claim came back full,
+is claimed at once on the lookout's connection
 (``quick_loop``, at most QUICK_CLAIM_JOBS of it), and its jobs start before
 the buffer's.
 
@@ -232,12 +232,13 @@ class Producer:
 
     def _hinted(self, queue: str) -> None:
         """A job of ``queue`` was enqueued. A queue that gave nothing at the
-        last claim, heard of while the claimers are busy with a backlog of
-        other queues (a claim in flight, or jobs claimed ahead), is claimed
-        from at once by ``quick_loop``: its job would otherwise wait for the
-        claims in flight and the next (under a backlog, claims of hundreds of
-        jobs: tens of ms)."""
-        if queue in self._sparse and (self._claiming or self.held.prefetched):
+        last claim while that claim came back full (a backlog of the
+        worker's other queues) is claimed from at once by ``quick_loop``:
+        its job would otherwise wait for the claims in flight and the next
+        (under a backlog, claims of hundreds of jobs: tens of ms). A queue
+        that ran dry at a claim that came back short waits for no backlog:
+        its hint wakes the claimers, as any hint does."""
+        if queue in self._sparse and self._last_claim_full:
             self._quick.add(queue)
             self._quick_asked.set()
         self._wake.set()
