@@ -255,7 +255,7 @@ class Producer:
             self._quick_asked.clear()
             queues = sorted(self._quick)
             self._quick.clear()
-            limit = min(QUICK_CLAIM_JOBS * len(queues), self.held.allowance() - self._claiming)
+            limit = min(QUICK_CLAIM_JOBS * len(queues), self.held.allowance())
             if self.stopping or limit <= 0:
                 continue
             try:
