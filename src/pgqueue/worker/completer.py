@@ -5,9 +5,9 @@ statement for up to ``ACK_BATCH_MAX`` of them, sent when a batch is full or
 ``ACK_DELAY_SECONDS`` after its first outcome. One writer, on one
 connection: what arrives while a batch commits makes the next batch larger,
 so batches grow when commits are slow. (A second writer on a second
-connection, committing while the first did, was measured: it made drains
-slower, 0.95x with fast commits and with 2 ms ones, docs/results.md
-section 31.) Snoozes and cancels that
+connection, committing while the first did, was measured against one: no
+faster with fast commits or with 2 ms ones, docs/results.md section 31,
+and a connection more.) Snoozes and cancels that
 handlers asked for go in the same batch, each kind in a statement of its own
 (``transitions.finish_groups``), written group after group. Each row is
 fenced by its attempt's token, so a worker whose lease was taken over
