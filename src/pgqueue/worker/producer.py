@@ -43,7 +43,10 @@ then, would wait for the claims in flight and the next one. A hint for a
 queue that gave nothing at the last claim, when that claim came back full,
 is claimed at once on the lookout's connection
 (``quick_loop``, at most QUICK_CLAIM_JOBS of it), and its jobs start before
-the buffer's.
+the buffer's. That connection commits without waiting for a synchronous
+standby (runtime.py): a quick claim lost in a failover leaves its job
+queued on the new primary, to run again there, as after any fault (at
+least once); its outcome is written on the outcome connection, which waits.
 
 Wake-ups: ``listen()`` keeps a LISTEN connection of its own; a hint for one
 of our queues wakes the claim loop. Hints sent while it was not listening
