@@ -365,16 +365,16 @@ def test_jobs_held_first_start_before_the_prefetched_ones_in_claim_order() -> No
     held = HeldJobs(1, prefetch=10)
     running, *ahead = claimed(db, 4)
     quick = claimed(db, 2)
-    held.hold(running)
+    entry = held.hold(running)
     for job in ahead:
         held.hold(job)
     for job in quick:
         assert held.hold(job, first=True).stage is Stage.PREFETCHED  # the one slot is busy
     order = []
-    held.running -= 1  # the running job's handler ended
+    held.handler_finished(entry)
     while (entry := held.next_ready()) is not None:
         order.append(entry.job.id)
-        held.running -= 1
+        held.handler_finished(entry)
     assert order == [job.id for job in quick + ahead]
 
 
