@@ -814,6 +814,33 @@ async def test_a_stopped_worker_fails_the_attempts_of_handlers_past_the_shutdown
 
 
 @contextlib.asynccontextmanager
+async def claiming_and_listening(
+    producer: Producer, gates: list[Gated]
+) -> AsyncIterator[asyncio.Queue[str]]:
+    """Run the producer's claim loop and listen loop; yield where to put the
+    hints it hears. At the end, the gates open and it stops."""
+    hinted = asyncio.Queue[str]()
+
+    async def hints() -> Any:
+        yield None
+        while True:
+            yield await hinted.get()
+
+    tasks = [
+        asyncio.create_task(producer.claim_loop()),
+        asyncio.create_task(producer.listen_loop(hints)),
+    ]
+    try:
+        yield hinted
+    finally:
+        for gate in gates:
+            gate.gate.set()
+        producer.stop()
+        tasks[1].cancel()
+        await asyncio.wait_for(tasks[0], 5)
+
+
+@contextlib.asynccontextmanager
 async def under_backlog(
     queues: list[str], **start: Any
 ) -> AsyncIterator[tuple[MemoryDatabase, Recorded, asyncio.Queue[str]]]:
@@ -830,30 +857,13 @@ async def under_backlog(
         claims[0], HeldJobs(10), SETTINGS, EVENTS, queues=queues, more=claims[1:],
         lookout=lookout, **{"start": lambda jobs: None, **start},
     )  # fmt: skip
-    hinted = asyncio.Queue[str]()
-
-    async def hints() -> Any:
-        yield None
-        while True:
-            yield await hinted.get()
-
-    tasks = [
-        asyncio.create_task(producer.claim_loop()),
-        asyncio.create_task(producer.listen_loop(hints)),
-    ]
-    claims[0].gate.set()
-    await until(lambda: producer.stats["claims"] >= 1)
-    claims[0].gate.clear()
-    producer.held.slot_freed.set()
-    await until(lambda: claims[0].in_flight + claims[1].in_flight >= 1)
-    try:
+    async with claiming_and_listening(producer, claims) as hinted:
+        claims[0].gate.set()
+        await until(lambda: producer.stats["claims"] >= 1)
+        claims[0].gate.clear()
+        producer.held.slot_freed.set()
+        await until(lambda: claims[0].in_flight + claims[1].in_flight >= 1)
         yield db, lookout, hinted
-    finally:
-        for conn in claims:
-            conn.gate.set()
-        producer.stop()
-        tasks[1].cancel()
-        await asyncio.wait_for(tasks[0], 5)
 
 
 async def test_a_quiet_queue_hinted_under_a_backlog_is_claimed_at_once_by_the_lookout() -> None:
@@ -936,27 +946,14 @@ async def test_a_hint_of_a_queue_that_ran_dry_at_a_short_claim_makes_no_quick_cl
         claims, HeldJobs(10), slow, EVENTS, queues=["default"], start=lambda jobs: None,
         lookout=lookout,
     )  # fmt: skip
-    hinted = asyncio.Queue[str]()
-
-    async def hints() -> Any:
-        yield None
-        while True:
-            yield await hinted.get()
-
-    tasks = [
-        asyncio.create_task(producer.claim_loop()),
-        asyncio.create_task(producer.listen_loop(hints)),
-    ]
-    await until(lambda: producer.stats["claims"] >= 1)  # nothing: the queue is dry
-    claims.gate.clear()
-    producer.wake()
-    await until(lambda: claims.in_flight == 1)  # a claim is out
-    job_id = db.add()
-    await hinted.put("default")
-    await asyncio.sleep(0.05)
-    assert "job_claim" not in lookout.names
-    claims.gate.set()
-    await until(lambda: db.state(job_id) == "running")
-    producer.stop()
-    tasks[1].cancel()
-    await asyncio.wait_for(tasks[0], 5)
+    async with claiming_and_listening(producer, [claims]) as hinted:
+        await until(lambda: producer.stats["claims"] >= 1)  # nothing: the queue is dry
+        claims.gate.clear()
+        producer.wake()
+        await until(lambda: claims.in_flight == 1)  # a claim is out
+        job_id = db.add()
+        await hinted.put("default")
+        await asyncio.sleep(0.05)
+        assert "job_claim" not in lookout.names
+        claims.gate.set()
+        await until(lambda: db.state(job_id) == "running")
