@@ -854,13 +854,14 @@ async def under_backlog(
     claims = [Gated(db), Gated(db)]
     lookout = Recorded(db)
     producer = Producer(
-        claims[0], HeldJobs(10), SETTINGS, EVENTS, queues=queues, more=claims[1:],
+        claims[0], HeldJobs(10, prefetch=10), SETTINGS, EVENTS, queues=queues, more=claims[1:],
         lookout=lookout, **{"start": lambda jobs: None, **start},
     )  # fmt: skip
     async with claiming_and_listening(producer, claims) as hinted:
         claims[0].gate.set()
         await until(lambda: producer.stats["claims"] >= 1)
         claims[0].gate.clear()
+        producer.held.ahead = 5  # as the pace of a busy worker would set it
         producer.held.slot_freed.set()
         await until(lambda: claims[0].in_flight + claims[1].in_flight >= 1)
         yield db, lookout, hinted
@@ -895,15 +896,22 @@ async def test_a_hint_of_a_queue_that_gave_jobs_waits_for_the_claimers() -> None
         assert "job_claim" not in lookout.names
 
 
-async def test_a_worker_holding_its_whole_allowance_makes_no_quick_claim() -> None:
-    """Outcomes not yet written (a database outage) fill the allowance: a
-    hint of a quiet queue then claims nothing more."""
+@pytest.mark.parametrize(
+    "why", ["allowance full", "hung threads", "nothing claimed ahead"], ids=str
+)
+async def test_a_worker_that_would_hold_the_job_makes_no_quick_claim(why: str) -> None:
+    """A hint of a quiet queue claims nothing when outcomes not yet written
+    fill the worker's allowance (a database outage), when hung threads hold
+    its slots (it starts nothing soon: a healthy worker should take the
+    job), or when it claims nothing ahead (long jobs)."""
     db = MemoryDatabase()
-    held = HeldJobs(1)
-    for _ in range(2):  # 2 * (concurrency + prefetch)
-        db.add(queue="backlog")
-    for job in driver.drive(t.claim(SETTINGS, limit=2, worker="unit"), db):
-        held.hold(job)
+    held = HeldJobs(1, hung_threads=lambda: 1 if why == "hung threads" else 0, prefetch=5)
+    held.ahead = 0 if why == "nothing claimed ahead" else 5
+    if why == "allowance full":
+        for _ in range(12):  # 2 * (concurrency + prefetch)
+            db.add(queue="backlog")
+        for job in driver.drive(t.claim(SETTINGS, limit=12, worker="unit"), db):
+            held.hold(job)
     lookout = Recorded(db)
     producer = Producer(
         MemoryConnection(db), held, SETTINGS, EVENTS, queues=["backlog", "quiet"],

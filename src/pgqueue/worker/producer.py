@@ -240,8 +240,11 @@ class Producer:
         its job would otherwise wait for the claims in flight and the next
         (under a backlog, claims of hundreds of jobs: tens of ms). A queue
         that ran dry at a claim that came back short waits for no backlog:
-        its hint wakes the claimers, as any hint does."""
-        if queue in self._sparse and self._last_claim_full:
+        its hint wakes the claimers, as any hint does. Nor does a worker
+        that claims nothing ahead (long jobs: another worker may be free to
+        run it) or whose slots are held by hung threads (it starts nothing
+        soon)."""
+        if queue in self._sparse and self._last_claim_full and self._quick_room():
             self._quick.add(queue)
             self._quick_asked.set()
         self._wake.set()
@@ -258,7 +261,7 @@ class Producer:
             self._quick_asked.clear()
             queues = sorted(self._quick)
             self._quick.clear()
-            limit = min(QUICK_CLAIM_JOBS * len(queues), self.held.allowance())
+            limit = min(QUICK_CLAIM_JOBS * len(queues), self._quick_room())
             if self.stopping or limit <= 0:
                 continue
             try:
@@ -281,6 +284,15 @@ class Producer:
             self._sparse = self._sparse.difference(job.queue for job in jobs)
             if jobs:
                 self.start_first(jobs)
+
+    def _quick_room(self) -> int:
+        """How many jobs a quick claim may take: no more than the worker
+        claims ahead (what starts within two claims' round trips at the
+        rate its jobs end), within its allowance of held jobs; none while
+        hung threads hold slots."""
+        if self.held.hung:
+            return 0
+        return min(self.held.ahead, self.held.allowance())
 
     def _caps(self) -> dict[str, int]:
         return {name: FAIR_CLAIM_JOBS for name in self._hints.fair}
