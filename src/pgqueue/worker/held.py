@@ -186,12 +186,15 @@ class HeldJobs:
     def free_slots(self) -> int:
         """How many jobs the next claim may take: the free slots not already
         promised to prefetched jobs, plus ``ahead``."""
-        hung = self.hung
-        busy = self.running + hung + len(self._prefetched)
-        # A worker with hung threads claims only what it can start now:
-        # nothing ahead, that would wait behind them while others are free.
-        ahead = 0 if hung else self.ahead
-        return max(0, min(self.concurrency + ahead - busy, self.allowance()))
+        busy = self.running + self.hung + len(self._prefetched)
+        return max(0, min(self.concurrency + self.claim_ahead() - busy, self.allowance()))
+
+    def claim_ahead(self) -> int:
+        """How many jobs to claim ahead of the free slots now: ``ahead``,
+        or none while hung threads hold slots (a worker with hung threads
+        claims only what it can start now: nothing that would wait behind
+        them while other workers are free)."""
+        return 0 if self.hung else self.ahead
 
     def allowance(self) -> int:
         """How many more jobs this worker may hold at all: outcomes not yet
@@ -207,7 +210,8 @@ class HeldJobs:
         if not self._prefetched or not self._slot_free():
             return None
         held = self._prefetched.popleft()
-        self._first = max(0, self._first - 1)
+        if self._first:
+            self._first -= 1
         if not held.lost:
             held.stage = Stage.RUNNING
             self.running += 1

@@ -288,11 +288,9 @@ class Producer:
     def _quick_room(self) -> int:
         """How many jobs a quick claim may take: no more than the worker
         claims ahead (what starts within two claims' round trips at the
-        rate its jobs end), within its allowance of held jobs; none while
-        hung threads hold slots."""
-        if self.held.hung:
-            return 0
-        return min(self.held.ahead, self.held.allowance())
+        rate its jobs end; none while hung threads hold slots), within its
+        allowance of held jobs."""
+        return min(self.held.claim_ahead(), self.held.allowance())
 
     def _caps(self) -> dict[str, int]:
         return {name: FAIR_CLAIM_JOBS for name in self._hints.fair}
