@@ -65,3 +65,32 @@ def test_each_command_alone_loads_all_that_lies_under_it() -> None:
 def test_a_command_line_naming_no_command_loads_everything() -> None:
     assert command_paths(["--help"]) == command_paths(None)
     assert command_paths(["wroker"]) == command_paths(None)
+
+
+# Runs the console script's command line given in argv[1] (JSON), then
+# prints the top-level packages it imported (JSON).
+RUN = """
+import json, runpy, sys
+sys.argv = ["pgqueue", *json.loads(sys.argv[1])]
+try:
+    runpy.run_module("pgqueue", run_name="__main__")
+except SystemExit:
+    pass
+print(json.dumps(sorted({name.split(".")[0] for name in sys.modules})), file=sys.__stdout__)
+"""
+
+
+def test_a_command_parses_its_line_without_importing_pydantic() -> None:
+    """Typer from 0.29 on builds a pydantic TypeAdapter per parameter: about
+    0.1 s of every command's start (pyproject.toml keeps it below)."""
+    unreachable = "postgresql://nobody@127.0.0.1:1/none?connect_timeout=2"
+    for line in (["jobs", "list"], ["enqueue", "t", "--payload", "{}"], ["worker", "--help"]):
+        out = subprocess.run(
+            [sys.executable, "-c", RUN, json.dumps(["--database-url", unreachable, *line])],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        imported = json.loads(out.stdout.strip().splitlines()[-1])
+        assert "typer" in imported, line  # the command line was parsed
+        assert "pydantic" not in imported, line

@@ -483,6 +483,18 @@ def test_worker_startup_smoke(bench_url: str, out_dir: Path) -> None:
         )
 
 
+def test_cli_start_smoke(bench_url: str, out_dir: Path) -> None:
+    from bench.perf import cli_start
+
+    out = out_dir / "cli_start.json"
+    cli_start.main(["--repeats", "1", "--out", str(out)])
+    record = _read(out, "cli_start", "bench.perf.cli_start")
+    assert set(record.results["commands"]) == set(cli_start.COMMANDS)
+    for cell in record.results["commands"].values():
+        assert cell["wall_seconds"]["median"] > 0 and cell["cpu_seconds"]["median"] > 0
+    assert record.parameters["parsing_imports_pydantic"] is False
+
+
 def test_worker_throughput_smoke(bench_url: str, out_dir: Path) -> None:
     from bench.perf import worker_throughput
 
