@@ -68,7 +68,7 @@ def test_a_command_line_naming_no_command_loads_everything() -> None:
 
 
 # Runs the console script's command line given in argv[1] (JSON), then
-# prints the top-level packages it imported (JSON).
+# prints the modules it imported (JSON).
 RUN = """
 import json, runpy, sys
 sys.argv = ["pgqueue", *json.loads(sys.argv[1])]
@@ -76,21 +76,33 @@ try:
     runpy.run_module("pgqueue", run_name="__main__")
 except SystemExit:
     pass
-print(json.dumps(sorted({name.split(".")[0] for name in sys.modules})), file=sys.__stdout__)
+print(json.dumps(sorted(sys.modules)), file=sys.__stdout__)
 """
+
+
+def imported_by(line: list[str]) -> set[str]:
+    unreachable = "postgresql://nobody@127.0.0.1:1/none?connect_timeout=2"
+    out = subprocess.run(
+        [sys.executable, "-c", RUN, json.dumps(["--database-url", unreachable, *line])],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return set(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
 def test_a_command_parses_its_line_without_importing_pydantic() -> None:
     """Typer from 0.29 on builds a pydantic TypeAdapter per parameter: about
     0.1 s of every command's start (pyproject.toml keeps it below)."""
-    unreachable = "postgresql://nobody@127.0.0.1:1/none?connect_timeout=2"
     for line in (["jobs", "list"], ["enqueue", "t", "--payload", "{}"], ["worker", "--help"]):
-        out = subprocess.run(
-            [sys.executable, "-c", RUN, json.dumps(["--database-url", unreachable, *line])],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        imported = json.loads(out.stdout.strip().splitlines()[-1])
+        imported = imported_by(line)
         assert "typer" in imported, line  # the command line was parsed
         assert "pydantic" not in imported, line
+
+
+def test_the_worker_command_imports_no_queue_face() -> None:
+    """What ``pgqueue worker`` imports before it forks its processes is paid
+    once per start, before any job runs: the Queue faces are not needed."""
+    imported = imported_by(["worker", "--help"])
+    assert "pgqueue.worker.processes" in imported
+    assert not {name for name in imported if name.startswith(("pgqueue.queue", "pgqueue.clusters"))}

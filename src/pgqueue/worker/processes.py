@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..clusters import worker_groups
 from ..core.settings import Settings
 from ..db.connections import resolve_url
 from ..logs import ENV_LOG_FORMAT, stderr_handler
@@ -63,6 +62,10 @@ def run_processes(
     if processes < 1:
         raise ValueError(f"processes must be >= 1, got {processes}")
     if settings.clusters:
+        # Imported here: clusters.py routes producers' calls too, through
+        # the Queue faces, which a worker without clusters never imports.
+        from ..clusters import worker_groups
+
         # One set of workers per cluster (clusters.py), all supervised here.
         groups = worker_groups(settings, queues)
     else:
