@@ -29,12 +29,19 @@ from bench.common import bench_database, summary
 from bench.record import ResultRecord, command_line, server_info, write_result
 from pgqueue import Queue, Settings
 
-COMMANDS = {
-    "jobs_list": ["jobs", "list"],
-    "jobs_show": ["jobs", "show", "1"],
-    "enqueue": ["enqueue", "noop", "--payload", '{"n": 1}'],
-    "queues": ["queues"],
-}
+COMMANDS = ("jobs_list", "jobs_show", "enqueue", "queues")
+
+
+def command_lines(job_id: int) -> dict[str, list[str]]:
+    """Each command's line; ``job_id``: a job of the database, to show."""
+    return {
+        "jobs_list": ["jobs", "list"],
+        "jobs_show": ["jobs", "show", str(job_id)],
+        "enqueue": ["enqueue", "noop", "--payload", '{"n": 1}'],
+        "queues": ["queues"],
+    }
+
+
 PYDANTIC_PROBE = (
     "import runpy, sys; sys.argv = ['pgqueue', *sys.argv[1:]]\n"
     "try: runpy.run_module('pgqueue', run_name='__main__')\n"
@@ -78,9 +85,10 @@ def main(argv: list[str] | None = None) -> ResultRecord:
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name in COMMANDS}
     with bench_database("cli_start") as url:
         with Queue(url, settings=Settings(database_url=url)) as queue:
-            queue.enqueue_many([{"task": "noop"}] * 10)
+            jobs = queue.enqueue_many([{"task": "noop"}] * 10)
+        lines = command_lines(jobs[0].id)
         for _ in range(args.repeats):
-            for name, line in COMMANDS.items():
+            for name, line in lines.items():
                 runs[name].append(run_once(url, line))
         pydantic = imports_pydantic(url)
         server = server_info(url)
