@@ -336,11 +336,16 @@ class JsonbLoader(Loader):
     _decode = json.JSONDecoder().raw_decode
 
     def load(self, data: Any) -> Any:
-        text = bytes(data).decode()
+        # (str() decodes psycopg's buffer without copying it to bytes first,
+        # and a try costs nothing where contextlib.suppress makes an object:
+        # 0.4 us of each claimed job's.)
+        text = str(data, "utf-8")
         # Fewer opening brackets than the cut's depth: not too deep (the usual case).
         if text.count("{") + text.count("[") <= MAX_READ_DEPTH:
-            with contextlib.suppress(ValueError):  # a number too long for int()
+            try:
                 return self._decode(text)[0]
+            except ValueError:  # a number too long for int()
+                pass
         return loads_stored(text)
 
 

@@ -495,6 +495,16 @@ def test_cli_start_smoke(bench_url: str, out_dir: Path) -> None:
     assert record.parameters["parsing_imports_pydantic"] is False
 
 
+def test_row_reading_smoke(bench_url: str, out_dir: Path) -> None:
+    from bench.perf import row_reading
+
+    out = out_dir / "row_reading.json"
+    row_reading.main(["--rows", "50", "--repeats", "1", "--out", str(out)])
+    cells = _read(out, "row_reading", "bench.perf.row_reading").results["payloads"]
+    assert set(cells) == set(row_reading.PAYLOADS)
+    assert all(cell["client_us_per_row"]["median"] > 0 for cell in cells.values())
+
+
 def test_worker_throughput_smoke(bench_url: str, out_dir: Path) -> None:
     from bench.perf import worker_throughput
 
