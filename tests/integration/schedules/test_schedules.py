@@ -153,7 +153,11 @@ def test_many_schedulers_racing_on_a_backlog_move_it_once(
     moved = [f for f in results if f.moved]
     assert sum(len(f.jobs) for f in moved) == len(found)
     assert not [f for f in results if f.already]
-    assert len([f for f in moved if len(f.jobs) > 1]) == 1  # the backlog, by one thread
+    # The backlog (301 ticks), by one thread. A fire after it moves the ticks
+    # that came due since the last one: one, or a few after a stall of the
+    # machine (a fresh clone's CI saw two at once), never the backlog again.
+    sizes = sorted(len(f.jobs) for f in moved)
+    assert sizes[-1] >= 301 and sizes[-2] < 10, sizes[-3:]
 
 
 # -- catch-up --------------------------------------------------------------------------------
