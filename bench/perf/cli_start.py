@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import os
 import resource
 import subprocess
 import sys
@@ -81,7 +80,6 @@ def main(argv: list[str] | None = None) -> ResultRecord:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    os.environ.pop("PGQUEUE_DATABASE_URL", None)
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name in COMMANDS}
     with bench_database("cli_start") as url:
         with Queue(url, settings=Settings(database_url=url)) as queue:
