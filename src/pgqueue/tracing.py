@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from .core import workflows
 from .core.dependencies import WorkflowJobs
-from .core.enqueue import enqueue, enqueue_many
+from .core.enqueue import enqueue, enqueue_many, enqueue_plain
 from .core.flows import Flow
 from .core.job_spec import JobSpec
 from .core.jobs import Job
@@ -194,6 +194,7 @@ class EnqueueFlows:
         )
         self.enqueue = _enqueued(on, enqueue)
         self.enqueue_many = _enqueued(on, enqueue_many, "enqueue_many")
+        self.enqueue_plain = _enqueued(on, enqueue_plain, "enqueue_many")
         enqueue_workflow = _enqueued(on, workflows.enqueue, "workflow")
         self.workflow: Callable[[workflows.Workflow], Flow[WorkflowJobs]] = lambda flow: (
             enqueue_workflow(flow, settings.default_max_attempts, self.stamp)

@@ -172,6 +172,66 @@ def test_a_bulk_attempt_whose_reservation_was_lost_reserves_again_and_copies() -
     assert [s.name for s in again.sent] == ["job_reserve_ids", "job_copy", "job_copied"]
 
 
+# -- a few plain jobs: one statement, no transaction ------------------------------------
+
+
+def test_a_few_plain_jobs_go_in_by_one_statement_and_without_a_transaction() -> None:
+    """Up to ONE_STATEMENT_JOBS plain jobs: the ids' reservation, then one
+    statement that counts and wakes the jobs itself; so the call needs no
+    transaction. More jobs, or one that is not plain, keep the COPY's or
+    the INSERT's transaction."""
+    specs = [JobSpec.build("t", {"n": n}) for n in range(3)]
+    call = CallKey()
+    session = Scripted(
+        job_reserve_ids=lambda p: [{"ids": [7, 8, 9]}], job_enqueue_plain=lambda p: []
+    )
+    results = driver.drive(enqueue.enqueue_plain(specs, call), session)
+    assert results == [Enqueued(7, True), Enqueued(8, True), Enqueued(9, True)]
+    assert [s.name for s in session.sent] == ["job_reserve_ids", "job_enqueue_plain"]
+    params = session.sent[1].params
+    assert params["id"] == [7, 8, 9] and params["call_key"] == call.key
+    assert params["payload"] == [spec.payload_json for spec in specs]
+    few = [JobSpec.build("t")] * enqueue.ONE_STATEMENT_JOBS
+    assert enqueue.one_statement(few)
+    assert not enqueue.one_statement([*few, JobSpec.build("t")])
+    for field in ({"idempotency_key": "k"}, {"delay_seconds": 5}, {"depends_on": [1]}):
+        assert not enqueue.one_statement([JobSpec.build("t"), JobSpec.build("t", **field)])
+
+
+def test_a_retry_of_a_few_plain_jobs_that_meets_its_ids_returns_what_it_committed() -> None:
+    """The first attempt's statement committed (its reply lost): the retry's
+    fails on the first id it meets, and the jobs under the ids carry the
+    call's key: all of them are the call's (the statement commits all or
+    none), and nothing more is written."""
+    specs = [JobSpec.build("t", {"n": n}) for n in range(2)]
+    call = CallKey(ids=[7, 8], attempts=1)
+    session = Scripted(
+        job_enqueue_plain=taken,
+        job_enqueue_found=lambda p: [{"id": 7, "reserved": True, "call_key": call.key}],
+    )
+    results = driver.drive(enqueue.enqueue_plain(specs, call), session)
+    assert results == [Enqueued(7, True), Enqueued(8, True)]
+    assert [s.name for s in session.sent] == ["job_enqueue_plain", "job_enqueue_found"]
+
+
+def test_a_few_plain_jobs_whose_id_another_call_holds_are_written_under_new_ids() -> None:
+    """A primary promoted after a failover handed one of the call's ids out
+    again: the row under it is another call's, so none of the call's jobs
+    were written, and all of them go in again under ids the call never held."""
+    specs = [JobSpec.build("t", {"n": n}) for n in range(2)]
+    call = CallKey(ids=[7, 8], attempts=1)
+    inserts = iter([taken, lambda p: []])
+    reserved = iter([[8, 9], [10]])  # 8 is the call's own: skipped
+    session = Scripted(
+        job_enqueue_plain=lambda p: next(inserts)(p),
+        job_enqueue_found=lambda p: [{"id": 7, "reserved": True, "call_key": uuid4()}],
+        job_reserve_ids=lambda p: [{"ids": next(reserved)}],
+    )
+    results = driver.drive(enqueue.enqueue_plain(specs, call), session)
+    assert results == [Enqueued(9, True), Enqueued(10, True)] and call.ids == [9, 10]
+    assert session.sent[-1].params["id"] == [9, 10]
+
+
 # -- the loop ---------------------------------------------------------------------
 
 

@@ -15,6 +15,7 @@ from pgqueue.sql import QUERIES, READS
         "job_cancel",  # an UPDATE
         "job_reserve_ids",  # nextval
         "job_copy",  # COPY
+        "job_enqueue_plain",  # an INSERT in a WITH
         "job_claim",  # calls pgqueue_pick_limited, which writes
         "server_set_password",  # ALTER ROLE
         "wait_prune",  # DELETE

@@ -36,7 +36,9 @@ __all__ = [
     "enqueue",
     "enqueue_group",
     "enqueue_many",
+    "enqueue_plain",
     "made_by",
+    "one_statement",
     "per_attempt",
 ]
 
@@ -46,6 +48,12 @@ T = TypeVar("T")
 # Chunk of a bulk enqueue sent as one statement: large enough to amortise the
 # round trip, small enough to keep the parameter arrays in a few MB.
 ENQUEUE_CHUNK = 5000
+# A bulk enqueue of at most this many plain jobs goes in as one statement
+# outside a transaction (enqueue_plain): three round trips fewer than a
+# COPY's transaction (BEGIN, the count after the COPY, COMMIT), which is
+# what a small batch's latency is made of; above it the COPY's cheaper rows
+# win (bench/perf/small_batches.py).
+ONE_STATEMENT_JOBS = 100
 # Rounds of insert-then-look-up before a key that keeps changing hands is an
 # error: each round that fails needs a holder that let the key go between
 # the two statements.
@@ -425,9 +433,52 @@ def _new_ids(count: int, held: set[int]) -> Flow[list[int]]:
     return got
 
 
+def one_statement(specs: Sequence[JobSpec]) -> bool:
+    """Whether ``enqueue_plain`` takes these jobs (a few plain ones); if so,
+    their call needs no transaction."""
+    return len(specs) <= ONE_STATEMENT_JOBS and all(_plain(spec) for spec in specs)
+
+
+def enqueue_plain(specs: Sequence[JobSpec], call: CallKey) -> Flow[list[Enqueued]]:
+    """A few plain jobs (``one_statement``) by one statement, which counts
+    and wakes them itself: run outside a transaction, it commits all of
+    them or none, one round trip after the ids' reservation. An id of the
+    call that another row holds fails the statement (KeyTaken): either an
+    earlier attempt of the call committed it, and so all of its jobs (they
+    carry its key), or a primary promoted after a failover handed the id
+    out again (``made_by``): then the jobs are written under new ids."""
+    tried: set[int] = set()
+    for _ in range(KEY_ROUNDS):
+        ids = yield from _reserve(call, len(specs))
+        tried.update(ids)
+        columns: dict[str, Any] = {
+            "id": ids,
+            "queue": [s.queue for s in specs],
+            "task": [s.task for s in specs],
+            "payload": [s.payload_json for s in specs],
+            "priority": [s.priority for s in specs],
+            "max_attempts": [s.max_attempts for s in specs],
+            "timeout_seconds": [s.timeout_seconds for s in specs],
+            "concurrency_key": [s.concurrency_key for s in specs],
+            "metadata": [s.metadata_json for s in specs],
+            "call_key": call.key,
+        }
+        try:
+            yield Statement("job_enqueue_plain", columns)
+        except KeyTaken:
+            found = yield Statement("job_enqueue_found", {"ids": ids, "idempotency_keys": []})
+            if any(row["reserved"] and made_by(row, call) for row in found):
+                return [Enqueued(job_id, True) for job_id in ids]
+            call.ids = yield from _new_ids(len(ids), tried)
+            continue
+        return [Enqueued(job_id, True) for job_id in ids]
+    raise RuntimeError(f"the ids of {len(specs)} job(s) kept being taken")
+
+
 def _plain(spec: JobSpec) -> bool:
     return (
         spec.idempotency_key is None
+        and not spec.depends_on
         and spec.run_at is None
         and not spec.delay_seconds
         and spec.batch_id is None  # (a COPY does not count it in its batch)

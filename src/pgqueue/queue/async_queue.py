@@ -209,8 +209,8 @@ class AsyncQueue(Common):
             return await self.run(flow, connection)
         if any(spec.depends_on for spec in specs):
             return await self.run(self._enqueue_flows.enqueue_many(specs), transaction=True)
-        attempts = per_attempt(self._enqueue_flows.enqueue_many, specs)
-        return await self._retried(attempts, "enqueue_many", transaction=True)
+        attempts, transaction = self._bulk_attempts(specs)
+        return await self._retried(attempts, "enqueue_many", transaction=transaction)
 
     async def wait(
         self,

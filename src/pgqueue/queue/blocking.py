@@ -184,8 +184,8 @@ class Queue(Common):
             return []
         if connection is not None or any(spec.depends_on for spec in specs):
             return self.run(self._enqueue_flows.enqueue_many(specs), connection, transaction=True)
-        attempts = per_attempt(self._enqueue_flows.enqueue_many, specs)
-        return self._retried(attempts, "enqueue_many", transaction=True)
+        attempts, transaction = self._bulk_attempts(specs)
+        return self._retried(attempts, "enqueue_many", transaction=transaction)
 
     def wait(
         self,

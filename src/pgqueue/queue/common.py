@@ -11,6 +11,7 @@ from .. import tracing
 from ..core import runtime_schedules, sleeps
 from ..core import transitions as t
 from ..core.bulk import BulkAction, JobFilter, bulk
+from ..core.enqueue import Enqueued, PerAttempt, one_statement, per_attempt
 from ..core.errors import InvalidSchedule
 from ..core.every_queue import EveryQueue
 from ..core.flows import Flow
@@ -51,6 +52,14 @@ class Common:
     def _specs(self, jobs: Iterable[JobSpec | Mapping[str, Any]]) -> list[JobSpec]:
         specs = build_specs(jobs, default_max_attempts=self.settings.default_max_attempts)
         return self._enqueue_flows.stamp(specs)
+
+    def _bulk_attempts(self, specs: list[JobSpec]) -> tuple[PerAttempt[Any, list[Enqueued]], bool]:
+        """The attempts of an ``enqueue_many`` call, and whether each needs a
+        transaction: a few plain jobs go in by one statement, which commits
+        them all or none without one (``enqueue.one_statement``)."""
+        if one_statement(specs):
+            return per_attempt(self._enqueue_flows.enqueue_plain, specs), False
+        return per_attempt(self._enqueue_flows.enqueue_many, specs), True
 
     def _claim(self, limit: int, worker: str, queues: Sequence[str] | None) -> Flow[list[Job]]:
         if not 1 <= limit <= 10_000:

@@ -246,6 +246,28 @@ WITH counted AS (
 )
 SELECT count(pg_notify('pgqueue_jobs', q)) AS notified FROM unnest(%(queues)s::text[]) AS q;
 
+-- name: job_enqueue_plain
+-- A few plain jobs (job_copy's columns: runnable now, no key, no batch) in
+-- one statement that counts them as enqueued and wakes their queues
+-- itself: run on its own, outside a transaction, it commits all of them or
+-- none, in one round trip (enqueue.enqueue_plain). No ON CONFLICT: an id
+-- that is taken fails the whole statement (KeyTaken), and the flow looks
+-- at whose job holds it.
+WITH inserted AS (
+    INSERT INTO pgqueue_jobs (id, queue, task, payload, priority, max_attempts,
+                              timeout_seconds, concurrency_key, metadata, call_key)
+    SELECT t.*, %(call_key)s::uuid
+    FROM unnest(%(id)s::bigint[], %(queue)s::text[], %(task)s::text[], %(payload)s::jsonb[],
+                %(priority)s::integer[], %(max_attempts)s::integer[],
+                %(timeout_seconds)s::double precision[], %(concurrency_key)s::text[],
+                %(metadata)s::jsonb[]) AS t
+    RETURNING queue
+), counted AS (
+    INSERT INTO pgqueue_enqueued (queue, n) SELECT queue, count(*) FROM inserted GROUP BY 1
+)
+SELECT count(pg_notify('pgqueue_jobs', q)) AS notified
+FROM (SELECT DISTINCT queue FROM inserted) AS d(q);
+
 -- name: job_claim
 -- Claim up to `limit` runnable jobs of `queues`, at most `shares[i]` of
 -- `queues[i]`, asking the queues in that order (transitions.claim makes the

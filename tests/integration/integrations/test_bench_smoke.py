@@ -505,6 +505,20 @@ def test_row_reading_smoke(bench_url: str, out_dir: Path) -> None:
     assert all(cell["client_us_per_row"]["median"] > 0 for cell in cells.values())
 
 
+def test_small_batches_smoke(bench_url: str, out_dir: Path) -> None:
+    from bench.perf import small_batches
+    from pgqueue.core import enqueue
+
+    out = out_dir / "small_batches.json"
+    bound = enqueue.ONE_STATEMENT_JOBS
+    small_batches.main(["--sizes", "1,3", "--calls", "3", "--repeats", "1", "--out", str(out)])
+    cells = _read(out, "small_batches", "bench.perf.small_batches").results["sizes"]
+    assert set(cells) == {"1", "3"}
+    for cell in cells.values():
+        assert all(cell[way]["p50_ms"]["median"] > 0 for way in small_batches.WAYS)
+    assert bound == enqueue.ONE_STATEMENT_JOBS  # the bench put it back
+
+
 def test_worker_throughput_smoke(bench_url: str, out_dir: Path) -> None:
     from bench.perf import worker_throughput
 

@@ -37,6 +37,7 @@ from pgqueue import (
     migrate,
 )
 from pgqueue.cli.app import app as cli
+from pgqueue.core.enqueue import ONE_STATEMENT_JOBS
 from pgqueue.db.embedded import EmbeddedPostgres
 from pgqueue.worker import AsyncWorker
 from tests.support import api_client, running
@@ -132,15 +133,15 @@ def job_ids(url: str) -> list[int]:
 # -- producing from either face ------------------------------------------------------------
 
 
-async def produce(face: str, many: bool, settings: Settings, queue: Any = None) -> Any:
-    """One enqueue (or enqueue_many of three jobs) on a new Queue or
+async def produce(face: str, many: int, settings: Settings, queue: Any = None) -> Any:
+    """One enqueue (or enqueue_many of ``many`` jobs) on a new Queue or
     AsyncQueue over ``settings`` (or on ``queue``), the sync one in a
     thread so that the loop (and a proxy on it) runs meanwhile."""
     url = settings.database_url
 
     def call(q: Any) -> Any:
         if many:
-            return q.enqueue_many([{"task": "t", "payload": {"n": n}} for n in range(3)])
+            return q.enqueue_many([{"task": "t", "payload": {"n": n}} for n in range(many)])
         return q.enqueue("t", {"n": 0})
 
     if face == "sync":
@@ -173,7 +174,12 @@ async def a_queue(face: str, settings: Settings) -> AsyncIterator[Any]:
 
 
 FACES = pytest.mark.parametrize("face", ["sync", "async"])
-CALLS = pytest.mark.parametrize("many", [False, True], ids=["enqueue", "enqueue_many"])
+# enqueue_many of a few plain jobs is one statement outside a transaction;
+# of more, a COPY in a transaction.
+COPIED = ONE_STATEMENT_JOBS + 1
+CALLS = pytest.mark.parametrize(
+    "many", [0, 3, COPIED], ids=["enqueue", "enqueue_many", "enqueue_many_copy"]
+)
 
 
 # -- a commit that waits for a missing synchronous standby ----------------------------------
@@ -182,7 +188,7 @@ CALLS = pytest.mark.parametrize("many", [False, True], ids=["enqueue", "enqueue_
 @FACES
 @CALLS
 async def test_an_enqueue_whose_commit_waits_for_a_missing_standby_ends_by_its_deadline(
-    stalled_url: str, face: str, many: bool
+    stalled_url: str, face: str, many: int
 ) -> None:
     """The commit is cancelled at the deadline: PostgreSQL then commits it
     locally (its WARNING says so), so the call does not say "nothing was
@@ -196,7 +202,7 @@ async def test_an_enqueue_whose_commit_waits_for_a_missing_standby_ends_by_its_d
     assert isinstance(raised.value, DatabaseUnavailable)  # a 503, Retry-After, to the API
     assert "synchronous standby" in str(raised.value)
     assert raised.value.job_ids == job_ids(stalled_url) == sorted(raised.value.job_ids)
-    assert len(raised.value.job_ids) == (3 if many else 1)
+    assert len(raised.value.job_ids) == (many or 1)
     with _local(stalled_url) as conn:  # the jobs carry the key the error names
         keys = {row[0] for row in conn.execute("SELECT call_key FROM pgqueue_jobs")}
     assert raised.value.call_key is not None and keys == {raised.value.call_key}
@@ -267,7 +273,7 @@ def test_enqueue_file_against_a_missing_standby_says_its_lines_may_have_been_wri
 @FACES
 @CALLS
 async def test_an_enqueue_behind_another_sessions_lock_ends_by_its_deadline_writing_nothing(
-    db_url: str, sql: psycopg.Connection[Any], face: str, many: bool
+    db_url: str, sql: psycopg.Connection[Any], face: str, many: int
 ) -> None:
     """The insert waits for a table lock: cancelled at the deadline, it
     committed nothing, and the call says so (DatabaseUnavailable itself)."""
@@ -294,7 +300,7 @@ def _port(url: str) -> int:
 @FACES
 @CALLS
 async def test_an_enqueue_on_a_server_that_stops_answering_ends_by_its_deadline(
-    db_url: str, sql: psycopg.Connection[Any], face: str, many: bool
+    db_url: str, sql: psycopg.Connection[Any], face: str, many: int
 ) -> None:
     async with TcpProxy("127.0.0.1", _port(db_url)) as proxy:
         settings = Settings(database_url=proxy.url(db_url), enqueue_retry_seconds=DEADLINE)
@@ -333,15 +339,16 @@ async def test_an_enqueue_whose_new_connection_is_never_answered_ends_by_its_dea
 
 # -- a commit whose answer is lost (item 3) -----------------------------------------------------
 
-# What the proxy waits for before cutting: the COMMIT of enqueue_many's
-# transaction; a single enqueue's insert commits by itself (autocommit).
-COMMITTING = {False: b"INSERT INTO pgqueue_jobs", True: b"COMMIT"}
+# What the proxy waits for before cutting: the COMMIT of a COPY's
+# transaction; a single enqueue's insert, and the one statement of a few
+# plain jobs, commit by themselves (autocommit).
+COMMITTING = {0: b"INSERT INTO pgqueue_jobs", 3: b"INSERT INTO pgqueue_jobs", COPIED: b"COMMIT"}
 
 
 @FACES
 @CALLS
 async def test_a_commit_whose_answer_was_lost_returns_its_jobs_once(
-    db_url: str, sql: psycopg.Connection[Any], face: str, many: bool
+    db_url: str, sql: psycopg.Connection[Any], face: str, many: int
 ) -> None:
     """The connection is cut right after the commit reached the server: the
     commit lands, its answer is lost. The retry finds the jobs by the ids
@@ -359,7 +366,7 @@ async def test_a_commit_whose_answer_was_lost_returns_its_jobs_once(
 @FACES
 @CALLS
 async def test_a_commit_whose_answer_was_lost_with_the_server_gone_is_an_unknown_outcome(
-    db_url: str, sql: psycopg.Connection[Any], face: str, many: bool
+    db_url: str, sql: psycopg.Connection[Any], face: str, many: int
 ) -> None:
     """The same cut, and no connection goes through afterwards until the
     deadline: the call cannot learn whether its commit landed (it did), so
@@ -375,7 +382,7 @@ async def test_a_commit_whose_answer_was_lost_with_the_server_gone_is_an_unknown
     assert took < DEADLINE + MARGIN, took
     assert proxy.cuts == 1 and proxy.connections > 2  # the retries were refused
     landed = [row[0] for row in sql.execute("SELECT id FROM pgqueue_jobs ORDER BY id")]
-    assert raised.value.job_ids == landed and len(landed) == (3 if many else 1)
+    assert raised.value.job_ids == landed and len(landed) == (many or 1)
 
 
 async def test_post_jobs_whose_commit_answer_was_lost_with_the_server_gone_names_its_job(

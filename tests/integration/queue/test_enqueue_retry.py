@@ -133,6 +133,25 @@ async def test_bulk_enqueue_under_a_kill_loop_makes_every_job_exactly_once(
 
 
 @pytest.mark.parametrize("face", ["sync", "async"])
+async def test_small_bulk_enqueues_under_a_kill_loop_make_every_job_exactly_once(
+    db_url: str, sql: psycopg.Connection[Any], caplog: pytest.LogCaptureFixture, face: str
+) -> None:
+    """Batches of a few plain jobs go in by one statement outside a
+    transaction (enqueue.enqueue_plain): a kill between the reservation and
+    the insert, or after the insert, still makes each job once."""
+    size, count = 10, 4000
+    assert enqueue.one_statement([JobSpec.build("t")] * size)
+    calls = [
+        ([{"task": "t", "payload": {"n": n}} for n in range(start, start + size)],)
+        for start in range(0, count, size)
+    ]
+    results = await call_each(db_url, caplog, face, "enqueue_many", calls)
+    assert all(r.created for batch in results for r in batch)
+    assert len({r.id for batch in results for r in batch}) == count
+    assert_each_once(sql, count)
+
+
+@pytest.mark.parametrize("face", ["sync", "async"])
 async def test_single_enqueues_under_a_kill_loop_make_every_job_exactly_once(
     db_url: str, sql: psycopg.Connection[Any], caplog: pytest.LogCaptureFixture, face: str
 ) -> None:
@@ -312,6 +331,50 @@ def test_a_retry_after_a_committed_copy_returns_its_jobs(
     assert again == first and all(r.created for r in again)
     assert copies(sql) == {0: 1, 1: 1, 2: 1}
     assert {row[0] for row in sql.execute("SELECT call_key FROM pgqueue_jobs")} == {call.key}
+
+
+def test_a_retry_after_a_committed_statement_of_a_few_plain_jobs_returns_its_jobs(
+    queue: Queue, sql: psycopg.Connection[Any]
+) -> None:
+    """A first attempt that wrote a few plain jobs by its one statement
+    committed (its reply lost): the retry's statement meets the first id,
+    finds the call's key under it, and returns all the jobs; none is added."""
+    specs = [JobSpec.build("t", {"n": n}) for n in range(3)]
+    call = CallKey()
+    first = queue.run(enqueue.enqueue_plain(specs, call))
+    again = queue.run(enqueue.enqueue_plain(specs, call))
+    assert again == first and all(r.created for r in again)
+    assert copies(sql) == {0: 1, 1: 1, 2: 1}
+    assert {row[0] for row in sql.execute("SELECT call_key FROM pgqueue_jobs")} == {call.key}
+
+
+def test_a_few_plain_jobs_one_of_whose_ids_another_call_holds_go_in_all_under_new_ids(
+    queue: Queue, sql: psycopg.Connection[Any]
+) -> None:
+    """As in the failover replay above, another call's job took the first
+    of the call's ids. The one statement wrote none of the call's jobs
+    (nothing under the other two ids), and the next writes them all under
+    new ids, past the ones the call held."""
+    ids = [
+        row[0]
+        for row in sql.execute("SELECT nextval('pgqueue_jobs_id_seq') FROM generate_series(1, 3)")
+    ]
+    sql.execute(
+        "INSERT INTO pgqueue_jobs (id, task, payload) VALUES (%s, 'other', '{\"n\": 0}')", (ids[0],)
+    )
+    sql.execute("SELECT setval('pgqueue_jobs_id_seq', %s)", (ids[0],))  # next: ids[1]
+    call = CallKey(ids=list(ids), attempts=1)
+    results = queue.run(
+        enqueue.enqueue_plain([JobSpec.build("t", {"n": n}) for n in range(3)], call)
+    )
+    got = [r.id for r in results]
+    assert all(r.created for r in results) and call.ids == got
+    assert min(got) > max(ids)
+    rows = sql.execute("SELECT id, task, payload->>'n' FROM pgqueue_jobs ORDER BY id").fetchall()
+    assert rows == [
+        (ids[0], "other", "0"),
+        *[(job_id, "t", str(n)) for n, job_id in enumerate(got)],
+    ]
 
 
 def test_a_retry_that_finds_its_batch_closed_returns_what_its_first_attempt_wrote(
