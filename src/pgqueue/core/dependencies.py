@@ -29,7 +29,7 @@ from typing import Any
 
 from .errors import InvalidJob, JobNotFound, WorkflowNotFound
 from .flows import Flow, Statement
-from .job_spec import JobSpec
+from .job_spec import JobSpec, spec_columns
 from .jobs import Job, JobState
 
 __all__ = [
@@ -158,17 +158,8 @@ def _graph_params(
             children.append(ids[place])
     has_dependents = {p for places in graph.after for p in places}
     specs = graph.specs
-    return {
+    return spec_columns(specs) | {
         "ids": ids,
-        "queue": [s.queue for s in specs],
-        "task": [s.task for s in specs],
-        "payload": [s.payload_json for s in specs],
-        "priority": [s.priority for s in specs],
-        "run_at": [s.run_at for s in specs],
-        "delay": [s.delay_seconds for s in specs],
-        "max_attempts": [s.max_attempts for s in specs],
-        "timeout_seconds": [s.timeout_seconds for s in specs],
-        "concurrency_key": [s.concurrency_key for s in specs],
         "state": [state for state, _ in first],
         "waiting_on": [
             left if s.depends_on or graph.after[p] else None
@@ -176,7 +167,6 @@ def _graph_params(
         ],
         "policy": [s.on_dependency_failure for s in specs],
         "has_dependents": [p in has_dependents for p in range(len(specs))],
-        "metadata": [s.metadata_json for s in specs],
         "workflow_id": workflow_id,
         "parents": parents,
         "children": children,

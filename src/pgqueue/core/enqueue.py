@@ -23,7 +23,7 @@ from .batches import lock_batches
 from .dependencies import Graph, enqueue_graph
 from .errors import BatchClosed, KeyTaken
 from .flows import Flow, Statement, db_now
-from .job_spec import JobSpec
+from .job_spec import JobSpec, spec_columns
 from .jobs import Job
 
 __all__ = [
@@ -74,24 +74,6 @@ LOSABLE = frozenset(
         "job_enqueue_found",
     }
 )
-
-
-def _spec_params(spec: JobSpec) -> dict[str, Any]:
-    return {
-        "queue": spec.queue,
-        "task": spec.task,
-        "payload": spec.payload_json,
-        "priority": spec.priority,
-        "run_at": spec.run_at,
-        "delay": spec.delay_seconds,
-        "max_attempts": spec.max_attempts,
-        "timeout_seconds": spec.timeout_seconds,
-        "idempotency_key": spec.idempotency_key,
-        "unique_scope": spec.unique_scope,
-        "concurrency_key": spec.concurrency_key,
-        "metadata": spec.metadata_json,
-        "batch_id": spec.batch_id,
-    }
 
 
 def _in_periods(specs: Sequence[JobSpec]) -> Flow[Sequence[JobSpec]]:
@@ -184,7 +166,7 @@ def enqueue(spec: JobSpec, call: CallKey | None = None) -> Flow[Job]:
         raise
     job_id = (yield from _reserve(call, 1))[0] if call is not None else None
     [spec] = yield from _in_periods([spec])
-    params = _spec_params(spec) | {"id": job_id, "call_key": call.key if call else None}
+    params = spec.params() | {"id": job_id, "call_key": call.key if call else None}
     # A conflicting insert may be in flight in another transaction: ON
     # CONFLICT waits for it, and if it rolled back our insert goes ahead. The
     # holder may also let the key go (start, end) between the two
@@ -227,7 +209,7 @@ def debounce(spec: JobSpec) -> Flow[list[Job]]:
     """Apply ``spec.on_conflict`` (replace or extend) to the job holding its
     key, if that job is still waiting (job_debounce); the changed job, or
     none when the holder started (or let the key go) meanwhile."""
-    params = _spec_params(spec) | {"on_conflict": spec.on_conflict}
+    params = spec.params() | {"on_conflict": spec.on_conflict}
     jobs: list[Job] = yield Statement("job_debounce", params, jobs=True)
     return jobs
 
@@ -374,11 +356,9 @@ def _insert_chunk(chunk: Sequence[JobSpec], ids: list[int], call: CallKey) -> Fl
     results: dict[int, Enqueued] = {}
     todo = list(range(len(chunk)))
     for _ in range(KEY_ROUNDS):
-        columns: dict[str, Any] = {"id": [ids[i] for i in todo]}
-        for i in todo:
-            for name, value in _spec_params(chunk[i]).items():
-                columns.setdefault(name, []).append(value)
-        rows = yield Statement("job_enqueue_many", columns | {"call_key": call.key})
+        columns = spec_columns(chunk[i] for i in todo)
+        params = columns | {"id": [ids[i] for i in todo], "call_key": call.key}
+        rows = yield Statement("job_enqueue_many", params)
         inserted = {row["id"] for row in rows}
         results |= {i: Enqueued(ids[i], True) for i in todo if ids[i] in inserted}
         todo = [i for i in todo if i not in results]
@@ -451,18 +431,7 @@ def enqueue_plain(specs: Sequence[JobSpec], call: CallKey) -> Flow[list[Enqueued
     for _ in range(KEY_ROUNDS):
         ids = yield from _reserve(call, len(specs))
         tried.update(ids)
-        columns: dict[str, Any] = {
-            "id": ids,
-            "queue": [s.queue for s in specs],
-            "task": [s.task for s in specs],
-            "payload": [s.payload_json for s in specs],
-            "priority": [s.priority for s in specs],
-            "max_attempts": [s.max_attempts for s in specs],
-            "timeout_seconds": [s.timeout_seconds for s in specs],
-            "concurrency_key": [s.concurrency_key for s in specs],
-            "metadata": [s.metadata_json for s in specs],
-            "call_key": call.key,
-        }
+        columns = spec_columns(specs) | {"id": ids, "call_key": call.key}
         try:
             yield Statement("job_enqueue_plain", columns)
         except KeyTaken:

@@ -87,7 +87,15 @@ from .rules import (
     Seconds,
 )
 
-__all__ = ["FIELD_ALIASES", "JOB_FIELDS", "JobField", "JobSpec", "build_specs", "payload_digest"]
+__all__ = [
+    "FIELD_ALIASES",
+    "JOB_FIELDS",
+    "JobField",
+    "JobSpec",
+    "build_specs",
+    "payload_digest",
+    "spec_columns",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,6 +325,36 @@ class JobSpec(NamedTuple):
     def build(cls, task: Any, payload: Any = None, **fields: Any) -> JobSpec:
         """``from_fields`` with the task, payload and fields as arguments."""
         return cls.from_fields({"task": task, "payload": payload, **fields})
+
+    def params(self) -> dict[str, Any]:
+        """The job's columns as the enqueue statements name their parameters."""
+        return {name: getattr(self, field) for name, field in _PARAMETERS.items()}
+
+
+# The enqueue statements' parameter for each field of a JobSpec they take.
+_PARAMETERS = {
+    "queue": "queue",
+    "task": "task",
+    "payload": "payload_json",
+    "priority": "priority",
+    "run_at": "run_at",
+    "delay": "delay_seconds",
+    "max_attempts": "max_attempts",
+    "timeout_seconds": "timeout_seconds",
+    "idempotency_key": "idempotency_key",
+    "unique_scope": "unique_scope",
+    "concurrency_key": "concurrency_key",
+    "metadata": "metadata_json",
+    "batch_id": "batch_id",
+}
+
+
+def spec_columns(specs: Iterable[JobSpec]) -> dict[str, list[Any]]:
+    """The specs' ``params`` as one array per parameter: what the statements
+    that insert many jobs from arrays (unnest) take."""
+    # (No specs: no columns to pair with the fields, hence not strict.)
+    by_field = dict(zip(JobSpec._fields, zip(*specs, strict=True), strict=False))
+    return {name: list(by_field.get(field, ())) for name, field in _PARAMETERS.items()}
 
 
 def _uniqueness(values: Mapping[str, Any]) -> tuple[str | None, str | None, float | None]:
