@@ -319,30 +319,25 @@ def test_a_new_id_for_a_job_of_the_call_is_none_of_the_ids_the_call_holds(
     assert copies(sql) == {0: 2, 1: 1, 2: 1}  # the other call's job 0, and the call's
 
 
-def test_a_retry_after_a_committed_copy_returns_its_jobs(
-    queue: Queue, sql: psycopg.Connection[Any]
+@pytest.mark.parametrize("copy", [True, False], ids=["copy", "one_statement"])
+def test_a_retry_after_a_committed_attempt_of_plain_jobs_returns_its_jobs(
+    queue: Queue, sql: psycopg.Connection[Any], copy: bool
 ) -> None:
-    """A first attempt that loaded plain jobs by COPY committed (its reply
-    lost): the retry finds them under its ids, with its key, and adds none."""
+    """A first attempt that loaded plain jobs by COPY, or wrote a few by
+    its one statement (outside a transaction), committed (its reply lost):
+    the retry finds them under its ids, with its key, and adds none (the
+    one statement's retry meets the first id and finds the call's key
+    under it: all of them are there)."""
     specs = [JobSpec.build("t", {"n": n}) for n in range(3)]
     call = CallKey()
-    first = queue.run(enqueue.enqueue_many(specs, call=call), transaction=True)
-    again = queue.run(enqueue.enqueue_many(specs, call=call), transaction=True)
-    assert again == first and all(r.created for r in again)
-    assert copies(sql) == {0: 1, 1: 1, 2: 1}
-    assert {row[0] for row in sql.execute("SELECT call_key FROM pgqueue_jobs")} == {call.key}
 
+    def attempt() -> list[enqueue.Enqueued]:
+        if copy:
+            return queue.run(enqueue.enqueue_many(specs, call=call), transaction=True)
+        return queue.run(enqueue.enqueue_plain(specs, call))
 
-def test_a_retry_after_a_committed_statement_of_a_few_plain_jobs_returns_its_jobs(
-    queue: Queue, sql: psycopg.Connection[Any]
-) -> None:
-    """A first attempt that wrote a few plain jobs by its one statement
-    committed (its reply lost): the retry's statement meets the first id,
-    finds the call's key under it, and returns all the jobs; none is added."""
-    specs = [JobSpec.build("t", {"n": n}) for n in range(3)]
-    call = CallKey()
-    first = queue.run(enqueue.enqueue_plain(specs, call))
-    again = queue.run(enqueue.enqueue_plain(specs, call))
+    first = attempt()
+    again = attempt()
     assert again == first and all(r.created for r in again)
     assert copies(sql) == {0: 1, 1: 1, 2: 1}
     assert {row[0] for row in sql.execute("SELECT call_key FROM pgqueue_jobs")} == {call.key}
