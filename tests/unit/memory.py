@@ -152,13 +152,29 @@ class MemoryDatabase:
         row = self._insert(params)
         return [row] if row is not None else []
 
-    def job_enqueue_many(self, call_key: Any, **columns: list[Any]) -> list[Row]:
-        rows = [
+    @staticmethod
+    def _rows(call_key: Any, columns: dict[str, list[Any]]) -> list[Row]:
+        """The rows of a statement's parameter arrays, each with the call's key."""
+        return [
             dict(zip(columns, values, strict=True), call_key=call_key)
             for values in zip(*columns.values(), strict=True)
         ]
+
+    def job_enqueue_many(self, call_key: Any, **columns: list[Any]) -> list[Row]:
+        rows = self._rows(call_key, columns)
         fresh = [row for row in rows if row["id"] not in self.jobs]
         return [{"id": row["id"]} for row in fresh if self._insert(row) is not None]
+
+    def job_enqueue_plain_rows(self, call_key: Any, **columns: list[Any]) -> list[Row]:
+        """All of the jobs or none: an id that is taken fails the statement."""
+        if any(job_id in self.jobs for job_id in columns["id"]):
+            raise KeyTaken()
+        rows = self._rows(call_key, columns)
+        return [inserted for row in rows if (inserted := self._insert(row)) is not None]
+
+    def job_enqueue_plain(self, call_key: Any, **columns: list[Any]) -> list[Row]:
+        self.job_enqueue_plain_rows(call_key, **columns)
+        return [{"notified": 1}]
 
     def job_enqueue_found(self, ids: list[int], idempotency_keys: list[str]) -> list[Row]:
         holders = [row for key in idempotency_keys if (row := self._holder(key)) is not None]

@@ -79,24 +79,40 @@ def writer(group: GroupCommitter) -> Writer:
     return group._retrying  # type: ignore[return-value]
 
 
-def spec(n: int, **fields: Any) -> JobSpec:
+# A group of plain jobs goes in by one statement that returns them, with no
+# transaction; a group with keys by enqueue_many's INSERT in a transaction.
+# The tests of what the committer does around the insert run both ways.
+WAYS = pytest.mark.parametrize("keyed", [False, True], ids=["plain", "keyed"])
+
+
+def insert_of(keyed: bool) -> str:
+    return "job_enqueue_many" if keyed else "job_enqueue_plain_rows"
+
+
+def spec(n: int, keyed: bool = False, **fields: Any) -> JobSpec:
+    if keyed:
+        fields.setdefault("idempotency_key", f"key-{n}")
     return JobSpec.build("t", {"n": n}, **fields)
 
 
 def group_sizes(db: MemoryDatabase) -> list[int]:
-    return [len(s.params["id"]) for s in db.sent("job_enqueue_many")]
+    inserts = [s for s in db.statements if s.name in ("job_enqueue_many", "job_enqueue_plain_rows")]
+    return [len(s.params["id"]) for s in inserts]
 
 
 async def enqueue_all(group: GroupCommitter, specs: list[JobSpec]) -> list[Any]:
     return await asyncio.gather(*(group.enqueue(s) for s in specs), return_exceptions=True)
 
 
-async def test_jobs_arriving_together_go_out_as_one_group_each_caller_its_own_job() -> None:
+@WAYS
+async def test_jobs_arriving_together_go_out_as_one_group_each_caller_its_own_job(
+    keyed: bool,
+) -> None:
     db = MemoryDatabase()
     group = committer(db)
-    jobs = await enqueue_all(group, [spec(n) for n in range(10)])
-    assert group_sizes(db) == [10]
-    assert writer(group).calls == [("enqueue", True)]
+    jobs = await enqueue_all(group, [spec(n, keyed) for n in range(10)])
+    assert group_sizes(db) == [10] and len(db.sent(insert_of(keyed))) == 1
+    assert writer(group).calls == [("enqueue", keyed)]  # a transaction for keys only
     assert [job.payload for job in jobs] == [{"n": n} for n in range(10)]
     assert len({job.id for job in jobs}) == 10 and not any(job.duplicate for job in jobs)
     assert sorted(db.jobs) == sorted(job.id for job in jobs)
@@ -123,10 +139,11 @@ async def test_a_group_whose_commit_answer_was_lost_tells_each_caller_its_own_jo
     assert [db.jobs[i]["payload"] for [i] in ids] == [{"n": n} for n in range(4)]
 
 
-async def test_a_full_group_goes_without_waiting_for_the_window() -> None:
+@WAYS
+async def test_a_full_group_goes_without_waiting_for_the_window(keyed: bool) -> None:
     db = MemoryDatabase()
     group = committer(db, window=60.0, max_jobs=4)
-    waiting = [asyncio.ensure_future(group.enqueue(spec(n))) for n in range(9)]
+    waiting = [asyncio.ensure_future(group.enqueue(spec(n, keyed))) for n in range(9)]
     done, _ = await asyncio.wait(waiting[:8], timeout=30)  # far below the window
     assert len(done) == 8 and group_sizes(db) == [4, 4]
     assert not waiting[8].done()  # the ninth waits for the window, or more jobs
@@ -167,12 +184,15 @@ async def test_two_callers_with_one_key_in_a_group_get_one_job_created_for_the_f
     assert len(db.jobs) == 2 and not other.duplicate
 
 
-async def test_a_job_the_database_refuses_fails_alone_with_the_ids_the_group_reserved() -> None:
+@WAYS
+async def test_a_job_the_database_refuses_fails_alone_with_the_ids_the_group_reserved(
+    keyed: bool,
+) -> None:
     db = MemoryDatabase()
     group = committer(db)
-    db.fail("job_enqueue_many", psycopg.errors.DataError("refused"))
+    db.fail(insert_of(keyed), psycopg.errors.DataError("refused"))
     db.fail("job_enqueue", psycopg.errors.DataError("refused: the first job"))
-    results = await enqueue_all(group, [spec(n) for n in range(5)])
+    results = await enqueue_all(group, [spec(n, keyed) for n in range(5)])
     assert isinstance(results[0], psycopg.errors.DataError)
     assert [job.payload for job in results[1:]] == [{"n": n} for n in range(1, 5)]
     # The group reserved ids 1-5 (a new database's first); alone, each job
@@ -182,24 +202,30 @@ async def test_a_job_the_database_refuses_fails_alone_with_the_ids_the_group_res
     assert sorted(db.jobs) == [job.id for job in results[1:]]
 
 
-async def test_jobs_written_alone_after_a_committed_attempt_of_the_group_find_their_own() -> None:
+@WAYS
+async def test_jobs_written_alone_after_a_committed_attempt_of_the_group_find_their_own(
+    keyed: bool,
+) -> None:
     """The group's first attempt committed (its answer lost) and its retry
     was refused: each job, written alone, finds the one the group wrote
     under its id with the group's key, as its own, and adds none."""
     db = MemoryDatabase()
 
     class CommittedThenRefused(Writer):
+        group_written = False
+
         async def attempt(
             self, flow: Callable[[], Flow[T]], what: str, transaction: bool, call: Any
         ) -> T:
-            if not transaction:  # a job alone
+            if self.group_written:  # a job alone
                 return await driver.drive_async(flow(), MemorySession(db))
+            self.group_written = True
             await driver.drive_async(flow(), MemorySession(db))
-            db.fail("job_enqueue_many", psycopg.errors.DataError("refused"))
+            db.fail(insert_of(keyed), psycopg.errors.DataError("refused"))
             return await driver.drive_async(flow(), MemorySession(db))
 
     group = committer(db, writer=CommittedThenRefused)
-    jobs = await enqueue_all(group, [spec(n) for n in range(3)])
+    jobs = await enqueue_all(group, [spec(n, keyed) for n in range(3)])
     assert [(job.id, job.payload, job.duplicate) for job in jobs] == [
         (n + 1, {"n": n}, False) for n in range(3)
     ]
@@ -207,23 +233,25 @@ async def test_jobs_written_alone_after_a_committed_attempt_of_the_group_find_th
     assert [s.params["id"] for s in db.sent("job_enqueue")] == [1, 2, 3]
 
 
-async def test_an_error_no_job_caused_is_every_callers() -> None:
+@WAYS
+async def test_an_error_no_job_caused_is_every_callers(keyed: bool) -> None:
     db = MemoryDatabase()
     group = committer(db)
     down = DatabaseUnavailable("the database did not answer within 5 s")
-    db.fail("job_enqueue_many", down)
-    results = await enqueue_all(group, [spec(n) for n in range(3)])
+    db.fail(insert_of(keyed), down)
+    results = await enqueue_all(group, [spec(n, keyed) for n in range(3)])
     assert results == [down] * 3 and not db.jobs
     assert not db.sent("job_enqueue")  # not written one by one
 
 
+@WAYS
 async def test_an_unexpected_error_writing_a_group_is_logged_and_every_callers(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, keyed: bool
 ) -> None:
     db = MemoryDatabase()
     group = committer(db)
-    db.fail("job_get_many", ZeroDivisionError("a bug"))
-    results = await enqueue_all(group, [spec(n) for n in range(3)])
+    db.fail(insert_of(keyed), ZeroDivisionError("a bug"))
+    results = await enqueue_all(group, [spec(n, keyed) for n in range(3)])
     assert all(isinstance(r, ZeroDivisionError) for r in results)
     [record] = [r for r in caplog.records if getattr(r, "action", "") == "group_commit_failed"]
     assert record.exc_info is not None and record.levelno == logging.ERROR

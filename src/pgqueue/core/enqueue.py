@@ -327,11 +327,19 @@ def _insert_many(specs: Sequence[JobSpec], ids: list[int], call: CallKey) -> Flo
 
 def enqueue_group(specs: Sequence[JobSpec], call: CallKey) -> Flow[list[Job | None]]:
     """The single enqueues of a group commit (group_commit.py) as one insert
-    (enqueue_many's) and one read of the rows: per spec, what ``enqueue``
-    would return for it alone (the job that holds its key, ``duplicate``,
+    (enqueue_many's) and one read of the rows, or, for a few plain jobs,
+    one statement that returns them (no transaction: ``one_statement``):
+    per spec, what ``enqueue`` would return for it alone (the job that holds its key, ``duplicate``,
     when it was not created; a later spec of the group with an earlier
     one's key gets that job). None for a spec whose key holder is gone
     since the insert (pruned): it must be enqueued again, alone."""
+    if one_statement(specs):  # a few plain jobs: one statement, no transaction
+        written = yield from _write_plain(specs, call, rows=True)
+        assert call.ids is not None  # (reserved by _write_plain)
+        if written is None:  # by an earlier attempt of the group
+            written = yield Statement("job_get_many", {"ids": call.ids}, jobs=True)
+        by_id = {job.id: job for job in written}
+        return [by_id.get(job_id) for job_id in call.ids]
     results = yield from enqueue_many(specs, call, copy=False)
     ids = sorted({r.id for r in results})
     rows: list[Job] = yield Statement("job_get_many", {"ids": ids}, jobs=True)
@@ -422,25 +430,35 @@ def one_statement(specs: Sequence[JobSpec]) -> bool:
 def enqueue_plain(specs: Sequence[JobSpec], call: CallKey) -> Flow[list[Enqueued]]:
     """A few plain jobs (``one_statement``) by one statement, which counts
     and wakes them itself: run outside a transaction, it commits all of
-    them or none, one round trip after the ids' reservation. An id of the
-    call that another row holds fails the statement (KeyTaken): either an
-    earlier attempt of the call committed it, and so all of its jobs (they
-    carry its key), or a primary promoted after a failover handed the id
-    out again (``made_by``): then the jobs are written under new ids."""
+    them or none, one round trip after the ids' reservation."""
+    yield from _write_plain(specs, call, rows=False)
+    assert call.ids is not None  # (reserved by _write_plain)
+    return [Enqueued(job_id, True) for job_id in call.ids]
+
+
+def _write_plain(specs: Sequence[JobSpec], call: CallKey, *, rows: bool) -> Flow[list[Job] | None]:
+    """The one statement of the specs under the call's ids (with ``rows``:
+    the one that returns the new jobs, which it returns), or None when an
+    earlier attempt of the call had written them. An id of the call that
+    another row holds fails the statement (KeyTaken): either an earlier
+    attempt of the call committed it, and so all of its jobs (they carry
+    its key), or a primary promoted after a failover handed the id out
+    again (``made_by``): then the jobs are written under new ids."""
     tried: set[int] = set()
     for _ in range(KEY_ROUNDS):
         ids = yield from _reserve(call, len(specs))
         tried.update(ids)
-        columns = spec_columns(specs) | {"id": ids, "call_key": call.key}
+        params = spec_columns(specs) | {"id": ids, "call_key": call.key}
+        name = "job_enqueue_plain_rows" if rows else "job_enqueue_plain"
         try:
-            yield Statement("job_enqueue_plain", columns)
+            written: list[Job] = yield Statement(name, params, jobs=rows)
         except KeyTaken:
             found = yield Statement("job_enqueue_found", {"ids": ids, "idempotency_keys": []})
             if any(row["reserved"] and made_by(row, call) for row in found):
-                return [Enqueued(job_id, True) for job_id in ids]
+                return None
             call.ids = yield from _new_ids(len(ids), tried)
             continue
-        return [Enqueued(job_id, True) for job_id in ids]
+        return written
     raise RuntimeError(f"the ids of {len(specs)} job(s) kept being taken")
 
 

@@ -6,7 +6,8 @@ the ``GroupCommitter`` of its queue's pool instead of writing it alone. The
 jobs that arrive within ``group_commit_window_seconds`` of the oldest one
 waiting (or as soon as ``group_commit_max_jobs`` wait) go out together:
 enqueue_many's insert and one read of the rows (``enqueue.enqueue_group``)
-in one transaction, driven by the queue's ``Retrying`` (retrying.py):
+in one transaction (a group of plain jobs: one statement that returns
+them, which needs none), driven by the queue's ``Retrying`` (retrying.py):
 retried across lost connections under one call key, as every producer's
 call is. ``group_commit_groups`` groups are written at once (2; half the
 pool at most); while they are, the next group gathers, so groups grow with
@@ -42,7 +43,7 @@ from typing import TypeVar
 
 import psycopg
 
-from ..core.enqueue import CallKey, enqueue, enqueue_group
+from ..core.enqueue import CallKey, enqueue, enqueue_group, one_statement
 from ..core.errors import EnqueueOutcomeUnknown, PgQueueError
 from ..core.flows import Flow
 from ..core.job_spec import JobSpec
@@ -210,7 +211,9 @@ class GroupCommitter:
         specs = [each.spec for each in group.waiting]
         try:
             jobs = await self._write(
-                lambda: enqueue_group(specs, group.call), transaction=True, call=group.call
+                lambda: enqueue_group(specs, group.call),
+                transaction=not one_statement(specs),
+                call=group.call,
             )
         except psycopg.Error:  # a job the database refused: each alone, so that it fails alone
             jobs = [None] * len(specs)

@@ -246,13 +246,12 @@ WITH counted AS (
 )
 SELECT count(pg_notify('pgqueue_jobs', q)) AS notified FROM unnest(%(queues)s::text[]) AS q;
 
--- name: job_enqueue_plain
--- A few plain jobs (job_copy's columns: runnable now, no key, no batch) in
--- one statement that counts them as enqueued and wakes their queues
--- itself: run on its own, outside a transaction, it commits all of them or
--- none, in one round trip (enqueue.enqueue_plain). No ON CONFLICT: an id
--- that is taken fails the whole statement (KeyTaken), and the flow looks
--- at whose job holds it.
+-- fragment: plain_insert
+-- A few plain jobs (job_copy's columns: runnable now, no key, no batch)
+-- counted as enqueued, their queues woken: one statement, which on its own,
+-- outside a transaction, commits all of them or none. No ON CONFLICT: an
+-- id that is taken fails the whole statement (KeyTaken), and the flow
+-- looks at whose job holds it (enqueue.enqueue_plain).
 WITH inserted AS (
     INSERT INTO pgqueue_jobs (id, queue, task, payload, priority, max_attempts,
                               timeout_seconds, concurrency_key, metadata, call_key)
@@ -261,12 +260,23 @@ WITH inserted AS (
                 %(priority)s::integer[], %(max_attempts)s::integer[],
                 %(timeout_seconds)s::double precision[], %(concurrency_key)s::text[],
                 %(metadata)s::jsonb[]) AS t
-    RETURNING queue
+    RETURNING *
 ), counted AS (
     INSERT INTO pgqueue_enqueued (queue, n) SELECT queue, count(*) FROM inserted GROUP BY 1
+), woken AS (
+    SELECT count(pg_notify('pgqueue_jobs', q)) AS notified
+    FROM (SELECT DISTINCT queue FROM inserted) AS d(q)
 )
-SELECT count(pg_notify('pgqueue_jobs', q)) AS notified
-FROM (SELECT DISTINCT queue FROM inserted) AS d(q);
+
+-- name: job_enqueue_plain
+-- plain_insert for enqueue_many, which knows its jobs' ids.
+--> plain_insert
+SELECT notified FROM woken;
+
+-- name: job_enqueue_plain_rows
+-- plain_insert for a group commit, which answers each caller with its job.
+--> plain_insert
+SELECT inserted.* FROM inserted, woken;
 
 -- name: job_claim
 -- Claim up to `limit` runnable jobs of `queues`, at most `shares[i]` of

@@ -319,26 +319,32 @@ def test_a_new_id_for_a_job_of_the_call_is_none_of_the_ids_the_call_holds(
     assert copies(sql) == {0: 2, 1: 1, 2: 1}  # the other call's job 0, and the call's
 
 
-@pytest.mark.parametrize("copy", [True, False], ids=["copy", "one_statement"])
+@pytest.mark.parametrize("way", ["copy", "one_statement", "group"])
 def test_a_retry_after_a_committed_attempt_of_plain_jobs_returns_its_jobs(
-    queue: Queue, sql: psycopg.Connection[Any], copy: bool
+    queue: Queue, sql: psycopg.Connection[Any], way: str
 ) -> None:
     """A first attempt that loaded plain jobs by COPY, or wrote a few by
-    its one statement (outside a transaction), committed (its reply lost):
-    the retry finds them under its ids, with its key, and adds none (the
-    one statement's retry meets the first id and finds the call's key
-    under it: all of them are there)."""
+    the one statement (enqueue_many's, or a group commit's that returns
+    the jobs), committed (its reply lost): the retry finds them under its
+    ids, with its key, and adds none (the one statement's retry meets the
+    first id and finds the call's key under it: all of them are there)."""
     specs = [JobSpec.build("t", {"n": n}) for n in range(3)]
     call = CallKey()
 
-    def attempt() -> list[enqueue.Enqueued]:
-        if copy:
-            return queue.run(enqueue.enqueue_many(specs, call=call), transaction=True)
-        return queue.run(enqueue.enqueue_plain(specs, call))
+    def attempt() -> list[tuple[int, bool]]:
+        """Each job's id, and whether the call created it."""
+        if way == "group":
+            jobs = queue.run(enqueue.enqueue_group(specs, call))
+            return [(job.id, not job.duplicate) for job in jobs if job is not None]
+        if way == "copy":
+            results = queue.run(enqueue.enqueue_many(specs, call=call), transaction=True)
+        else:
+            results = queue.run(enqueue.enqueue_plain(specs, call))
+        return [(r.id, r.created) for r in results]
 
     first = attempt()
     again = attempt()
-    assert again == first and all(r.created for r in again)
+    assert again == first and len(first) == 3 and all(created for _, created in again)
     assert copies(sql) == {0: 1, 1: 1, 2: 1}
     assert {row[0] for row in sql.execute("SELECT call_key FROM pgqueue_jobs")} == {call.key}
 
