@@ -329,9 +329,10 @@ def enqueue_group(specs: Sequence[JobSpec], call: CallKey) -> Flow[list[Job | No
     """The single enqueues of a group commit (group_commit.py) as one insert
     (enqueue_many's) and one read of the rows, or, for a few plain jobs,
     one statement that returns them (no transaction: ``one_statement``):
-    per spec, what ``enqueue`` would return for it alone (the job that holds its key, ``duplicate``,
-    when it was not created; a later spec of the group with an earlier
-    one's key gets that job). None for a spec whose key holder is gone
+    per spec, what ``enqueue`` would return for it alone (the job that
+    holds its key, ``duplicate``, when it was not created; a later spec of
+    the group with an earlier one's key gets that job). None for a spec
+    whose key holder (or whose job, written by an earlier attempt) is gone
     since the insert (pruned): it must be enqueued again, alone."""
     if one_statement(specs):  # a few plain jobs: one statement, no transaction
         written = yield from _write_plain(specs, call, rows=True)
