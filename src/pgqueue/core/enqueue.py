@@ -335,7 +335,7 @@ def enqueue_group(specs: Sequence[JobSpec], call: CallKey) -> Flow[list[Job | No
     whose key holder (or whose job, written by an earlier attempt) is gone
     since the insert (pruned): it must be enqueued again, alone."""
     if one_statement(specs):  # a few plain jobs: one statement, no transaction
-        written = yield from _write_plain(specs, call, rows=True)
+        written: list[Job] | None = yield from _write_plain(specs, call, rows=True)
         assert call.ids is not None  # (reserved by _write_plain)
         if written is None:  # by an earlier attempt of the group
             written = yield Statement("job_get_many", {"ids": call.ids}, jobs=True)
@@ -437,7 +437,7 @@ def enqueue_plain(specs: Sequence[JobSpec], call: CallKey) -> Flow[list[Enqueued
     return [Enqueued(job_id, True) for job_id in call.ids]
 
 
-def _write_plain(specs: Sequence[JobSpec], call: CallKey, *, rows: bool) -> Flow[list[Job] | None]:
+def _write_plain(specs: Sequence[JobSpec], call: CallKey, *, rows: bool) -> Flow[list[Any] | None]:
     """The one statement of the specs under the call's ids (with ``rows``:
     the one that returns the new jobs, which it returns), or None when an
     earlier attempt of the call had written them. An id of the call that
@@ -445,14 +445,14 @@ def _write_plain(specs: Sequence[JobSpec], call: CallKey, *, rows: bool) -> Flow
     attempt of the call committed it, and so all of its jobs (they carry
     its key), or a primary promoted after a failover handed the id out
     again (``made_by``): then the jobs are written under new ids."""
+    name = "job_enqueue_plain_rows" if rows else "job_enqueue_plain"
+    columns = spec_columns(specs)
     tried: set[int] = set()
     for _ in range(KEY_ROUNDS):
         ids = yield from _reserve(call, len(specs))
         tried.update(ids)
-        params = spec_columns(specs) | {"id": ids, "call_key": call.key}
-        name = "job_enqueue_plain_rows" if rows else "job_enqueue_plain"
         try:
-            written: list[Job] = yield Statement(name, params, jobs=rows)
+            written = yield Statement(name, columns | {"id": ids, "call_key": call.key}, jobs=rows)
         except KeyTaken:
             found = yield Statement("job_enqueue_found", {"ids": ids, "idempotency_keys": []})
             if any(row["reserved"] and made_by(row, call) for row in found):
