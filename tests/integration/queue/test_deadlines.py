@@ -404,6 +404,39 @@ async def test_post_jobs_whose_commit_answer_was_lost_with_the_server_gone_names
     assert sql.execute("SELECT count(*) FROM pgqueue_jobs").fetchone() == (2,)
 
 
+@pytest.mark.parametrize("keyed", [False, True], ids=["plain", "keyed"])
+async def test_post_jobs_whose_group_commit_answer_was_lost_answers_each_request_once(
+    db_url: str, sql: psycopg.Connection[Any], keyed: bool
+) -> None:
+    """Requests arriving together share one group commit (plain jobs: one
+    statement outside a transaction; with keys: a transaction): it lands
+    and its answer is lost. The retry finds the group's jobs under the ids
+    it reserved, so every request is answered 201 with its own job, each
+    written once."""
+    async with TcpProxy("127.0.0.1", _port(db_url)) as proxy:
+        settings = Settings(database_url=proxy.url(db_url), enqueue_retry_seconds=DEADLINE)
+        async with api_client(settings) as http:
+            assert (await http.post("/jobs", json={"task": "before"})).status_code == 201
+            proxy.cut_after(b"COMMIT" if keyed else COMMITTING[0])
+            answers = await asyncio.gather(
+                *(http.post("/jobs", json=_request(n, keyed)) for n in range(8))
+            )
+    assert proxy.cuts == 1
+    assert [answer.status_code for answer in answers] == [201] * 8, [a.text for a in answers]
+    answered = {answer.json()["id"]: answer.json()["task"] for answer in answers}
+    written = sql.execute("SELECT id, task FROM pgqueue_jobs WHERE task <> 'before'").fetchall()
+    assert dict(written) == answered and len(written) == 8
+    # Several requests shared a statement (a statement's rows share enqueued_at).
+    groups = sql.execute(
+        "SELECT count(DISTINCT enqueued_at) FROM pgqueue_jobs WHERE task <> 'before'"
+    ).fetchone()
+    assert groups is not None and groups[0] < 8
+
+
+def _request(n: int, keyed: bool) -> dict[str, str]:
+    return {"task": f"t{n}", "idempotency_key": f"k{n}"} if keyed else {"task": f"t{n}"}
+
+
 # -- the worker while commits wait for a missing standby ------------------------------------------
 
 
