@@ -38,6 +38,20 @@ def test_a_fair_queue_takes_every_keys_next_job_before_any_keys_second(queue: Qu
     assert _keys(queue, 10) == {"big": 8, "small": 2}
 
 
+def test_jobs_without_a_key_are_looked_for_among_the_next_1000_and_a_key_takes_turns(
+    queue: Queue,
+) -> None:
+    """As docs/howto/limits.md says: behind more than 1,000 jobs of other
+    keys, jobs without a key are not seen; given a key of their own, they
+    take their turn."""
+    queue.enqueue_many([{"task": "t", "queue": "q", "concurrency_key": "big"}] * 1500)
+    queue.enqueue_many([{"task": "t", "queue": "q"}] * 3)
+    queue.enqueue_many([{"task": "t", "queue": "q", "concurrency_key": "own"}] * 3)
+    queue.set_limits("q", fair=True)
+    assert _keys(queue, 10) == {"big": 7, "own": 3}
+    assert _keys(queue, 10) == {"big": 10}
+
+
 def test_without_fair_the_claim_takes_the_oldest_jobs(queue: Queue) -> None:
     _backlog(queue)
     queue.set_limits("q", fair=True)
