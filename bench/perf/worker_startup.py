@@ -14,6 +14,13 @@ to start while another still had (its last start before the other's), and
 the mean sizes of the claims and acks (a statement's rows share their
 ``started_at`` / ``finished_at``).
 
+And where the CPU goes (Linux, the server on this host: each process's time
+on a CPU from /proc/PID/schedstat): the worker processes' at the first mark
+(their start-up) and at the empty queue, and the server's over the clocked
+time (its processes then: the workers' backends, which live until the
+workers stop, and the rest; a process that ended meanwhile is not
+counted). None where the server's processes cannot be read.
+
 Writes results/worker_startup.json.
 """
 
@@ -33,6 +40,37 @@ from pgqueue import Queue, Settings
 CONCURRENCY = 100
 
 
+def _cpu_seconds(pid: int) -> float:
+    """Seconds process ``pid`` has run on a CPU (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as stat:
+            return int(stat.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _server_cpu(postmaster: int | None) -> dict[int, float]:
+    """The CPU seconds of the server's processes, by pid (none if unknown)."""
+    if postmaster is None:
+        return {}
+    try:
+        with open(f"/proc/{postmaster}/task/{postmaster}/children") as children:
+            pids = [postmaster, *map(int, children.read().split())]
+    except OSError:
+        return {}
+    return {pid: _cpu_seconds(pid) for pid in pids}
+
+
+def _postmaster(conn: psycopg.Connection[Any]) -> int | None:
+    """The server's main process, if it runs on this host."""
+    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    try:
+        with open(f"/proc/{row[0] if row else 0}/stat") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def drain(url: str, jobs: int, processes: int) -> dict[str, float]:
     """One load, VACUUM ANALYZE and timed drain: start-up and drain seconds."""
     clear(url)
@@ -42,25 +80,37 @@ def drain(url: str, jobs: int, processes: int) -> dict[str, float]:
         conn.execute("VACUUM ANALYZE pgqueue_jobs")
         conn.execute("CHECKPOINT")
         compile_workers()  # before the clock: an install compiles once
+        postmaster = _postmaster(conn)
+        server_before = _server_cpu(postmaster)
         started = time.monotonic()
         procs = spawn_workers(url, processes, "noop", CONCURRENCY, byte_compiled=False)
         first: float | None = None
+        startup_cpu = 0.0
         try:
             while True:
                 if first is None and _one_left_queued(conn):
                     first = time.monotonic() - started
+                    startup_cpu = sum(_cpu_seconds(proc.pid) for proc in procs)
                 if _empty(conn):
                     break
                 time.sleep(0.005)
             total = time.monotonic() - started
+            workers_cpu = sum(_cpu_seconds(proc.pid) for proc in procs)
+            server_after = _server_cpu(postmaster)
         finally:
             stop_workers(procs)
     assert first is not None
+    cpu = {
+        "workers_startup_cpu_seconds": startup_cpu,
+        "workers_cpu_seconds": workers_cpu,
+        "server_cpu_seconds": sum(t - server_before.get(p, 0.0) for p, t in server_after.items()),
+    }
     return {
         "startup_seconds": first,
         "drain_seconds": total - first,
         "clocked_jobs_per_second": jobs / total,
         "draining_jobs_per_second": jobs / (total - first),
+        **(cpu if server_after else {}),
         **_drain_end(url),
     }
 
@@ -112,6 +162,13 @@ def main(argv: list[str] | None = None) -> ResultRecord:
                 f"claims of {cell['jobs_per_claim']['median']:,.0f} jobs",
                 flush=True,
             )
+            if "server_cpu_seconds" in cell:
+                print(
+                    f"  CPU: workers {cell['workers_cpu_seconds']['median']:.2f} s "
+                    f"({cell['workers_startup_cpu_seconds']['median']:.2f} s of it by the "
+                    f"first claim), server {cell['server_cpu_seconds']['median']:.2f} s",
+                    flush=True,
+                )
         server = server_info(url)
     record = ResultRecord(
         name="worker_startup",

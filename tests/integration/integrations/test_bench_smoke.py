@@ -481,6 +481,10 @@ def test_worker_startup_smoke(bench_url: str, out_dir: Path) -> None:
         assert (
             cell["draining_jobs_per_second"]["median"] > cell["clocked_jobs_per_second"]["median"]
         )
+        # The server runs on this host: its CPU, and the workers', are read.
+        startup_cpu = cell["workers_startup_cpu_seconds"]["median"]
+        assert 0 < startup_cpu <= cell["workers_cpu_seconds"]["median"]
+        assert cell["server_cpu_seconds"]["median"] > 0
 
 
 def test_cli_start_smoke(bench_url: str, out_dir: Path) -> None:
