@@ -41,9 +41,6 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from .core import workflows
-from .core.dependencies import WorkflowJobs
-from .core.enqueue import enqueue, enqueue_many, enqueue_plain
 from .core.flows import Flow
 from .core.job_spec import JobSpec
 from .core.jobs import Job
@@ -54,6 +51,8 @@ if TYPE_CHECKING:
     from opentelemetry import context, propagate, trace
     from opentelemetry.trace import SpanKind, Status, StatusCode
 
+    from .core import workflows
+    from .core.dependencies import WorkflowJobs
     from .core.outcomes import Outcome
 
 __all__ = [
@@ -186,6 +185,11 @@ class EnqueueFlows:
     job a queue writes passes it."""
 
     def __init__(self, settings: Settings) -> None:
+        # Imported here, by the queues that enqueue: a worker process does
+        # without these modules (their import is part of its start-up).
+        from .core import workflows
+        from .core.enqueue import enqueue, enqueue_many, enqueue_plain
+
         self.on = on = enabled(settings)
         traced = _stamped if on else _unchanged
         sealing = settings.sealing
@@ -295,6 +299,8 @@ def _result_attributes(result: Any) -> dict[str, Any]:
         if result.debounced:  # on_conflict changed the waiting job: replaced, extended
             attributes["pgqueue.debounced"] = result.debounced
         return attributes
+    from .core.dependencies import WorkflowJobs  # (as in EnqueueFlows: not at import)
+
     if isinstance(result, WorkflowJobs):
         return {
             "pgqueue.workflow.id": str(result.id),

@@ -20,8 +20,8 @@ from pgqueue.core.job_spec import JobSpec
 from pgqueue.core.jobs import Job
 from pgqueue.core.settings import Settings
 from pgqueue.db import driver
-from pgqueue.db.connections import AsyncPool
 from pgqueue.db.group_commit import GroupCommitter
+from pgqueue.db.pools import AsyncPool
 from pgqueue.db.retrying import Retrying
 from tests.unit.memory import MemoryDatabase, MemorySession
 

@@ -43,8 +43,8 @@ from starlette.types import Receive, Scope, Send
 
 from ..core.changes import Change, Mailbox, Pending
 from ..db.changes import listen_for_changes
+from ..db.deadlines import backoff_delay
 from ..db.driver import DRIVER_ERRORS
-from ..db.retrying import backoff_delay
 from .http_errors import documented_errors
 from .middleware import HEAD_SCOPE_KEY
 

@@ -21,14 +21,13 @@ from uuid import UUID, uuid4
 
 from .batches import lock_batches
 from .dependencies import Graph, enqueue_graph
-from .errors import BatchClosed, KeyTaken
+from .errors import KEY_ROUNDS, BatchClosed, KeyTaken
 from .flows import Flow, Statement, db_now
 from .job_spec import JobSpec, spec_columns
 from .jobs import Job
 
 __all__ = [
     "ENQUEUE_CHUNK",
-    "KEY_ROUNDS",
     "LOSABLE",
     "CallKey",
     "Enqueued",
@@ -54,12 +53,6 @@ ENQUEUE_CHUNK = 5000
 # what a small batch's latency is made of; above it the COPY's cheaper rows
 # win (bench/perf/small_batches.py).
 ONE_STATEMENT_JOBS = 100
-# Rounds of insert-then-look-up before a key that keeps changing hands is an
-# error: each round that fails needs a holder that let the key go between
-# the two statements.
-KEY_ROUNDS = 3
-
-
 # The statements of the enqueue flows whose loss (the connection gone before
 # their answer) leaves no job written: reads, and the reservation of ids (a
 # lost id is a gap in the sequence, not a job). Any other may have committed.

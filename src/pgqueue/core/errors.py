@@ -206,6 +206,12 @@ class KeyTaken(PgQueueError):
     into the flow, which tries again; it does not reach callers."""
 
 
+# Rounds of insert-then-look-up (after KeyTaken) before a key that keeps
+# changing hands is an error: each round that fails needs a holder that let
+# the key go between the two statements.
+KEY_ROUNDS = 3
+
+
 class WaitTimeout(PgQueueError, TimeoutError):
     """The job did not finish within the wait's timeout."""
 

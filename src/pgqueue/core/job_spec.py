@@ -46,8 +46,6 @@ tracing.py carries the enqueuer's trace context (docs/tracing.md).
 
 from __future__ import annotations
 
-import difflib
-import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -234,6 +232,8 @@ _DEFAULTS: dict[str, Any] = {
 
 
 def _unknown(name: Any) -> InvalidJob:
+    import difflib  # here, as hashlib below: a worker's start does without them
+
     shown = printable(str(name))
     guess = difflib.get_close_matches(shown, _BY_NAME, n=1)
     known = ", ".join(f.name for f in JOB_FIELDS)
@@ -374,6 +374,8 @@ def _uniqueness(values: Mapping[str, Any]) -> tuple[str | None, str | None, floa
 def payload_digest(payload_json: str) -> str:
     """SHA-256 of a payload with its keys sorted, so that two payloads that
     are the same JSON object make the same key whatever their key order."""
+    import hashlib
+
     canonical = json.dumps(json.loads(payload_json), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 

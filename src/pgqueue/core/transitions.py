@@ -23,8 +23,14 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .enqueue import KEY_ROUNDS
-from .errors import JobAlreadyFinished, JobKeyHeld, JobNotRetryable, KeyTaken, StaleAttempt
+from .errors import (
+    KEY_ROUNDS,
+    JobAlreadyFinished,
+    JobKeyHeld,
+    JobNotRetryable,
+    KeyTaken,
+    StaleAttempt,
+)
 from .flows import Flow, Row, Statement
 from .jobs import STATES, Job, JobState
 from .outcomes import Outcome

@@ -1,45 +1,34 @@
-"""What the two faces of the queue share about connections: which database
-to use, the psycopg connection behind what a caller passed, and the driver's
-errors as pgqueue's own."""
+"""What the faces of the queue and the worker share about connections:
+which database to use, how long a new connection may take, where LISTEN
+goes, and the psycopg connection behind what a caller passed (the pools:
+pools.py)."""
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import os
-from collections.abc import Iterator, Mapping
-from contextvars import ContextVar
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
-from ..core.errors import DatabaseReadOnly, DatabaseUnavailable, SchemaNotMigrated
-from ..core.settings import Settings
 from ..sql import QUERIES
-from . import deadlines
-from .driver import LIVENESS, SCHEMA_ERRORS, is_asyncpg_connection
-from .embedded import EmbeddedPostgres
+from .driver import is_asyncpg_connection
+
+if TYPE_CHECKING:
+    from ..core.settings import Settings
 
 __all__ = [
     "CONNECT_TIMEOUT_SECONDS",
-    "AsyncPool",
-    "Pool",
     "async_caller_connection",
     "caller_connection",
     "check_reachable",
     "connect_timeout_default",
     "create_database",
     "drop_database",
-    "errors_translated",
     "listen_url",
-    "open_async_pool",
-    "open_pool",
-    "pool_options",
     "resolve_url",
-    "unchecked",
     "url_from_params",
 ]
 
@@ -47,17 +36,14 @@ __all__ = [
 # PGCONNECT_TIMEOUT says (libpq waits forever; its minimum is 2 s).
 CONNECT_TIMEOUT_SECONDS = 5
 
-Pool = ConnectionPool
-AsyncPool = AsyncConnectionPool
-
-# Set while a producer's retried call takes a pooled connection (retrying.py).
-_UNCHECKED: ContextVar[bool] = ContextVar("pgqueue_unchecked", default=False)
-
 
 def resolve_url(settings: Settings) -> str:
     """The database to use: DATABASE_URL, or the embedded server (started if needed)."""
     if settings.database_url:
         return settings.database_url
+    # Imported here: a process given a URL has no use for the server's module.
+    from .embedded import EmbeddedPostgres
+
     return EmbeddedPostgres(settings.data_dir).ensure_running()
 
 
@@ -72,40 +58,6 @@ def connect_timeout_default(url: str) -> dict[str, int]:
     except psycopg.ProgrammingError:
         pass  # not a conninfo: connecting says so, as a DatabaseUnavailable
     return {"connect_timeout": CONNECT_TIMEOUT_SECONDS}
-
-
-def pool_options(settings: Settings, url: str, *, asynchronous: bool = False) -> dict[str, Any]:
-    """How a Queue's (or, ``asynchronous``, AsyncQueue's) connection pool to
-    ``url`` is made."""
-    return {
-        "check": functools.partial(
-            check_connection_async if asynchronous else check_connection,
-            seconds=settings.pool_timeout_seconds,
-        ),
-        "min_size": settings.pool_min_size,
-        "max_size": settings.pool_max_size,
-        "timeout": settings.pool_timeout_seconds,
-        # A server that accepts connections but never answers, or that
-        # vanished (LIVENESS), must not hold a pool slot for minutes. Behind
-        # a transaction-mode pooler a statement prepared on one server
-        # session is unknown to the next.
-        "kwargs": {"autocommit": True, **connect_timeout_default(url), **LIVENESS}
-        | ({"prepare_threshold": None} if settings.transaction_pooler else {}),
-        "name": "pgqueue",
-    }
-
-
-def open_pool(url: str, settings: Settings) -> Pool:
-    """A Queue's connection pool, open."""
-    return ConnectionPool(url, open=True, **pool_options(settings, url))
-
-
-async def open_async_pool(url: str, settings: Settings) -> AsyncPool:
-    """An AsyncQueue's connection pool, open."""
-    options = pool_options(settings, url, asynchronous=True)
-    pool = AsyncConnectionPool(url, open=False, **options)
-    await pool.open()
-    return pool
 
 
 def url_from_params(params: Mapping[str, Any]) -> str:
@@ -139,35 +91,6 @@ def drop_database(admin_url: str, name: str) -> None:
         admin.execute(
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
         )
-
-
-@contextlib.contextmanager
-def unchecked() -> Iterator[None]:
-    """Take pooled connections without the pool's check (a round trip each)
-    meanwhile: for the producers' hot path, whose attempts are retried, so
-    that a broken connection costs one failed attempt, known by its error,
-    instead of a round trip on every checkout."""
-    token = _UNCHECKED.set(True)
-    try:
-        yield
-    finally:
-        _UNCHECKED.reset(token)
-
-
-def check_connection(conn: psycopg.Connection[Any], *, seconds: float) -> None:
-    """The pools' check on checkout (a connection that fails it is replaced
-    without failing the call), except within ``unchecked``; a server that
-    does not answer it within ``seconds`` fails it."""
-    if not _UNCHECKED.get():
-        with deadlines.watched(conn, seconds):
-            ConnectionPool.check_connection(conn)
-
-
-async def check_connection_async(conn: psycopg.AsyncConnection[Any], *, seconds: float) -> None:
-    """``check_connection`` for the async pool."""
-    if not _UNCHECKED.get():
-        async with deadlines.watched_async(conn, seconds):
-            await AsyncConnectionPool.check_connection(conn)
 
 
 def listen_url(settings: Settings, url: str) -> str | None:
@@ -214,20 +137,3 @@ async def async_caller_connection(connection: Any) -> Any:
         # ours must not run before it, in autocommit.
         await connection.exec_driver_sql(QUERIES["caller_transaction_start"])
     return raw
-
-
-@contextlib.contextmanager
-def errors_translated() -> Iterator[None]:
-    """Raise the database being out of reach as DatabaseUnavailable (or
-    refusing writes, as DatabaseReadOnly), and a missing schema as
-    SchemaNotMigrated."""
-    try:
-        yield
-    except SCHEMA_ERRORS as exc:
-        raise SchemaNotMigrated() from exc
-    except PoolTimeout as exc:
-        raise DatabaseUnavailable(f"no database connection within the pool timeout: {exc}") from exc
-    except psycopg.errors.ReadOnlySqlTransaction as exc:
-        raise DatabaseReadOnly() from exc
-    except psycopg.OperationalError as exc:
-        raise DatabaseUnavailable(str(exc).strip()) from exc

@@ -23,6 +23,10 @@ may have (or did, locally).
 Sync attempts are watched by one daemon thread for the whole process (a
 heap of deadlines: no thread per call); async ones by their event loop's
 timers.
+
+Between two attempts, a caller waits ``backoff_delay``: growing, capped
+and jittered, so that callers that failed together do not come back
+together.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import itertools
 import logging
 import math
 import os
+import random
 import socket
 import threading
 import time
@@ -43,7 +48,14 @@ from typing import Any
 import psycopg
 from psycopg.errors import Diagnostic
 
-__all__ = ["CANCEL_SECONDS", "CUT_GRACE_SECONDS", "Cutoff", "watched", "watched_async"]
+__all__ = [
+    "CANCEL_SECONDS",
+    "CUT_GRACE_SECONDS",
+    "Cutoff",
+    "backoff_delay",
+    "watched",
+    "watched_async",
+]
 
 # How long after the cancel request the attempt may take to end before its
 # socket is shut: a server that is alive answers a cancel in milliseconds.
@@ -52,7 +64,20 @@ CUT_GRACE_SECONDS = 0.5
 # server that accepts TCP and never answers holds open).
 CANCEL_SECONDS = 2.0
 
+# Back-off after a failure: base * 2^n, capped, jittered down to half.
+BACKOFF_BASE_SECONDS = 0.05
+BACKOFF_CAP_SECONDS = 5.0
+
 log = logging.getLogger("pgqueue.queue")
+
+
+def backoff_delay(
+    attempt: int, base: float = BACKOFF_BASE_SECONDS, cap: float = BACKOFF_CAP_SECONDS
+) -> float:
+    """Seconds to wait after ``attempt`` consecutive failures (0-based):
+    ``base · 2^attempt``, capped, jittered down to half."""
+    ceiling = min(cap, base * 2.0 ** min(attempt, 30))
+    return ceiling * (0.5 + random.random() / 2)
 
 
 class Cutoff:

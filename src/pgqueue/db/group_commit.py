@@ -49,8 +49,9 @@ from ..core.flows import Flow
 from ..core.job_spec import JobSpec
 from ..core.jobs import Job
 from ..core.settings import Settings
-from .connections import AsyncPool, errors_translated
-from .retrying import Retrying, backoff_delay
+from .deadlines import backoff_delay
+from .pools import AsyncPool, errors_translated
+from .retrying import Retrying
 
 __all__ = ["GroupCommitter", "GroupLost"]
 

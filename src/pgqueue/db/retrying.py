@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import random
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -40,14 +39,10 @@ from ..core.flows import Flow
 from ..core.settings import Settings
 from . import deadlines, driver
 from .attempts import Attempt, first_line
-from .connections import unchecked
 from .driver import RETRYABLE_ERRORS
+from .pools import unchecked
 
-__all__ = ["RETRIED", "Retries", "Retrying", "backoff_delay"]
-
-# Back-off after a failure: base * 2^n, capped, jittered down to half.
-BACKOFF_BASE_SECONDS = 0.05
-BACKOFF_CAP_SECONDS = 5.0
+__all__ = ["RETRIED", "Retries", "Retrying"]
 
 # (psycopg_pool's PoolTimeout is an OperationalError: a pool that found no
 # connection in time is in RETRYABLE_ERRORS too.) A statement cancelled (by
@@ -59,15 +54,6 @@ RETRIED = (*RETRYABLE_ERRORS, psycopg.errors.QueryCanceled)
 T = TypeVar("T")
 
 log = logging.getLogger("pgqueue.queue")
-
-
-def backoff_delay(
-    attempt: int, base: float = BACKOFF_BASE_SECONDS, cap: float = BACKOFF_CAP_SECONDS
-) -> float:
-    """Seconds to wait after ``attempt`` consecutive failures (0-based):
-    ``base · 2^attempt``, capped, jittered down to half."""
-    ceiling = min(cap, base * 2.0 ** min(attempt, 30))
-    return ceiling * (0.5 + random.random() / 2)
 
 
 class Retries:
@@ -86,7 +72,7 @@ class Retries:
         self._deadline = time.monotonic() + seconds
         # At least ten attempts fit in the deadline, however long the run of
         # failures: a lost connection is usually back within milliseconds.
-        self._cap = min(BACKOFF_CAP_SECONDS, seconds / 10)
+        self._cap = min(deadlines.BACKOFF_CAP_SECONDS, seconds / 10)
 
     def remaining(self) -> float:
         return max(0.0, self._deadline - time.monotonic())
@@ -94,7 +80,7 @@ class Retries:
     def after(self, exc: BaseException) -> float:
         """The wait before the next attempt; DatabaseUnavailable (from
         ``exc``) when the next attempt would start past the deadline."""
-        delay = backoff_delay(self.failures, cap=self._cap)
+        delay = deadlines.backoff_delay(self.failures, cap=self._cap)
         self.failures += 1
         if not isinstance(exc, psycopg.errors.QueryCanceled):
             self._reason = exc

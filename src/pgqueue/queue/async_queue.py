@@ -40,16 +40,10 @@ from ..core.queue_controls import QueueControls
 from ..core.schedules import ScheduleRecord
 from ..core.settings import Settings
 from ..db import driver
-from ..db.connections import (
-    AsyncPool,
-    async_caller_connection,
-    errors_translated,
-    listen_url,
-    open_async_pool,
-    resolve_url,
-)
+from ..db.connections import async_caller_connection, listen_url, resolve_url
 from ..db.driver import is_asyncpg_connection
 from ..db.group_commit import GroupCommitter
+from ..db.pools import AsyncPool, errors_translated, open_async_pool
 from ..db.waiters import WAIT_POLL_SECONDS, AsyncWaiters
 from .common import Common, call_name
 

@@ -38,13 +38,8 @@ from ..core.queue_controls import QueueControls
 from ..core.schedules import ScheduleRecord
 from ..core.settings import Settings
 from ..db import driver
-from ..db.connections import (
-    caller_connection,
-    errors_translated,
-    listen_url,
-    open_pool,
-    resolve_url,
-)
+from ..db.connections import caller_connection, listen_url, resolve_url
+from ..db.pools import errors_translated, open_pool
 from ..db.waiters import WAIT_POLL_SECONDS, Waiters
 from .common import Common, call_name
 

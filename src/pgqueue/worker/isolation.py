@@ -19,7 +19,6 @@ import asyncio
 import dataclasses
 import importlib.util
 import os
-import pickle
 from collections.abc import Iterable
 from typing import Any
 
@@ -94,6 +93,8 @@ class HandlerProcesses:
 def _check_importable(task: Task) -> None:
     """A child gets the handler by name: refuse, when the worker is made,
     what could only fail at run time."""
+    import pickle  # here: a worker without isolated tasks does without it
+
     try:
         pickle.dumps(task.fn)
     except Exception as exc:

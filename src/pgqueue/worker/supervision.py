@@ -16,8 +16,8 @@ from collections.abc import Coroutine, Iterable
 from typing import Any
 
 from ..core.jobs import Job
+from ..db.deadlines import backoff_delay
 from ..db.driver import RETRYABLE_ERRORS, SCHEMA_ERRORS
-from ..db.retrying import backoff_delay
 
 __all__ = ["WAIT_OUT", "Backoff", "EventLog", "backoff_delay", "describe", "short", "together"]
 
