@@ -389,3 +389,16 @@ def test_a_job_held_first_starts_at_once_when_a_slot_is_free() -> None:
     held.handler_finished(first)  # a slot is free, its runner not yet back
     assert held.hold(jobs[2]).stage is Stage.PREFETCHED  # behind the waiting one
     assert held.hold(jobs[3], first=True).stage is Stage.RUNNING
+
+
+def test_jobs_that_wait_for_a_runner_beside_free_slots_are_not_claimed_ahead() -> None:
+    """A large claim's jobs that have slots but wait for a runner
+    (JobRunners.start) are not jobs claimed ahead: the producer's next claim
+    does not wait for them to start."""
+    held = HeldJobs(4, prefetch=10)
+    jobs = claimed(MemoryDatabase(), 6)
+    held.hold(jobs[0])
+    for job in jobs[1:]:
+        assert held.hold(job, start=False).stage is Stage.PREFETCHED
+    assert held.running == 1 and held.prefetched == 5 and held.beyond_slots == 2
+    assert held.next_ready() is not None and held.beyond_slots == 2  # one more slot taken

@@ -31,6 +31,7 @@ from pgqueue.worker.held import Held, HeldJobs, Stage
 from pgqueue.worker.isolation import HandlerProcesses
 from pgqueue.worker.leases import LeaseKeeper
 from pgqueue.worker.producer import FAIR_CLAIM_JOBS, Producer
+from pgqueue.worker.running import RUNNERS_AT_ONCE
 from pgqueue.worker.supervision import EventLog
 from pgqueue.worker.threads import ThreadPool
 from tests.support import running, until
@@ -680,6 +681,49 @@ async def test_one_runner_runs_the_waiting_jobs_each_in_a_context_of_its_own() -
     assert [caller for _, caller, _ in seen] == ["the caller of run()"] * 6
     assert [cancelling for _, _, cancelling in seen] == [0] * 6
     assert worker.stats["succeeded"] == 5 and worker.stats["lost"] == 1
+
+
+async def test_a_large_claim_of_short_jobs_runs_on_at_most_runners_at_once_tasks() -> None:
+    """With more slots than RUNNERS_AT_ONCE, a claim's jobs that never wait
+    on anything run on that many runners, not on a task each."""
+    db = MemoryDatabase()
+    tasks: set[int] = set()
+
+    async def short(job: Job) -> None:
+        tasks.add(id(asyncio.current_task()))
+
+    slots = 3 * RUNNERS_AT_ONCE
+    worker = memory_worker(db, {"short": short}, concurrency=slots)
+    jobs = claimed(db, slots, task="short")
+    async with running(worker):
+        await until(lambda: db.sent("schedule_next_due"))
+        worker.runners.start(jobs)
+        assert worker.running_count == RUNNERS_AT_ONCE
+        await until(lambda: all(db.state(job.id) == "succeeded" for job in jobs))
+    assert len(tasks) <= RUNNERS_AT_ONCE
+
+
+async def test_a_large_claim_of_jobs_that_wait_runs_them_all_at_once() -> None:
+    """The jobs of a large claim that found no runner at once start as soon
+    as the runners' jobs wait on something: every slot's job runs at the
+    same time, as concurrency promises."""
+    db = MemoryDatabase()
+    started, release = [0], asyncio.Event()
+
+    async def waits(job: Job) -> None:
+        started[0] += 1
+        await release.wait()
+
+    slots = 3 * RUNNERS_AT_ONCE
+    worker = memory_worker(db, {"waits": waits}, concurrency=slots)
+    jobs = claimed(db, slots, task="waits")
+    async with running(worker):
+        await until(lambda: db.sent("schedule_next_due"))
+        worker.runners.start(jobs)
+        await until(lambda: started[0] == slots)
+        assert worker.running_count == slots and worker.held.prefetched == 0
+        release.set()
+        await until(lambda: all(db.state(job.id) == "succeeded" for job in jobs))
 
 
 async def test_a_job_waiting_behind_a_hung_thread_starts_when_the_thread_returns() -> None:

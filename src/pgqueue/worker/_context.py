@@ -13,7 +13,7 @@ returns inside the handler).
 from __future__ import annotations
 
 import types
-from collections.abc import Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator
 from contextvars import Context
 from typing import Any, TypeVar
 
@@ -23,8 +23,12 @@ T = TypeVar("T")
 
 
 @types.coroutine
-def in_context(coro: Coroutine[Any, Any, T], context: Context) -> Generator[Any, Any, T]:
-    """Await ``coro`` with ``context`` current in each of its steps."""
+def in_context(
+    coro: Coroutine[Any, Any, T], context: Context, waits: Callable[[], None] | None = None
+) -> Generator[Any, Any, T]:
+    """Await ``coro`` with ``context`` current in each of its steps;
+    ``waits`` is called once, when the coroutine first waits on something
+    (before the runner's task gives up the loop for it)."""
     run, send, throw = context.run, coro.send, coro.throw
     value: Any = None
     error: BaseException | None = None
@@ -33,6 +37,9 @@ def in_context(coro: Coroutine[Any, Any, T], context: Context) -> Generator[Any,
             waited_on = run(send, value) if error is None else run(throw, error)
         except StopIteration as end:
             return end.value  # type: ignore[no-any-return]
+        if waits is not None:
+            waits()
+            waits = None
         try:
             value, error = (yield waited_on), None
         except BaseException as exc:  # a cancellation, or the runner closed: the job's to handle

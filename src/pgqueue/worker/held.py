@@ -8,7 +8,9 @@ cannot stop a thread).
 Prefetch: a claim may take up to ``ahead`` jobs more than the free slots;
 they wait (held, leased and heartbeated like any held job) in a buffer and
 start, in claim order, as slots free up, so that slots do not stay empty
-while the next claim is in flight. The producer sets ``ahead`` (at most
+while the next claim is in flight. A large claim's jobs that have slots
+may wait there too, for a runner (running.py, ``JobRunners.start``). The
+producer sets ``ahead`` (at most
 ``prefetch``) to the jobs that start during two claims' round trips: it grows
 when commits are slow or jobs short, and stays near 0 for long jobs, whose
 claimed jobs would otherwise wait here while another worker could run them.
@@ -183,6 +185,12 @@ class HeldJobs:
         """Prefetched jobs not started yet."""
         return len(self._prefetched)
 
+    @property
+    def beyond_slots(self) -> int:
+        """Prefetched jobs that no free slot awaits: those claimed ahead."""
+        free = self.concurrency - self.running - self.hung
+        return max(0, len(self._prefetched) - max(0, free))
+
     def free_slots(self) -> int:
         """How many jobs the next claim may take: the free slots not already
         promised to prefetched jobs, plus ``ahead``."""
@@ -224,17 +232,17 @@ class HeldJobs:
         self._first = 0
         return prefetched
 
-    def hold(self, job: Job, *, first: bool = False) -> Held:
-        """Hold a claimed job: RUNNING (counted) at once if a slot is free
-        and no job waits before it, else WAITING until ``next_ready`` starts
-        it. With ``first`` (a quiet queue's job, claimed out of turn: the
-        producer's quick claims) no job waits before it: it waits only for a
-        slot, at the front of the buffer after the other jobs held first.
-        An older attempt of the same job may still be
-        here (its snooze just committed, or its lease was lost and the job
+    def hold(self, job: Job, *, first: bool = False, start: bool = True) -> Held:
+        """Hold a claimed job: RUNNING (counted) at once if a slot is free,
+        no job waits before it and ``start`` (the caller has a runner for
+        it), else WAITING until ``next_ready`` starts it. With ``first`` (a
+        quiet queue's job, claimed out of turn: the producer's quick claims)
+        no job waits before it: it waits only for a slot, at the front of
+        the buffer after the other jobs held first. An older attempt of the
+        same job may still be here (its snooze just committed, or its lease was lost and the job
         came back to this worker): the new attempt takes the id, and the
         parts still busy with the old one keep their own ``Held``."""
-        if (self._prefetched and not first) or not self._slot_free():
+        if (self._prefetched and not first) or not start or not self._slot_free():
             held = self._held[job.id] = Held(job, stage=Stage.PREFETCHED, handles=self.handles)
             if first:
                 self._prefetched.insert(self._first, held)

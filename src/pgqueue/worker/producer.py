@@ -179,7 +179,7 @@ class Producer:
             free = self.held.free_slots() - self._claiming
             # With jobs claimed ahead, wait until half of them have started,
             # so that a busy worker claims in batches, not a job at a time.
-            if free <= 0 or self.held.prefetched > self.held.ahead // 2:
+            if free <= 0 or self.held.beyond_slots > self.held.ahead // 2:
                 self.held.slot_freed.clear()
                 await self.held.slot_freed.wait()
                 continue

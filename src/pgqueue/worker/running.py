@@ -39,6 +39,11 @@ _set_attempt = Job.__dict__["attempt"].__set__
 _COMPLETED = Stage.COMPLETED
 _ASLEEP = Stage.ASLEEP
 
+# A claim starts at most this many runners at once; its other jobs wait in
+# the buffer for them (each runs them one after another), or for the first
+# of its jobs that waits on something, which starts runners for them
+# (JobRunners.start).
+RUNNERS_AT_ONCE = 100
 # A runner lets the other parts have the loop after this many jobs (a job
 # that never waits on anything would otherwise keep it to the last one).
 RUNNER_TURN = 8
@@ -77,12 +82,19 @@ class JobRunners:
         self._hung_reported = 0
 
     def start(self, jobs: list[Job], *, first: bool = False) -> None:
-        """Hold the claimed jobs and run those that have a slot (``first``:
-        before the prefetched ones, HeldJobs.hold)."""
+        """Hold the claimed jobs and run those that have a slot, each on a
+        runner of its own, up to RUNNERS_AT_ONCE; the others wait in the
+        buffer (HeldJobs.hold) for a slot or a runner. A task made and
+        scheduled for each job of a large claim (concurrency 1,000) is a
+        cost that short jobs feel, while those runners would run them as
+        soon; and jobs that wait on something start runners for the others
+        (``_run_job``). ``first``: before the prefetched ones."""
+        spawned = 0
         for job in jobs:
-            held = self.held.hold(job, first=first)
-            if held.stage is Stage.RUNNING:  # else it waits for a slot: _next_ready
+            held = self.held.hold(job, first=first, start=spawned < RUNNERS_AT_ONCE)
+            if held.stage is Stage.RUNNING:  # else it waits: _next_ready
                 self._spawn(held)
+                spawned += 1
 
     def start_ready(self) -> None:
         """Start prefetched jobs while slots are free, each on a new runner."""
@@ -135,7 +147,11 @@ class JobRunners:
         outcome: Outcome | None = None
         _set_attempt(job, held)
         try:
-            outcome = await in_context(self.executor.execute(job), self.context.copy())
+            # A job that waits on something gives up the loop: the jobs that
+            # have slots but no runner start meanwhile, on runners of their own.
+            outcome = await in_context(
+                self.executor.execute(job), self.context.copy(), self.start_ready
+            )
         except asyncio.CancelledError:
             if held.interrupted:
                 outcome = Outcome.failure(
