@@ -10,10 +10,10 @@ they wait (held, leased and heartbeated like any held job) in a buffer and
 start, in claim order, as slots free up, so that slots do not stay empty
 while the next claim is in flight. A large claim's jobs that have slots
 may wait there too, for a runner (running.py, ``JobRunners.start``). The
-producer sets ``ahead`` (at most
-``prefetch``) to the jobs that start during two claims' round trips: it grows
-when commits are slow or jobs short, and stays near 0 for long jobs, whose
-claimed jobs would otherwise wait here while another worker could run them.
+producer sets ``ahead`` (at most ``prefetch``) to the jobs that start
+during two claims' round trips: it grows when commits are slow or jobs
+short, and stays near 0 for long jobs, whose claimed jobs would otherwise
+wait here while another worker could run them.
 
     producer ─hold()─> RUNNING (a slot is free) or WAITING ─next_ready()─> RUNNING
         ─executor─> DONE ─completer─> WRITING ─release()
@@ -239,9 +239,10 @@ class HeldJobs:
         quiet queue's job, claimed out of turn: the producer's quick claims)
         no job waits before it: it waits only for a slot, at the front of
         the buffer after the other jobs held first. An older attempt of the
-        same job may still be here (its snooze just committed, or its lease was lost and the job
-        came back to this worker): the new attempt takes the id, and the
-        parts still busy with the old one keep their own ``Held``."""
+        same job may still be here (its snooze just committed, or its lease
+        was lost and the job came back to this worker): the new attempt
+        takes the id, and the parts still busy with the old one keep their
+        own ``Held``."""
         if (self._prefetched and not first) or not start or not self._slot_free():
             held = self._held[job.id] = Held(job, stage=Stage.PREFETCHED, handles=self.handles)
             if first:
