@@ -683,23 +683,33 @@ async def test_one_runner_runs_the_waiting_jobs_each_in_a_context_of_its_own() -
     assert worker.stats["succeeded"] == 5 and worker.stats["lost"] == 1
 
 
+LARGE_CLAIM = 3 * RUNNERS_AT_ONCE
+
+
+@contextlib.asynccontextmanager
+async def large_claim_started(handler: Any) -> AsyncIterator[tuple[AsyncWorker, list[Job]]]:
+    """A running worker with LARGE_CLAIM slots, given a claim of as many
+    jobs of ``handler``, which it has just started."""
+    db = MemoryDatabase()
+    worker = memory_worker(db, {"h": handler}, concurrency=LARGE_CLAIM)
+    jobs = claimed(db, LARGE_CLAIM, task="h")
+    async with running(worker):
+        await until(lambda: db.sent("schedule_next_due"))
+        worker.runners.start(jobs)
+        yield worker, jobs
+        await until(lambda: all(db.state(job.id) == "succeeded" for job in jobs))
+
+
 async def test_a_large_claim_of_short_jobs_runs_on_at_most_runners_at_once_tasks() -> None:
     """With more slots than RUNNERS_AT_ONCE, a claim's jobs that never wait
     on anything run on that many runners, not on a task each."""
-    db = MemoryDatabase()
     tasks: set[int] = set()
 
     async def short(job: Job) -> None:
         tasks.add(id(asyncio.current_task()))
 
-    slots = 3 * RUNNERS_AT_ONCE
-    worker = memory_worker(db, {"short": short}, concurrency=slots)
-    jobs = claimed(db, slots, task="short")
-    async with running(worker):
-        await until(lambda: db.sent("schedule_next_due"))
-        worker.runners.start(jobs)
+    async with large_claim_started(short) as (worker, _):
         assert worker.running_count == RUNNERS_AT_ONCE
-        await until(lambda: all(db.state(job.id) == "succeeded" for job in jobs))
     assert len(tasks) <= RUNNERS_AT_ONCE
 
 
@@ -707,23 +717,16 @@ async def test_a_large_claim_of_jobs_that_wait_runs_them_all_at_once() -> None:
     """The jobs of a large claim that found no runner at once start as soon
     as the runners' jobs wait on something: every slot's job runs at the
     same time, as concurrency promises."""
-    db = MemoryDatabase()
     started, release = [0], asyncio.Event()
 
     async def waits(job: Job) -> None:
         started[0] += 1
         await release.wait()
 
-    slots = 3 * RUNNERS_AT_ONCE
-    worker = memory_worker(db, {"waits": waits}, concurrency=slots)
-    jobs = claimed(db, slots, task="waits")
-    async with running(worker):
-        await until(lambda: db.sent("schedule_next_due"))
-        worker.runners.start(jobs)
-        await until(lambda: started[0] == slots)
-        assert worker.running_count == slots and worker.held.prefetched == 0
+    async with large_claim_started(waits) as (worker, _):
+        await until(lambda: started[0] == LARGE_CLAIM)
+        assert worker.running_count == LARGE_CLAIM and worker.held.prefetched == 0
         release.set()
-        await until(lambda: all(db.state(job.id) == "succeeded" for job in jobs))
 
 
 async def test_a_job_waiting_behind_a_hung_thread_starts_when_the_thread_returns() -> None:
