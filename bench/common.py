@@ -190,3 +190,13 @@ def percentiles_ms(ms: list[float]) -> dict[str, float]:
         "max_ms": ms[-1],
         "mean_ms": statistics.fmean(ms),
     }
+
+
+def postmaster_pid(conn: psycopg.Connection[Any]) -> int:
+    """The server's main process (a server on this host): the parent of
+    ``conn``'s backend, read while ``conn`` holds it (a closed connection's
+    backend may be gone already)."""
+    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    with open(f"/proc/{row[0]}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[1])

@@ -32,7 +32,7 @@ from contextlib import ExitStack
 
 import psycopg
 
-from bench.common import bench_database, summary
+from bench.common import bench_database, postmaster_pid, summary
 from bench.perf.api_enqueue import (
     api_process,
     count_jobs,
@@ -67,15 +67,6 @@ def tree_cpu_seconds(pid: int) -> float:
     return total
 
 
-def postmaster(url: str) -> int:
-    """The PostgreSQL server's process id (the parent of a backend)."""
-    with psycopg.connect(url) as conn:
-        row = conn.execute("SELECT pg_backend_pid()").fetchone()
-    assert row is not None
-    with open(f"/proc/{row[0]}/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith("PPid:"))
-
-
 def main(argv: list[str] | None = None) -> ResultRecord:
     parser = single_load_parser(__doc__)
     parser.add_argument("--rounds", type=int, default=5)
@@ -94,7 +85,8 @@ def main(argv: list[str] | None = None) -> ResultRecord:
             "group_commit": stack.enter_context(api_process(url)),
             "single_commits": stack.enter_context(api_process(url, api_group_commit="false")),
         }
-        database = postmaster(url)
+        with psycopg.connect(url) as conn:
+            database = postmaster_pid(conn)
         sent = args.requests // args.clients * args.clients
         for round_ in range(args.rounds):
             order = SERVERS[round_ % 3 :] + SERVERS[: round_ % 3]

@@ -55,7 +55,7 @@ from typing import Any
 
 import psycopg
 
-from bench.common import bench_database, bench_server, clear, summary
+from bench.common import bench_database, bench_server, clear, postmaster_pid, summary
 from bench.perf.standby import set_synchronous, streaming_standby
 from bench.perf.worker_throughput import BATCH, CLIENTS, pgbench_drain
 from bench.record import ResultRecord, command_line, server_info, write_result
@@ -77,12 +77,6 @@ def _stat(pid: int) -> list[str]:
     """/proc/PID/stat's fields after the command name (field 3 on)."""
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()
-
-
-def postmaster_pid(admin: Admin) -> int:
-    """The postmaster: the parent of our own backend (a local server)."""
-    backend = admin.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
-    return int(_stat(backend)[1])
 
 
 def server_cpu_seconds(postmaster: int) -> float:

@@ -32,7 +32,7 @@ from typing import Any
 
 import psycopg
 
-from bench.common import LIVE_JOBS, bench_database, clear, summary
+from bench.common import LIVE_JOBS, bench_database, clear, postmaster_pid, summary
 from bench.perf.worker_throughput import compile_workers, spawn_workers, stop_workers
 from bench.record import ResultRecord, command_line, server_info, write_result
 from pgqueue import Queue, Settings
@@ -63,11 +63,9 @@ def _server_cpu(postmaster: int | None) -> dict[int, float]:
 
 def _postmaster(conn: psycopg.Connection[Any]) -> int | None:
     """The server's main process, if it runs on this host."""
-    row = conn.execute("SELECT pg_backend_pid()").fetchone()
     try:
-        with open(f"/proc/{row[0] if row else 0}/stat") as stat:
-            return int(stat.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
+        return postmaster_pid(conn)
+    except OSError:
         return None
 
 
