@@ -200,3 +200,33 @@ def postmaster_pid(conn: psycopg.Connection[Any]) -> int:
     assert row is not None
     with open(f"/proc/{row[0]}/stat") as stat:
         return int(stat.read().rsplit(")", 1)[1].split()[1])
+
+
+def child_pids(pid: int) -> list[int]:
+    """The living children of process ``pid`` (Linux), e.g. a server's
+    backends."""
+    with open(f"/proc/{pid}/task/{pid}/children") as listing:
+        return [int(child) for child in listing.read().split()]
+
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def proc_stat(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after the command name (field 3 on)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()
+
+
+def server_cpu_seconds(postmaster: int) -> float:
+    """CPU (user + system) of a server on this host so far: the postmaster,
+    its ended children (cutime + cstime, collected when it reaps them) and
+    its living ones."""
+    ticks = sum(int(v) for v in proc_stat(postmaster)[11:15])
+    for child in child_pids(postmaster):
+        try:
+            fields = proc_stat(child)
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # ended while we looked: the postmaster's cutime has it
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / TICKS

@@ -24,7 +24,6 @@ Writes results/api_group_commit.json.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import statistics
 import sys
@@ -32,7 +31,14 @@ from contextlib import ExitStack
 
 import psycopg
 
-from bench.common import bench_database, postmaster_pid, summary
+from bench.common import (
+    TICKS,
+    bench_database,
+    postmaster_pid,
+    proc_stat,
+    server_cpu_seconds,
+    summary,
+)
 from bench.perf.api_enqueue import (
     api_process,
     count_jobs,
@@ -43,28 +49,11 @@ from bench.perf.api_enqueue import (
 from bench.record import ResultRecord, command_line, server_info, write_result
 
 SERVERS = ("noop", "group_commit", "single_commits")
-TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(pid: int) -> float:
     """User and system CPU of a process and of its children that ended."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return sum(int(fields[i]) for i in (11, 12, 13, 14)) / TICKS
-
-
-def children(pid: int) -> list[int]:
-    with open(f"/proc/{pid}/task/{pid}/children") as listing:
-        return [int(child) for child in listing.read().split()]
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU of a process and of its live children (PostgreSQL's backends)."""
-    total = cpu_seconds(pid)
-    for child in children(pid):
-        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-            total += cpu_seconds(child)
-    return total
+    return sum(int(v) for v in proc_stat(pid)[11:15]) / TICKS
 
 
 def main(argv: list[str] | None = None) -> ResultRecord:
@@ -92,11 +81,11 @@ def main(argv: list[str] | None = None) -> ResultRecord:
             order = SERVERS[round_ % 3 :] + SERVERS[: round_ % 3]
             for name in order:
                 base, pid = servers[name]
-                before = cpu_seconds(pid), tree_cpu_seconds(database)
+                before = cpu_seconds(pid), server_cpu_seconds(database)
                 rate = single_rate(base, args.requests, args.clients, args.concurrency)
                 runs[name].append(rate)
                 cpu_ms[name]["server"].append((cpu_seconds(pid) - before[0]) * 1000 / sent)
-                used = tree_cpu_seconds(database) - before[1]
+                used = server_cpu_seconds(database) - before[1]
                 cpu_ms[name]["postgres"].append(used * 1000 / sent)
             ratios["jobs_over_noop"].append(runs["group_commit"][-1] / runs["noop"][-1])
             ratios["group_over_single"].append(

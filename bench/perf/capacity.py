@@ -45,7 +45,6 @@ results/capacity.json; docs/scaling.md turns it into a capacity model.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -55,7 +54,16 @@ from typing import Any
 
 import psycopg
 
-from bench.common import bench_database, bench_server, clear, postmaster_pid, summary
+from bench.common import (
+    TICKS,
+    bench_database,
+    bench_server,
+    clear,
+    postmaster_pid,
+    proc_stat,
+    server_cpu_seconds,
+    summary,
+)
 from bench.perf.standby import set_synchronous, streaming_standby
 from bench.perf.worker_throughput import BATCH, CLIENTS, pgbench_drain
 from bench.record import ResultRecord, command_line, server_info, write_result
@@ -65,7 +73,6 @@ from pgqueue.db.embedded import EmbeddedPostgres
 from pgqueue.sql import QUERIES
 
 Admin = psycopg.Connection[tuple[Any, ...]]
-TICKS = os.sysconf("SC_CLK_TCK")
 PGSS = "pg_stat_statements"
 TOP = 6
 
@@ -73,31 +80,8 @@ TOP = 6
 # -- the server's processes -------------------------------------------------------------
 
 
-def _stat(pid: int) -> list[str]:
-    """/proc/PID/stat's fields after the command name (field 3 on)."""
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()
-
-
-def server_cpu_seconds(postmaster: int) -> float:
-    """CPU (user + system) of the server so far: the postmaster, its ended
-    children (cutime + cstime, collected when it reaps them) and its living ones."""
-    fields = _stat(postmaster)
-    ticks = sum(int(v) for v in fields[11:15])  # utime, stime, cutime, cstime
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            child = _stat(int(name))
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # ended while we looked: the postmaster's cutime has it
-        if int(child[1]) == postmaster:
-            ticks += int(child[11]) + int(child[12])
-    return ticks / TICKS
-
-
 def process_cpu_seconds(pid: int) -> float:
-    fields = _stat(pid)
+    fields = proc_stat(pid)
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 

@@ -32,7 +32,14 @@ from typing import Any
 
 import psycopg
 
-from bench.common import LIVE_JOBS, bench_database, clear, postmaster_pid, summary
+from bench.common import (
+    LIVE_JOBS,
+    bench_database,
+    child_pids,
+    clear,
+    postmaster_pid,
+    summary,
+)
 from bench.perf.worker_throughput import compile_workers, spawn_workers, stop_workers
 from bench.record import ResultRecord, command_line, server_info, write_result
 from pgqueue import Queue, Settings
@@ -54,8 +61,7 @@ def _server_cpu(postmaster: int | None) -> dict[int, float]:
     if postmaster is None:
         return {}
     try:
-        with open(f"/proc/{postmaster}/task/{postmaster}/children") as children:
-            pids = [postmaster, *map(int, children.read().split())]
+        pids = [postmaster, *child_pids(postmaster)]
     except OSError:
         return {}
     return {pid: _cpu_seconds(pid) for pid in pids}
