@@ -90,6 +90,19 @@ def test_taken_prefetched_jobs_never_start() -> None:
     assert held.next_ready() is None and held.prefetched == 0
 
 
+def test_jobs_waiting_for_a_runner_are_given_back_at_a_stop_and_never_start() -> None:
+    """A large claim's jobs that have slots but no runner yet
+    (JobRunners.start's start=False) are taken at a stop, as prefetched
+    jobs are: the runners that finish their jobs find none to run."""
+    held = HeldJobs(10, prefetch=0)
+    running, *waiting = [held.hold(job, start=False) for job in claimed(MemoryDatabase(), 4)]
+    held.next_ready()  # the one runner's job
+    assert running.stage is Stage.RUNNING and held.running == 1
+    assert held.take_prefetched() == waiting and held.prefetched == 0
+    held.handler_finished(running)
+    assert held.next_ready() is None and held.running == 0
+
+
 # -- the producer --------------------------------------------------------------------------
 
 

@@ -729,6 +729,23 @@ async def test_a_large_claim_of_jobs_that_wait_runs_them_all_at_once() -> None:
         release.set()
 
 
+async def test_a_large_claim_of_sync_jobs_runs_them_all_at_once() -> None:
+    """Sync handlers too: a runner's first wait is its thread, which starts
+    runners for the claim's other jobs, so that every slot's thread runs at
+    the same time."""
+    lock, started, release = threading.Lock(), [0], threading.Event()
+
+    def blocks(job: Job) -> None:
+        with lock:
+            started[0] += 1
+        release.wait(10)
+
+    async with large_claim_started(blocks) as (worker, _):
+        await until(lambda: started[0] == LARGE_CLAIM)
+        assert worker.running_count == LARGE_CLAIM and worker.held.prefetched == 0
+        release.set()
+
+
 async def test_a_job_waiting_behind_a_hung_thread_starts_when_the_thread_returns() -> None:
     db = MemoryDatabase()
     release = threading.Event()
