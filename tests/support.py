@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import re
 import socket
 import threading
@@ -136,19 +137,65 @@ class PlanReads:
     scans: set[str]
 
 
-def plan_reads(sql: psycopg.Connection[Any], name: str, params: dict[str, Any]) -> PlanReads:
+# auto_explain, told to send every plan it makes to the client as a notice,
+# the plans of the statements that functions run included (for the session's
+# transaction: the caller's connection is not in autocommit).
+NESTED_PLANS = {
+    "auto_explain.log_min_duration": "0",
+    "auto_explain.log_analyze": "on",
+    "auto_explain.log_nested_statements": "on",
+    "auto_explain.log_format": "json",
+    "auto_explain.log_level": "notice",
+}
+
+
+def plan_reads(
+    sql: psycopg.Connection[Any], name: str, params: dict[str, Any], *, nested: bool = False
+) -> PlanReads:
     """EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) of a named query, run for real
-    (the caller rolls back what it writes)."""
-    [[document]] = sql.execute(
-        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES[name], params
-    ).fetchall()
+    (the caller rolls back what it writes). ``nested``: the scans of the
+    statements that pgqueue's functions run, which EXPLAIN does not show,
+    count too (auto_explain); their buffers are the statement's already."""
+    plans: list[str] = []
+
+    def heard(notice: psycopg.errors.Diagnostic) -> None:
+        plans.append(notice.message_primary or "")
+
+    if nested:
+        sql.execute("LOAD 'auto_explain'")
+        for setting, value in NESTED_PLANS.items():
+            # For the transaction, or (autocommit) for the session until reset below.
+            sql.execute("SELECT set_config(%s, %s, %s)", [setting, value, not sql.autocommit])
+        sql.add_notice_handler(heard)
+    try:
+        [[document]] = sql.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES[name], params
+        ).fetchall()
+    finally:
+        if nested:
+            sql.remove_notice_handler(heard)
+            if sql.autocommit:
+                for setting in NESTED_PLANS:
+                    sql.execute(f"RESET {setting}")
     top = document[0]["Plan"]
     reads = PlanReads(top["Shared Hit Blocks"] + top["Shared Read Blocks"], 0.0, set())
+    _count_scans(top, reads)
+    for plan in plans:
+        if "{" in plan:  # "duration: ... plan:" and the JSON document
+            _count_scans(
+                json.loads(plan[plan.index("{") :])["Plan"], PlanReads(0, 0.0, reads.scans)
+            )
+    return reads
+
+
+def _count_scans(top: dict[str, Any], reads: PlanReads) -> None:
+    """Add the scans of an executed plan to ``reads``: the rows each scan
+    node produced or filtered out, and how it reached pgqueue_jobs."""
     nodes = [top]
     while nodes:
         node = nodes.pop()
         nodes += node.get("Plans", [])
-        if not node["Node Type"].endswith("Scan"):
+        if not node["Node Type"].endswith("Scan") or node.get("Actual Loops", 1) == 0:
             continue
         seen = sum(
             node.get(key, 0)
@@ -157,7 +204,6 @@ def plan_reads(sql: psycopg.Connection[Any], name: str, params: dict[str, Any]) 
         reads.rows += seen * node.get("Actual Loops", 1)
         if node.get("Relation Name") == "pgqueue_jobs":
             reads.scans.add(" ".join(filter(None, [node["Node Type"], node.get("Index Name")])))
-    return reads
 
 
 def query_plan(sql: psycopg.Connection[Any], name: str, params: dict[str, Any]) -> str:

@@ -73,10 +73,10 @@ QUERIES["job_claim_explain"] = "EXPLAIN (FORMAT JSON) " + QUERIES["job_claim"]
 # What may change data: a write, a sequence, a notification, DDL, or a call
 # of one of pgqueue's functions (some of which write). pgqueue_key_held
 # (migration 0004) and pgqueue_error_kind (0024) are IMMUTABLE,
-# pgqueue_key_lags (0042) is STABLE.
+# pgqueue_key_lags (0042) and pgqueue_live_counts (0043) are STABLE.
 _WRITES = re.compile(
     r"\b(insert|update|delete|copy|nextval|setval|pg_notify|truncate|alter|create|drop)\b"
-    r"|\bpgqueue_(?!key_held\b|error_kind\b|key_lags\b)\w+\s*\(",
+    r"|\bpgqueue_(?!key_held\b|error_kind\b|key_lags\b|live_counts\b)\w+\s*\(",
     re.IGNORECASE,
 )
 

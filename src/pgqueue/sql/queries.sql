@@ -318,14 +318,23 @@ WITH wanted AS (
         -- instead of queueing behind each other's row locks.
         FOR UPDATE SKIP LOCKED) next
     LIMIT %(limit)s
+), picked AS (
+    -- As arrays, unnested below: the planner cannot count them, so that it
+    -- reaches each row by primary key (as job_finish does). Joined to the
+    -- picks as a set of known size (a claim of 1,000), on a server with
+    -- PostgreSQL's default random_page_cost of 4, it hashed them against a
+    -- scan of the whole table, which it prices below 1,000 index probes
+    -- while the table holds fewer than some 250,000 rows.
+    SELECT array_agg(id) AS ids, array_agg(at) AS ats
+    FROM (SELECT id, at FROM in_limited_queues UNION ALL SELECT id, at FROM in_free_queues
+          LIMIT %(limit)s) p
 ), claimed AS (
     UPDATE pgqueue_jobs j
     SET state = 'running', attempts = j.attempts + 1,
         lease_token = nextval('pgqueue_lease_token_seq'),
         lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
-        worker = %(worker)s, started_at = coalesce(picked.at, now())
-    FROM (SELECT id, at FROM in_limited_queues UNION ALL SELECT id, at FROM in_free_queues
-          LIMIT %(limit)s) picked,
+        worker = %(worker)s, started_at = coalesce(one.at, now())
+    FROM picked CROSS JOIN LATERAL unnest(picked.ids, picked.ats) AS one(id, at),
          (SELECT 'queued'::text OFFSET 0) AS expected(state)
     -- A limited queue's jobs were chosen, not locked (a fair queue's
     -- without limits were locked): the state is checked again on the
@@ -336,7 +345,7 @@ WITH wanted AS (
     -- runs, the statistics say few rows are queued, and the planner read
     -- every queued row of the claim index once per claimed job: 42,000 for
     -- each of 111, 150 ms a claim) nor by a scan of the table.
-    WHERE j.id = picked.id AND j.state = expected.state
+    WHERE j.id = one.id AND j.state = expected.state
     RETURNING j.*
 ), latency AS (
     INSERT INTO pgqueue_start_latency AS h (queue, shard, bucket, count, sum_seconds)
@@ -1208,23 +1217,13 @@ LIMIT %(limit)s;
 -- Priority aging (maintenance, every half priority_aging_seconds): raise by
 -- one the priority of up to `limit` queued jobs of negative priority that
 -- became runnable, or took their last step, `aging_seconds` ago or more;
--- up to 0. Through pgqueue_jobs_aging, oldest first; rows another
+-- up to 0. Through pgqueue_jobs_aging, oldest first, whatever the server's
+-- costs (pgqueue_age_priorities, migration 0043); rows another
 -- transaction holds (a claim) are skipped, and a row that changed meanwhile
 -- (started, or aged by another worker) is checked again and left. Every
 -- worker runs it: a job takes one step per interval whichever does.
 -- Returns the ids raised.
-WITH due AS (
-    SELECT id FROM pgqueue_jobs
-    WHERE state = 'queued' AND priority < 0
-      AND greatest(run_at, aged_at) <= now() - make_interval(secs => %(aging_seconds)s)
-    ORDER BY greatest(run_at, aged_at)
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE pgqueue_jobs j SET priority = j.priority + 1, aged_at = now()
-FROM due
-WHERE j.id = due.id
-RETURNING j.id;
+SELECT id FROM pgqueue_age_priorities(%(aging_seconds)s::double precision, %(limit)s::integer);
 
 -- name: job_prune
 -- Delete up to `limit` finished jobs older than the retention period. The
@@ -1629,22 +1628,10 @@ ORDER BY w.name;
 
 -- name: queue_stats
 -- Per queue and live state: how many jobs, and the age of the oldest runnable
--- one. Reads only the partial indexes of queued, running and waiting rows: one branch
--- per index, because the planner cannot match "state IN (...)" to a partial
--- index and would scan every finished job instead.
-SELECT queue,
-       count(*) FILTER (WHERE state = 'queued' AND run_at <= now()) AS queued,
-       count(*) FILTER (WHERE state = 'queued' AND run_at > now()) AS scheduled,
-       count(*) FILTER (WHERE state = 'running') AS running,
-       count(*) FILTER (WHERE state = 'waiting') AS waiting,
-       coalesce(extract(epoch FROM now() - min(run_at) FILTER (WHERE state = 'queued' AND run_at <= now())), 0)::double precision AS oldest_runnable_seconds
-FROM (SELECT queue, state, run_at FROM pgqueue_jobs WHERE state = 'queued'
-      UNION ALL
-      SELECT queue, state, run_at FROM pgqueue_jobs WHERE state = 'running'
-      UNION ALL
-      SELECT queue, state, run_at FROM pgqueue_jobs WHERE state = 'waiting') live
-GROUP BY queue
-ORDER BY queue;
+-- one. Reads only the partial indexes of queued, running and waiting rows,
+-- whatever the server's costs (pgqueue_live_counts, migration 0043), never
+-- the finished jobs.
+SELECT * FROM pgqueue_live_counts();
 
 -- name: queue_throughput
 -- Per queue, the jobs that ended within the last `window_seconds`, by how
