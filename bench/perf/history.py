@@ -3,7 +3,8 @@ latency, and the per-minute history's costs (GET /queues/{name}/history, the
 snapshot) with 0, 100k and 1M finished jobs in the table.
 
     python -m bench.perf.history [--sizes 0,100000,1000000] [--jobs 10000]
-                                 [--repeats 3] [--scrapes 300] [--out PATH]
+                                 [--repeats 3] [--scrapes 300] [--page-cost N]
+                                 [--out PATH]
 
 One fresh server on disk (fsync and synchronous_commit on), the API in front
 of it, and the same live load at every size (harness.history.add_live_load:
@@ -230,13 +231,19 @@ def main(argv: list[str] | None = None) -> ResultRecord:
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--scrapes", type=int, default=300)
+    parser.add_argument(
+        "--page-cost",
+        default=None,
+        help="the server's random_page_cost (4: PostgreSQL's default; the embedded server's: 1.1)",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
+    options = {"random_page_cost": args.page_cost} if args.page_cost else None
 
     rows: list[dict[str, Any]] = []
     started = time.monotonic()
-    with bench_database("history") as url:
+    with bench_database("history", options) as url:
         info = server_info(url)
         control_url = _control_database(url)
         for u in (url, control_url):
@@ -304,6 +311,7 @@ def main(argv: list[str] | None = None) -> ResultRecord:
             "snapshot_day": "1,440 minutes of snapshots of q0-q3 (SNAPSHOT_DAY)",
             "snapshots": SNAPSHOTS,
             "history": "enqueued, claimed and acked (harness.history.add_finished_jobs)",
+            "server_options": options,
         },
         results={
             "elapsed_seconds": time.monotonic() - started,

@@ -3,7 +3,7 @@ ANALYZE, spawn, clock. pgqueue and PgQueuer in the same run.
 
     python -m bench.perf.outside_harness [--jobs 20000] [--repeats 5]
         [--before DIR] [--venv-dir DIR] [--no-pgqueuer] [--uncompiled]
-        [--slow-commits] [--out PATH]
+        [--slow-commits] [--page-cost N] [--out PATH]
     (or python -m bench.perf.worker_throughput --outside-harness ...)
 
 Each measurement: empty the queue, enqueue JOBS no-op jobs in one call (the
@@ -19,6 +19,9 @@ Each round first measures the server's commit latency (one-row INSERT
 commits, one after another: the file's commit_latency_ms). With
 --slow-commits the server delays every commit by 2 ms (commit_delay), as a
 slow disk would: where the worker's second claim and ack connections pay.
+With --page-cost 4 the server plans at PostgreSQL's default
+random_page_cost, as a server of the user's own does (the embedded
+server's is 1.1).
 
 Scenarios (rounds interleave them, so that the shared machine's drift hits
 all alike; each ratio is taken within a round, then the median):
@@ -218,6 +221,11 @@ def main(argv: list[str] | None = None) -> ResultRecord:
         action="store_true",
         help="a server whose every commit waits 2 ms more (commit_delay), as on a slow disk",
     )
+    parser.add_argument(
+        "--page-cost",
+        default=None,
+        help="the server's random_page_cost (4: PostgreSQL's default; the embedded server's: 1.1)",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
 
@@ -250,8 +258,10 @@ def main(argv: list[str] | None = None) -> ResultRecord:
 
     runs: dict[str, list[float]] = {name: [] for name in scenarios}
     commits: list[dict[str, float]] = []
-    options = SLOW_COMMITS if args.slow_commits else None
-    with bench_database("outside_harness", options) as url:
+    options = (SLOW_COMMITS if args.slow_commits else {}) | (
+        {"random_page_cost": args.page_cost} if args.page_cost else {}
+    )
+    with bench_database("outside_harness", options or None) as url:
         info = server_info(url)
         for repeat in range(args.repeats):
             commits.append(commit_latency(url))
@@ -271,7 +281,7 @@ def main(argv: list[str] | None = None) -> ResultRecord:
             "pgqueuer_batch_size": PGQUEUER_BATCH,
             "clock": "wall, from the spawn of the worker processes to an empty queue",
             "statistics": "VACUUM ANALYZE of the loaded queue table before the spawn",
-            "server_options": SLOW_COMMITS if args.slow_commits else None,
+            "server_options": options or None,
         },
         results={
             "rates_jobs_per_second": {k: summary(v) | {"runs": v} for k, v in runs.items()},
