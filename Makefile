@@ -11,6 +11,8 @@ PGBOUNCER := /usr/sbin/pgbouncer
 IPROUTE := /usr/sbin/ip
 # The failover tests run PostgreSQL under Patroni (PyPI, the dev extra) with etcd.
 ETCD := /usr/bin/etcd
+# The plan tests check the plans on an older PostgreSQL too: Debian's 15.
+OLDER_PG := /usr/lib/postgresql/15/bin/pg_ctl
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 $(VENV)/.installed: pyproject.toml
@@ -46,7 +48,11 @@ $(PGBOUNCER) $(IPROUTE) $(ETCD):
 	$(SUDO) apt-get update -qq
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer iproute2 etcd-server >/dev/null
 
-test: setup lint docs $(CHROMIUM) $(PGBOUNCER) $(IPROUTE)
+$(OLDER_PG):
+	$(SUDO) apt-get update -qq
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-15 >/dev/null
+
+test: setup lint docs $(CHROMIUM) $(PGBOUNCER) $(IPROUTE) $(OLDER_PG)
 	$(VENV)/bin/pytest
 
 # The failover tests (tests/ha.py) need etcd too.

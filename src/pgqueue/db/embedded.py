@@ -98,14 +98,23 @@ server  {os_user}  postgres
 
 
 class EmbeddedPostgres:
-    """A PostgreSQL server in ``data_dir``/pgdata, listening on 127.0.0.1."""
+    """A PostgreSQL server in ``data_dir``/pgdata, listening on 127.0.0.1.
+    ``bin_dir``: the programs of another PostgreSQL than the bundled one
+    (the tests check plans on an older version, as users may run)."""
 
-    def __init__(self, data_dir: str | os.PathLike[str], options: dict[str, str] | None = None):
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        options: dict[str, str] | None = None,
+        *,
+        bin_dir: str | os.PathLike[str] | None = None,
+    ):
         self.data_dir = Path(data_dir).absolute()
         self.pgdata = self.data_dir / "pgdata"
         self.log_file = self.data_dir / "postgres.log"
         self.password_file = self.data_dir / "password"
         self.options = dict(options or {})
+        self.bin_dir = None if bin_dir is None else Path(bin_dir)
 
     # -- public -----------------------------------------------------------
 
@@ -122,7 +131,7 @@ class EmbeddedPostgres:
 
     def ensure_running(self) -> str:
         """Create the server if needed, start it if stopped; return its URL."""
-        _bin_path()  # without the [embedded] extra: say so, having written nothing
+        self._program("pg_ctl")  # without the [embedded] extra: say so, having written nothing
         with self._lock():
             if not (self.pgdata / "PG_VERSION").exists():
                 self._initdb()
@@ -167,6 +176,9 @@ class EmbeddedPostgres:
 
     # -- internals ----------------------------------------------------------
 
+    def _program(self, name: str) -> Path:
+        return (self.bin_dir or _bin_path()) / name
+
     @contextlib.contextmanager
     def _lock(self) -> Iterator[None]:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -198,7 +210,7 @@ class EmbeddedPostgres:
         try:
             self._run(
                 [
-                    str(self.binary("initdb")),
+                    str(self._program("initdb")),
                     "-D",
                     str(self.pgdata),
                     "-U",
@@ -304,7 +316,7 @@ class EmbeddedPostgres:
         self, action: str, *args: str, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
         command = [
-            str(self.binary("pg_ctl")),
+            str(self._program("pg_ctl")),
             action,
             "-D",
             str(self.pgdata),

@@ -6,7 +6,8 @@ after any large enqueue) and then starts the workers; a deployment runs on
 whatever statistics its last ANALYZE took. Each statement of the worker's path
 is executed for real (EXPLAIN ANALYZE, rolled back) over a table of 20,000
 jobs in four states of the statistics, at two page costs (the embedded
-server's random_page_cost and PostgreSQL's default), and must reach pgqueue_jobs only
+server's random_page_cost and PostgreSQL's default), on the bundled
+PostgreSQL and an older one, and must reach pgqueue_jobs only
 through its primary key or its one intended index, reading a bounded number
 of rows and buffers per job. Before this was so, an ack of 1,000 outcomes
 after an ANALYZE that saw only queued jobs matched every outcome against
@@ -16,14 +17,16 @@ running jobs read the whole table.
 
 from __future__ import annotations
 
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from pgqueue import Job, Queue, Settings
+from pgqueue import Job, Queue, Settings, migrate
 from pgqueue.core import archive, sleeps
 from pgqueue.core import transitions as t
 from pgqueue.core.enqueue import debounce
@@ -51,7 +54,14 @@ PAGE_COSTS = ("1.1", "4")
 ROWS_PER_JOB = 10
 BUFFERS_PER_JOB = 20
 
-_templates: dict[str, str] = {}
+# The servers the plans are checked on: the bundled PostgreSQL, and an older
+# one, as a server of the user's own may be (Debian's postgresql-15, which
+# `make test` installs). On 15, a fair queue's claim and priority aging took
+# a partial index of queued jobs where 18 probed the primary key.
+OLDER_BIN = Path("/usr/lib/postgresql/15/bin")
+SERVERS = ("bundled", "15")
+
+_templates: dict[tuple[str, str], str] = {}
 
 
 def _url(server: EmbeddedPostgres, database: str) -> str:
@@ -88,33 +98,48 @@ def _build(server: EmbeddedPostgres, statistics: str) -> str:
     return name
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _drop_templates(pg_server: EmbeddedPostgres) -> Iterator[None]:
-    yield
-    with psycopg.connect(pg_server.url, autocommit=True) as admin:
-        for name in _templates.values():
-            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    _templates.clear()
+@pytest.fixture(scope="module")
+def servers(pg_server: EmbeddedPostgres) -> Iterator[dict[str, EmbeddedPostgres]]:
+    """The bundled server (the session's), and an older PostgreSQL started
+    for this module, migrated the same way; the templates dropped after."""
+    if not (OLDER_BIN / "pg_ctl").exists():
+        raise RuntimeError(f"no {OLDER_BIN}: apt-get install postgresql-15 (make test does)")
+    older = EmbeddedPostgres(tempfile.mkdtemp(prefix="pgqueue-pg15-"), bin_dir=OLDER_BIN)
+    try:
+        older.ensure_running()
+        with psycopg.connect(older.url, autocommit=True) as admin:
+            admin.execute(f"CREATE DATABASE {TEMPLATE}")
+        migrate(_url(older, TEMPLATE))
+        yield {"bundled": pg_server, "15": older}
+        with psycopg.connect(pg_server.url, autocommit=True) as admin:
+            for (server, _), name in _templates.items():
+                if server == "bundled":
+                    admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    finally:
+        _templates.clear()
+        older.destroy()
 
 
 @pytest.fixture(
-    params=[(s, cost) for s in STATISTICS for cost in PAGE_COSTS],
-    ids=lambda param: f"{param[0]}-page_cost_{param[1]}",
+    params=[(v, s, cost) for v in SERVERS for s in STATISTICS for cost in PAGE_COSTS],
+    ids=lambda param: f"{param[0]}-{param[1]}-page_cost_{param[2]}",
 )
-def loaded(request: pytest.FixtureRequest, pg_server: EmbeddedPostgres) -> Iterator[str]:
+def loaded(request: pytest.FixtureRequest, servers: dict[str, EmbeddedPostgres]) -> Iterator[str]:
     """URL of a copy, of this test's own, of the database in the state of
-    statistics the test is parametrized with, planned at that page cost."""
-    statistics, page_cost = request.param
-    if statistics not in _templates:
-        _templates[statistics] = _build(pg_server, statistics)
+    statistics the test is parametrized with, on that server, planned at
+    that page cost."""
+    version, statistics, page_cost = request.param
+    server = servers[version]
+    if (version, statistics) not in _templates:
+        _templates[version, statistics] = _build(server, statistics)
     name = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server.url, autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {name} TEMPLATE {_templates[statistics]}")
+    with psycopg.connect(server.url, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name} TEMPLATE {_templates[version, statistics]}")
         admin.execute(f"ALTER DATABASE {name} SET random_page_cost = {page_cost}")
     try:
-        yield _url(pg_server, name)
+        yield _url(server, name)
     finally:
-        with psycopg.connect(pg_server.url, autocommit=True) as admin:
+        with psycopg.connect(server.url, autocommit=True) as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
