@@ -138,8 +138,9 @@ class PlanReads:
 
 
 # auto_explain, told to send every plan it makes to the client as a notice,
-# the plans of the statements that functions run included (for the session's
-# transaction: the caller's connection is not in autocommit).
+# the plans of the statements that functions run included (plan_reads sets
+# them for the caller's transaction, or in autocommit for the session until
+# it resets them).
 NESTED_PLANS = {
     "auto_explain.log_min_duration": "0",
     "auto_explain.log_analyze": "on",
@@ -182,20 +183,23 @@ def plan_reads(
     _count_scans(top, reads)
     for plan in plans:
         if "{" in plan:  # "duration: ... plan:" and the JSON document
-            _count_scans(
-                json.loads(plan[plan.index("{") :])["Plan"], PlanReads(0, 0.0, reads.scans)
-            )
+            nested_plan = json.loads(plan[plan.index("{") :])["Plan"]
+            _count_scans(nested_plan, PlanReads(0, 0.0, reads.scans), executed_only=True)
     return reads
 
 
-def _count_scans(top: dict[str, Any], reads: PlanReads) -> None:
+def _count_scans(top: dict[str, Any], reads: PlanReads, *, executed_only: bool = False) -> None:
     """Add the scans of an executed plan to ``reads``: the rows each scan
-    node produced or filtered out, and how it reached pgqueue_jobs."""
+    node produced or filtered out, and how it reached pgqueue_jobs.
+    ``executed_only``: leave out the nodes that never ran (a function's
+    plan holds the branches of every case)."""
     nodes = [top]
     while nodes:
         node = nodes.pop()
         nodes += node.get("Plans", [])
-        if not node["Node Type"].endswith("Scan") or node.get("Actual Loops", 1) == 0:
+        if not node["Node Type"].endswith("Scan"):
+            continue
+        if executed_only and node.get("Actual Loops", 1) == 0:
             continue
         seen = sum(
             node.get(key, 0)

@@ -1218,7 +1218,7 @@ LIMIT %(limit)s;
 -- one the priority of up to `limit` queued jobs of negative priority that
 -- became runnable, or took their last step, `aging_seconds` ago or more;
 -- up to 0. Through pgqueue_jobs_aging, oldest first, whatever the server's
--- costs (pgqueue_age_priorities, migration 0043); rows another
+-- costs and version (pgqueue_age_priorities, migrations 0043, 0044); rows another
 -- transaction holds (a claim) are skipped, and a row that changed meanwhile
 -- (started, or aged by another worker) is checked again and left. Every
 -- worker runs it: a job takes one step per interval whichever does.
