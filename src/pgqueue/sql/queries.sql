@@ -740,9 +740,13 @@ WITH sent AS (
     INSERT INTO pgqueue_job_signals (job_id, name, payload)
     VALUES (%(id)s, %(name)s, %(payload)s::jsonb)
 ), woken AS (
+    -- By primary key: the state is compared with a value the planner does
+    -- not see, so that no partial index of queued jobs can serve (on
+    -- PostgreSQL 15, with statistics that saw few queued jobs, it planned a
+    -- walk of pgqueue_jobs_claim_queue for the job).
     UPDATE pgqueue_jobs j
     SET run_at = now()
-    WHERE j.id = %(id)s AND j.state = 'queued' AND j.run_at > now()
+    WHERE j.id = %(id)s AND j.state = (SELECT 'queued'::text) AND j.run_at > now()
       AND EXISTS (
           SELECT FROM pgqueue_job_steps s
           WHERE s.job_id = %(id)s AND s.name LIKE 'pgqueue:wait:%%'
