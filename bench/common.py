@@ -3,6 +3,7 @@ figures read back from it (the database clock, not the client's)."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import statistics
@@ -17,10 +18,12 @@ from pgqueue.db.embedded import EmbeddedPostgres
 
 __all__ = [
     "STATEMENT_HEADS",
+    "add_page_cost_option",
     "bench_database",
     "bench_server",
     "clear",
     "has_live_jobs",
+    "page_cost_options",
     "rate",
     "reset_database",
     "start_latency_percentiles",
@@ -198,8 +201,7 @@ def postmaster_pid(conn: psycopg.Connection[Any]) -> int:
     backend may be gone already)."""
     row = conn.execute("SELECT pg_backend_pid()").fetchone()
     assert row is not None
-    with open(f"/proc/{row[0]}/stat") as stat:
-        return int(stat.read().rsplit(")", 1)[1].split()[1])
+    return int(proc_stat(row[0])[1])
 
 
 def child_pids(pid: int) -> list[int]:
@@ -230,3 +232,19 @@ def server_cpu_seconds(postmaster: int) -> float:
             continue  # ended while we looked: the postmaster's cutime has it
         ticks += int(fields[11]) + int(fields[12])
     return ticks / TICKS
+
+
+def add_page_cost_option(parser: argparse.ArgumentParser) -> None:
+    """``--page-cost N``: the bench server's random_page_cost (4 is
+    PostgreSQL's default, what a server of the user's own likely has; the
+    embedded server's is 1.1). See page_cost_options."""
+    parser.add_argument(
+        "--page-cost",
+        default=None,
+        help="the server's random_page_cost (4: PostgreSQL's default; the embedded server's: 1.1)",
+    )
+
+
+def page_cost_options(page_cost: str | None) -> dict[str, str]:
+    """The server options for ``--page-cost`` (none without it)."""
+    return {"random_page_cost": page_cost} if page_cost else {}

@@ -49,7 +49,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
-from bench.common import bench_database, rate, summary
+from bench.common import (
+    add_page_cost_option,
+    bench_database,
+    page_cost_options,
+    rate,
+    summary,
+)
 from bench.perf.api_enqueue import api_server
 from bench.perf.metrics_history import check_exposition, scrape_latencies, table_mb
 from bench.record import ResultRecord, command_line, server_info, write_result
@@ -231,15 +237,11 @@ def main(argv: list[str] | None = None) -> ResultRecord:
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--scrapes", type=int, default=300)
-    parser.add_argument(
-        "--page-cost",
-        default=None,
-        help="the server's random_page_cost (4: PostgreSQL's default; the embedded server's: 1.1)",
-    )
+    add_page_cost_option(parser)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
-    options = {"random_page_cost": args.page_cost} if args.page_cost else None
+    options = page_cost_options(args.page_cost) or None
 
     rows: list[dict[str, Any]] = []
     started = time.monotonic()

@@ -61,7 +61,14 @@ from typing import Any
 
 import psycopg
 
-from bench.common import LIVE_JOBS, bench_database, clear, summary
+from bench.common import (
+    LIVE_JOBS,
+    add_page_cost_option,
+    bench_database,
+    clear,
+    page_cost_options,
+    summary,
+)
 from bench.compare.compare import database_url, ensure_venv, run_helper
 from bench.perf.worker_throughput import (
     commit_latency,
@@ -221,11 +228,7 @@ def main(argv: list[str] | None = None) -> ResultRecord:
         action="store_true",
         help="a server whose every commit waits 2 ms more (commit_delay), as on a slow disk",
     )
-    parser.add_argument(
-        "--page-cost",
-        default=None,
-        help="the server's random_page_cost (4: PostgreSQL's default; the embedded server's: 1.1)",
-    )
+    add_page_cost_option(parser)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
 
@@ -258,9 +261,7 @@ def main(argv: list[str] | None = None) -> ResultRecord:
 
     runs: dict[str, list[float]] = {name: [] for name in scenarios}
     commits: list[dict[str, float]] = []
-    options = (SLOW_COMMITS if args.slow_commits else {}) | (
-        {"random_page_cost": args.page_cost} if args.page_cost else {}
-    )
+    options = (SLOW_COMMITS if args.slow_commits else {}) | page_cost_options(args.page_cost)
     with bench_database("outside_harness", options or None) as url:
         info = server_info(url)
         for repeat in range(args.repeats):
