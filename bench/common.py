@@ -110,15 +110,43 @@ def bench_database(name: str = "bench", options: dict[str, str] | None = None) -
     """A migrated database on a fresh bench_server (with ``options``), for one run.
 
     DATABASE_URL, when set, is used instead (the database must be empty or
-    disposable: reset_database empties it)."""
+    disposable: reset_database empties it); its server must already run with
+    ``options``, or the run stops saying which differ."""
     if os.environ.get("DATABASE_URL"):
         url = os.environ["DATABASE_URL"]
+        if differ := options_not_in_effect(url, options or {}):
+            raise SystemExit(
+                f"DATABASE_URL's server does not run with {differ}, which this benchmark "
+                "needs: set them on that server, or unset DATABASE_URL to run on a server "
+                "of its own"
+            )
         reset_database(url)
         yield url
         return
     with bench_server(name, options) as server:
         migrate(server.url)
         yield server.url
+
+
+def options_not_in_effect(url: str, options: dict[str, str]) -> str:
+    """Of the server settings ``options``, those the server at ``url`` runs
+    otherwise ("name = wanted (has: value)"), or ""."""
+    differ = []
+    with psycopg.connect(url) as conn:
+        for name, wanted in options.items():
+            has = conn.execute("SELECT current_setting(%s)", (name,)).fetchone()[0]  # type: ignore[index]
+            try:
+                # The server's own spelling of the wanted value (units, on/true).
+                with conn.transaction(force_rollback=True):
+                    conn.execute("SELECT set_config(%s, %s, true)", (name, wanted))
+                    wanted_as_shown = conn.execute(
+                        "SELECT current_setting(%s)", (name,)
+                    ).fetchone()[0]  # type: ignore[index]
+            except psycopg.Error:  # set at the server's start only: compared as written
+                wanted_as_shown = wanted
+            if str(wanted_as_shown).lower() != str(has).lower():
+                differ.append(f"{name} = {wanted} (has: {has})")
+    return ", ".join(differ)
 
 
 def clear(url: str, *, checkpoint: bool = True) -> None:

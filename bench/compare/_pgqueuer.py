@@ -12,7 +12,9 @@ and the wall-clock times.
 
 ``--phase load`` only loads (and analyzes) the jobs and ``--phase consume``
 only drains them, so that bench.perf.outside_harness can clock worker
-processes from their spawn, as an outside harness does.
+processes from their spawn, as an outside harness does. ``--keep``: the load
+leaves PgQueuer's tables as they are (no TRUNCATE), for drains one after
+another (bench.perf.long_transaction).
 
 Self-contained on purpose: pgqueue is not installed in this virtualenv.
 """
@@ -33,14 +35,16 @@ from pgqueuer.models import Job
 from pgqueuer.types import QueueExecutionMode
 
 
-async def load(url: str, jobs: int, install: bool, analyze: bool) -> float:
-    """Empty PgQueuer's tables and enqueue ``jobs`` no-op jobs; their rate."""
+async def load(url: str, jobs: int, install: bool, analyze: bool, keep: bool = False) -> float:
+    """Empty PgQueuer's tables (unless ``keep``) and enqueue ``jobs`` no-op
+    jobs; their rate."""
     admin = await asyncpg.connect(url)
     queries = Queries(AsyncpgDriver(admin))
     if install:
         await queries.install()
-    await admin.execute("TRUNCATE pgqueuer, pgqueuer_log, pgqueuer_statistics")
-    await admin.execute("VACUUM ANALYZE pgqueuer")
+    if not keep:
+        await admin.execute("TRUNCATE pgqueuer, pgqueuer_log, pgqueuer_statistics")
+        await admin.execute("VACUUM ANALYZE pgqueuer")
     started = time.perf_counter()
     await queries.enqueue(["noop"] * jobs, [None] * jobs, [0] * jobs)
     enqueue_seconds = time.perf_counter() - started
@@ -102,10 +106,11 @@ if __name__ == "__main__":
     parser.add_argument("batch_size", type=int)
     parser.add_argument("--install", action="store_true")
     parser.add_argument("--phase", choices=("all", "load", "consume"), default="all")
+    parser.add_argument("--keep", action="store_true", help="load without emptying the tables")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     if args.phase == "load":
-        rate = uvloop.run(load(args.url, args.jobs, args.install, analyze=True))
+        rate = uvloop.run(load(args.url, args.jobs, args.install, analyze=True, keep=args.keep))
         print(json.dumps({"enqueue_per_second": rate}))
     elif args.phase == "consume":
         seconds = uvloop.run(consume(args.url, args.consumers, args.batch_size))

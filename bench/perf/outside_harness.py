@@ -103,11 +103,15 @@ def pgqueue_drain(
     src: Path | None = None,
     byte_compiled: bool = True,
     command_line: bool = False,
+    keep: bool = False,
 ) -> float:
     """Jobs per second, from the spawn of the worker processes to an empty
     queue. ``byte_compiled``: False runs ``src`` as it is (see --uncompiled);
-    ``command_line``: one ``pgqueue worker --processes PROCESSES``."""
-    clear(url, checkpoint=False)
+    ``command_line``: one ``pgqueue worker --processes PROCESSES``;
+    ``keep``: the jobs of earlier drains stay (no TRUNCATE), as in a queue
+    that has run for a while (bench.perf.long_transaction)."""
+    if not keep:
+        clear(url, checkpoint=False)
     with Queue(url, settings=Settings(database_url=url)) as queue:
         queue.enqueue_many([{"task": "noop"}] * jobs)
     with psycopg.connect(url, autocommit=True) as conn:
@@ -137,14 +141,16 @@ def pgqueue_drain(
     return jobs / seconds
 
 
-def pgqueuer_drain(python: Path, url: str, jobs: int, processes: int) -> float:
+def pgqueuer_drain(python: Path, url: str, jobs: int, processes: int, keep: bool = False) -> float:
     """The same for PgQueuer: its bulk enqueue, VACUUM ANALYZE, then
     ``processes`` processes of one QueueManager each, until its queue table
-    is empty (PgQueuer deletes a job as it completes)."""
+    is empty (PgQueuer deletes a job as it completes). ``keep``: no TRUNCATE
+    of its tables first."""
     with psycopg.connect(url, autocommit=True) as conn:
         installed = conn.execute("SELECT to_regclass('pgqueuer') IS NOT NULL").fetchone()
         install = [] if installed and installed[0] else ["--install"]
-        run_helper(python, "_pgqueuer.py", [url, str(jobs), "1", "1", *install, "--phase", "load"])
+        load = [*install, "--phase", "load", *(["--keep"] if keep else [])]
+        run_helper(python, "_pgqueuer.py", [url, str(jobs), "1", "1", *load])
         conn.execute("CHECKPOINT")
         started = time.monotonic()
         procs = [

@@ -565,6 +565,42 @@ def test_outside_harness_smoke_analyzes_the_loaded_table_before_each_drain(
     assert analyzes() - before >= 2 * len(rates)
 
 
+def test_long_transaction_smoke_holds_back_vacuum_only_while_its_snapshot_is_open(
+    bench_url: str, out_dir: Path
+) -> None:
+    """pgqueue alone: the held drains run while a snapshot keeps every dead
+    row version of the later drains; the free ones see them vacuumed."""
+    from bench.perf import long_transaction
+
+    out = out_dir / "long_transaction.json"
+    long_transaction.main(["--jobs", "200", "--rounds", "2", "--no-pgqueuer", "--out", str(out)])
+    results = _read(out, "long_transaction", "bench.perf.long_transaction").results["pgqueue"]
+    free, held = (
+        results["free"]["dead_versions_after_drain"],
+        results["held"]["dead_versions_after_drain"],
+    )
+    # Each drain leaves its own jobs' dead versions (claim and ack); only
+    # under the snapshot do the earlier drains' stay too.
+    assert held[1] - held[0] >= 200 > free[1] - free[0]
+    assert results["held"]["snapshot_xmin"]
+    assert results["held"]["after"] > 0 and len(results["ratios"]["held_over_free_by_round"]) == 2
+
+
+def test_bench_database_refuses_server_options_its_database_url_lacks(bench_url: str) -> None:
+    """With DATABASE_URL, a benchmark that needs a server setting says so
+    instead of measuring without it."""
+    from bench.common import bench_database
+
+    with psycopg.connect(bench_url) as conn:
+        has = conn.execute("SHOW random_page_cost").fetchone()[0]  # type: ignore[index]
+    with bench_database("x", {"random_page_cost": has}) as url:
+        assert url == bench_url
+    wanted = "7" if has != "7" else "8"
+    with pytest.raises(SystemExit, match=f"random_page_cost = {wanted} \\(has: {has}\\)"):
+        with bench_database("x", {"random_page_cost": wanted}):
+            pass
+
+
 def test_before_after_smoke(bench_url: str, out_dir: Path) -> None:
     """Both sides this checkout (its .venv): the script's rounds and pairing."""
     from bench.compare import before_after
