@@ -131,8 +131,13 @@ def main(argv: list[str] | None = None) -> ResultRecord:
         python, pgqueuer_version = ensure_venv(args.venv_dir, "pgqueuer")
         if python is None:
             raise SystemExit(pgqueuer_version)
+        venv_python = python
+
+        def pgqueuer(url: str, keep: bool) -> float:
+            return pgqueuer_drain(venv_python, url, args.jobs, PROCESSES, keep=keep)
+
         systems["pgqueuer"] = (
-            lambda url, keep, py=python: pgqueuer_drain(py, url, args.jobs, PROCESSES, keep=keep),
+            pgqueuer,
             "pgqueuer",
             "bench_pgqueuer",
         )
