@@ -10,7 +10,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx
@@ -150,6 +150,37 @@ NESTED_PLANS = {
 }
 
 
+@contextlib.contextmanager
+def _nested_plans(sql: psycopg.Connection[Any]) -> Iterator[list[str]]:
+    """The plans (auto_explain, JSON) of the statements that pgqueue's
+    functions run while in the block, which EXPLAIN does not show."""
+    plans: list[str] = []
+
+    def heard(notice: psycopg.errors.Diagnostic) -> None:
+        plans.append(notice.message_primary or "")
+
+    sql.execute("LOAD 'auto_explain'")
+    for setting, value in NESTED_PLANS.items():
+        # For the transaction, or (autocommit) for the session until reset below.
+        sql.execute("SELECT set_config(%s, %s, %s)", [setting, value, not sql.autocommit])
+    sql.add_notice_handler(heard)
+    try:
+        yield plans
+    finally:
+        sql.remove_notice_handler(heard)
+        if sql.autocommit:
+            for setting in NESTED_PLANS:
+                sql.execute(f"RESET {setting}")
+
+
+def nested_plan_text(sql: psycopg.Connection[Any], name: str, params: dict[str, Any]) -> str:
+    """Run a named query (the caller rolls back what it writes) and return
+    the plans of the statements run inside pgqueue's functions, as text."""
+    with _nested_plans(sql) as plans:
+        sql.execute(QUERIES[name], params)
+    return "\n".join(plans)
+
+
 def plan_reads(
     sql: psycopg.Connection[Any], name: str, params: dict[str, Any], *, nested: bool = False
 ) -> PlanReads:
@@ -157,27 +188,13 @@ def plan_reads(
     (the caller rolls back what it writes). ``nested``: the scans of the
     statements that pgqueue's functions run, which EXPLAIN does not show,
     count too (auto_explain); their buffers are the statement's already."""
-    plans: list[str] = []
-
-    def heard(notice: psycopg.errors.Diagnostic) -> None:
-        plans.append(notice.message_primary or "")
-
-    if nested:
-        sql.execute("LOAD 'auto_explain'")
-        for setting, value in NESTED_PLANS.items():
-            # For the transaction, or (autocommit) for the session until reset below.
-            sql.execute("SELECT set_config(%s, %s, %s)", [setting, value, not sql.autocommit])
-        sql.add_notice_handler(heard)
-    try:
+    seen: contextlib.AbstractContextManager[list[str]] = (
+        _nested_plans(sql) if nested else contextlib.nullcontext([])
+    )
+    with seen as plans:
         [[document]] = sql.execute(
             "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES[name], params
         ).fetchall()
-    finally:
-        if nested:
-            sql.remove_notice_handler(heard)
-            if sql.autocommit:
-                for setting in NESTED_PLANS:
-                    sql.execute(f"RESET {setting}")
     top = document[0]["Plan"]
     reads = PlanReads(top["Shared Hit Blocks"] + top["Shared Read Blocks"], 0.0, set())
     _count_scans(top, reads)

@@ -1236,45 +1236,9 @@ SELECT id FROM pgqueue_age_priorities(%(aging_seconds)s::double precision, %(lim
 -- some: a plain job's prune does not look at the edges), and so does the
 -- row of a workflow whose last job this prunes. Batches finished before the
 -- retention period go too, up to `limit` (pgqueue_batches_finished).
-WITH pruned AS (
-DELETE FROM pgqueue_jobs
-WHERE id IN (
-    SELECT id FROM pgqueue_jobs
-    WHERE state IN ('succeeded', 'dead', 'cancelled')
-      AND finished_at < now() - make_interval(secs => %(retention_seconds)s)
-    ORDER BY finished_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-RETURNING id, has_dependents, workflow_id
-), unlinked AS (
-    DELETE FROM pgqueue_job_deps d USING pruned p WHERE p.has_dependents AND d.parent = p.id
-), steps_deleted AS (
-    -- A job's steps (job.step()) go with it: one probe of the steps'
-    -- primary key per pruned job.
-    DELETE FROM pgqueue_job_steps s USING pruned p WHERE s.job_id = p.id
-), signals_deleted AS (
-    -- And its signals not consumed (Queue.signal()), by the same prefix.
-    DELETE FROM pgqueue_job_signals s USING pruned p WHERE s.job_id = p.id
-), emptied AS (
-    -- This statement still sees the rows it deletes: they are left out by id.
-    DELETE FROM pgqueue_workflows w
-    WHERE w.id IN (SELECT workflow_id FROM pruned WHERE workflow_id IS NOT NULL)
-      AND NOT EXISTS (
-          SELECT 1 FROM pgqueue_jobs j
-          WHERE j.id BETWEEN w.first_job AND w.last_job AND j.workflow_id = w.id
-            AND j.id NOT IN (SELECT id FROM pruned))
-), batches_pruned AS (
-    DELETE FROM pgqueue_batches
-    WHERE id IN (
-        SELECT id FROM pgqueue_batches
-        WHERE state = 'finished'
-          AND finished_at < now() - make_interval(secs => %(retention_seconds)s)
-        ORDER BY finished_at
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED)
-)
-SELECT count(*) AS pruned FROM pruned;
+-- The statement is pgqueue_prune's (migration 0045), planned without
+-- sequential or bitmap scans and sorts whatever the statistics say.
+SELECT pgqueue_prune(%(retention_seconds)s::double precision, %(limit)s::integer) AS pruned;
 
 -- name: job_archive_partitions
 -- The archive's day partitions (migration 0034) for every day a job the

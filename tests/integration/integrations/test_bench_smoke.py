@@ -596,9 +596,9 @@ def test_bench_database_refuses_server_options_its_database_url_lacks(bench_url:
     with bench_database("x", {"random_page_cost": has}) as url:
         assert url == bench_url
     wanted = "7" if has != "7" else "8"
-    with pytest.raises(SystemExit, match=f"random_page_cost = {wanted} \\(has: {has}\\)"):
-        with bench_database("x", {"random_page_cost": wanted}):
-            pass
+    refused = pytest.raises(SystemExit, match=f"random_page_cost = {wanted} \\(has: {has}\\)")
+    with refused, bench_database("x", {"random_page_cost": wanted}):
+        pass
 
 
 def test_before_after_smoke(bench_url: str, out_dir: Path) -> None:

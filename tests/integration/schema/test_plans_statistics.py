@@ -453,3 +453,52 @@ def test_the_archive_mover_walks_the_finished_index(loaded: str) -> None:
     assert reads.scans <= FINISHED and reads.rows <= 10, reads
     statement = _first(archive.move(SETTINGS, limit=BATCH, after=after))
     _assert_bounded(statement, loaded, BATCH, BY_ID | FINISHED)
+
+
+def test_prune_walks_the_finished_index(loaded: str) -> None:
+    """BATCH jobs past retention beside 20,000 queued and 20 * BATCH
+    finished within it, a tenth of the old ones in workflows of 10 jobs and
+    a tenth with a dependent each: the prune (job_prune) finds the old ones
+    by pgqueue_jobs_finished, oldest first, deletes them, their edges and
+    their emptied workflows by primary key, and scans no table whole."""
+    with psycopg.connect(loaded, autocommit=True) as sql:
+        for state, age, n in (
+            ("dead", f"{SETTINGS.retention_seconds + 3600} seconds", BATCH),
+            ("succeeded", "1 minute", 20 * BATCH),
+        ):
+            sql.execute(
+                "INSERT INTO pgqueue_jobs (task, state, attempts, started_at, finished_at)"
+                " SELECT 'done', %s, 1, now() - %s::interval, now() - %s::interval"
+                " FROM generate_series(1, %s)",
+                [state, age, age, n],
+            )
+        old = [
+            row[0]
+            for row in sql.execute("SELECT id FROM pgqueue_jobs WHERE state = 'dead' ORDER BY id")
+        ]
+        in_workflows, with_children = old[: BATCH // 10], old[BATCH // 10 : BATCH // 5]
+        for first in in_workflows[::10]:
+            sql.execute(
+                "WITH w AS (INSERT INTO pgqueue_workflows VALUES (gen_random_uuid(), %s, %s)"
+                " RETURNING id) UPDATE pgqueue_jobs SET workflow_id = (SELECT id FROM w)"
+                " WHERE id BETWEEN %s AND %s",
+                [first, first + 9, first, first + 9],
+            )
+        sql.execute(
+            "UPDATE pgqueue_jobs SET has_dependents = true WHERE id = ANY(%s)", [with_children]
+        )
+        sql.execute(
+            "INSERT INTO pgqueue_job_deps"
+            " SELECT parent, parent - %s FROM unnest(%s::bigint[]) parent",
+            [BATCH, with_children],
+        )
+    statement = _first(t.prune(SETTINGS, limit=BATCH))
+    _assert_bounded(statement, loaded, BATCH, BY_ID | FINISHED, nested=True)
+    with psycopg.connect(loaded) as sql:
+        [(pruned,)] = sql.execute(QUERIES[statement.name], statement.params).fetchall()
+        left = sql.execute(
+            "SELECT (SELECT count(*) FROM pgqueue_workflows),"
+            " (SELECT count(*) FROM pgqueue_job_deps)"
+        ).fetchone()
+        sql.rollback()
+    assert (pruned, left) == (BATCH, (0, 0))
