@@ -25,6 +25,7 @@ PgQueueError
 │   └── OutcomeUnknown          a write went out and its answer never came back
 │       └── EnqueueOutcomeUnknown   an enqueue's: the job may exist (``job_ids``)
 ├── SchemaNotMigrated     the database lacks pgqueue's tables, or has an older schema
+├── UnsupportedServer     the PostgreSQL server is older than pgqueue supports; nothing was written
 ├── WorkerFailed          a part of a worker failed unexpectedly; the worker stopped
 ├── NotInHandler          job.transaction() or job.progress() outside the handler running the job
 ├── StaleAttempt          job.transaction(): the attempt's lease was lost; nothing committed
@@ -61,6 +62,7 @@ __all__ = [
     "SchemaNotMigrated",
     "SignalTimeout",
     "StaleAttempt",
+    "UnsupportedServer",
     "WaitTimeout",
     "WorkerFailed",
     "WorkflowNotFound",
@@ -263,6 +265,20 @@ class SchemaNotMigrated(PgQueueError):
         self.pending = list(pending or [])
         missing = f" (missing: {', '.join(self.pending)})" if self.pending else ""
         super().__init__(f"the database schema is not migrated{missing}: run `pgqueue migrate`")
+
+
+class UnsupportedServer(PgQueueError):
+    """The PostgreSQL server is older than the oldest pgqueue supports
+    (``MINIMUM``, a server_version_num); migrate wrote nothing."""
+
+    MINIMUM = 150_000
+
+    def __init__(self, version: str) -> None:
+        self.version = version
+        super().__init__(
+            f"pgqueue needs PostgreSQL {self.MINIMUM // 10_000} or newer; "
+            f"this server is {version}; nothing was written"
+        )
 
 
 class WorkerFailed(PgQueueError):

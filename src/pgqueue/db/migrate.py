@@ -21,9 +21,10 @@ from typing import Any, LiteralString
 import psycopg
 from psycopg import sql
 
+from ..core.errors import UnsupportedServer
 from ..sql import QUERIES, migration_files
 
-__all__ = ["NO_TRANSACTION", "migrate", "statements"]
+__all__ = ["NO_TRANSACTION", "migrate", "require_supported", "statements"]
 
 log = logging.getLogger("pgqueue.migrate")
 
@@ -43,9 +44,11 @@ def migrate(url: str) -> list[str]:
     take turns, each applies what is still missing, and
     re-running is a no-op. Nothing is held by the session and nothing is
     prepared, so ``url`` may go through PgBouncer in transaction mode.
+    A server older than pgqueue supports raises UnsupportedServer first.
     """
     applied_now: list[str] = []
     with _connect(url) as conn:
+        require_supported(conn.info.server_version)
         for version, text in migration_files():
             if text.startswith(NO_TRANSACTION):
                 applied = _apply_concurrently(url, conn, version, text)
@@ -55,6 +58,16 @@ def migrate(url: str) -> list[str]:
                 log.info("applied migration %s", version, extra={"action": "migrate"})
                 applied_now.append(version)
     return applied_now
+
+
+def require_supported(server_version: int) -> None:
+    """Refuse a server older than the oldest PostgreSQL release still
+    supported (15, since 14's end of life in November 2026), on which the
+    tests do not run: its first migration to fail would leave the schema
+    part-way, with an error about SQL rather than the version."""
+    if server_version < UnsupportedServer.MINIMUM:
+        major, minor = divmod(server_version, 10_000)
+        raise UnsupportedServer(f"{major}.{minor}" if major >= 10 else str(server_version))
 
 
 def _connect(url: str) -> psycopg.Connection[Any]:
