@@ -112,6 +112,7 @@ def session(seconds: float | None, **fields: Any) -> dict[str, Any]:
         "seconds": seconds,
         "xmin_age": 1_234,
         "xid_age": None,
+        "gid": None,
     }
     return row | fields
 
@@ -121,6 +122,17 @@ def test_a_transaction_older_than_the_threshold_is_a_warning_naming_it() -> None
     assert check.status == "warn" and check.value == 1
     assert "pid 7" in check.finding and "600 s" in check.finding and "1,234" in check.finding
     assert "pg_terminate_backend(7)" in check.advice
+
+
+def test_a_forgotten_prepared_transaction_is_a_warning_saying_how_to_finish_it() -> None:
+    prepared = session(
+        900.0, pid=None, state="prepared", gid="pay'42", xmin_age=None, xid_age=5_000
+    )
+    check = threats.long_transactions([session(5.0), prepared], 60, True)
+    assert check.status == "warn" and check.value == 1
+    assert "prepared transaction 'pay''42'" in check.finding and "900 s" in check.finding
+    assert "5,000 transactions" in check.finding
+    assert "ROLLBACK PREPARED 'pay''42'" in check.advice and "pg_terminate" not in check.advice
 
 
 def test_sessions_of_other_roles_are_said_to_be_not_visible() -> None:

@@ -40,10 +40,11 @@ VACUUM_LAG_SECONDS = 600.0
 def long_transactions(
     sessions: Sequence[Row], threshold_seconds: float, read_all_stats: bool
 ) -> HealthCheck:
-    """Transactions open longer than ``threshold_seconds``: until they end,
-    vacuum keeps every row version they might still see, and the jobs
-    table and its indexes grow with two dead versions per job."""
-    source = "pg_stat_activity (xact_start, backend_xmin)"
+    """Transactions open longer than ``threshold_seconds``, sessions' or
+    prepared ones (``gid`` set): until they end, vacuum keeps every row
+    version they might still see, the jobs table and its indexes grow with
+    two dead versions per job, and each claim reads past them."""
+    source = "pg_stat_activity (xact_start, backend_xmin), pg_prepared_xacts"
     long = [s for s in sessions if s["seconds"] is not None and s["seconds"] > threshold_seconds]
     hidden = [s for s in sessions if s["seconds"] is None]
     note = ""
@@ -67,23 +68,34 @@ def long_transactions(
     oldest = max(long, key=lambda s: s["seconds"])
     held = oldest["xmin_age"] or oldest["xid_age"]
     holding = f", holding back vacuum by {held:,} transactions" if held else ""
-    who = ", ".join(
-        part
-        for part in (
-            f"pid {oldest['pid']}",
-            oldest["role"],
-            oldest["state"],
-            oldest["application_name"] or "",
+    if oldest["gid"] is not None:
+        gid = "'" + oldest["gid"].replace("'", "''") + "'"
+        who = f"prepared transaction {gid}, {oldest['role']}"
+        advice = (
+            f"finish it as its coordinator meant to (COMMIT PREPARED {gid}, or ROLLBACK "
+            f"PREPARED {gid}): no session holds it, and no timeout ends it"
         )
-        if part
-    )
+    else:
+        who = ", ".join(
+            part
+            for part in (
+                f"pid {oldest['pid']}",
+                oldest["role"],
+                oldest["state"],
+                oldest["application_name"] or "",
+            )
+            if part
+        )
+        advice = (
+            f"end it (pg_terminate_backend({oldest['pid']})) and fix what leaves it open; "
+            "idle_in_transaction_session_timeout ends idle ones"
+        )
     return HealthCheck(
         "long_transactions",
         "warn",
         f"{len(long)} transaction(s) open longer than {threshold_seconds:g} s; the oldest "
         f"({who}) for {oldest['seconds']:,.0f} s{holding}{note}",
-        f"end it (pg_terminate_backend({oldest['pid']})) and fix what leaves it open; "
-        "idle_in_transaction_session_timeout ends idle ones",
+        advice,
         source,
         len(long),
         "transactions",

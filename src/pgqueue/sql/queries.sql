@@ -2298,7 +2298,12 @@ SELECT current_user AS role,
 -- one without pg_read_all_stats) and how many transactions of dead rows
 -- they keep vacuum from removing (visible to every role). Autovacuum's
 -- workers hold back no vacuum, and are left out (when they are visible).
+-- And the transactions prepared for a two-phase commit in this database
+-- (pg_prepared_xacts, visible to every role): no session shows them, and
+-- one its coordinator never finished holds vacuum back until it is
+-- committed or rolled back by hand (pid NULL, `gid` its name).
 SELECT a.pid, a.usename AS role, a.application_name, a.state, a.backend_type,
+       NULL AS gid,
        extract(epoch FROM clock_timestamp() - a.xact_start)::double precision AS seconds,
        age(a.backend_xmin)::bigint AS xmin_age,
        age(a.backend_xid)::bigint AS xid_age
@@ -2307,7 +2312,13 @@ WHERE a.datname = current_database()
   AND a.pid <> pg_backend_pid()
   AND a.backend_type IS DISTINCT FROM 'autovacuum worker'
   AND (a.xact_start IS NOT NULL OR a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL)
-ORDER BY a.xact_start NULLS LAST, a.pid;
+UNION ALL
+SELECT NULL, p.owner, NULL, 'prepared', 'prepared transaction', p.gid,
+       extract(epoch FROM clock_timestamp() - p.prepared)::double precision,
+       NULL, age(p.transaction)::bigint
+FROM pg_prepared_xacts p
+WHERE p.database = current_database()
+ORDER BY seconds DESC NULLS LAST, pid;
 
 -- name: health_tables
 -- pgqueue's tables as the statistics collector and the planner see them:

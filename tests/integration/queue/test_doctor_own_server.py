@@ -1,7 +1,9 @@
 """The doctor on a server of this module's own, which the tests may
 reconfigure (the shared test server must not be): pg_stat_statements
-loaded, so the cost per job comes from it, and a synchronous standby
-named that is not there, which fails the check and the command."""
+loaded, so the cost per job comes from it, a synchronous standby
+named that is not there, which fails the check and the command, and
+two-phase commit allowed (max_prepared_transactions), so that a prepared
+transaction can be left behind."""
 
 from __future__ import annotations
 
@@ -29,7 +31,13 @@ TEMPLATE = "doctor_template"
 def own_server() -> Iterator[EmbeddedPostgres]:
     root = "/dev/shm" if Path("/dev/shm").is_dir() else None
     folder = Path(tempfile.mkdtemp(prefix="pgqueue-doctor-", dir=root))
-    server = EmbeddedPostgres(folder, options={"shared_preload_libraries": "pg_stat_statements"})
+    server = EmbeddedPostgres(
+        folder,
+        options={
+            "shared_preload_libraries": "pg_stat_statements",
+            "max_prepared_transactions": "2",
+        },
+    )
     try:
         server.ensure_running()
         with psycopg.connect(server.url, autocommit=True) as admin:
@@ -128,3 +136,25 @@ def test_an_inactive_replication_slot_is_a_warning(
     finally:
         with psycopg.connect(own_server.url, autocommit=True) as admin:
             admin.execute("SELECT pg_drop_replication_slot('doctor_gone')")
+
+
+def test_a_prepared_transaction_left_behind_is_a_long_transaction(own_url: str) -> None:
+    """No session shows it: the doctor finds it in pg_prepared_xacts, names
+    it, and is quiet again once it is rolled back."""
+    with psycopg.connect(own_url, autocommit=True) as conn:
+        conn.execute("BEGIN")
+        conn.execute("SELECT txid_current()")
+        conn.execute("PREPARE TRANSACTION 'pgqueue-doctor-test'")
+    with Queue(own_url, settings=Settings(database_url=own_url)) as queue:
+        try:
+            check = queue.doctor(long_transaction_seconds=0.05, window_seconds=0.1).check(
+                "long_transactions"
+            )
+            assert check.status == "warn" and check.value == 1
+            assert "prepared transaction 'pgqueue-doctor-test'" in check.finding
+            assert "ROLLBACK PREPARED 'pgqueue-doctor-test'" in check.advice
+        finally:
+            with psycopg.connect(own_url, autocommit=True) as conn:
+                conn.execute("ROLLBACK PREPARED 'pgqueue-doctor-test'")
+        after = queue.doctor(long_transaction_seconds=0.05, window_seconds=0.1)
+        assert after.check("long_transactions").status == "ok"
