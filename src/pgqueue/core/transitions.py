@@ -17,7 +17,6 @@ drift apart, and the worker runtime uses the same ones.
 
 from __future__ import annotations
 
-import random
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from .errors import (
 from .flows import Flow, Row, Statement
 from .jobs import STATES, Job, JobState
 from .outcomes import Outcome
+from .randomness import chance
 from .reads import checked_job_id, get, queues_with_jobs, start_lags
 from .settings import Settings
 
@@ -92,7 +92,7 @@ def claim(
     those at least OBJECTIVE_MARGIN of the way to their objective are asked
     first, for every slot, the furthest behind first (``behind``)."""
     names = list(dict.fromkeys(queues)) if queues is not None else (yield from queues_with_jobs())
-    turn = random.randrange(len(names) or 1) if turn is None else turn
+    turn = chance.randrange(len(names) or 1) if turn is None else turn
     caps, objectives = caps or {}, objectives or {}
     first: list[str] = []
     if watched := [name for name in names if name in objectives]:

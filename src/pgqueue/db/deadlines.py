@@ -38,7 +38,6 @@ import itertools
 import logging
 import math
 import os
-import random
 import socket
 import threading
 import time
@@ -47,6 +46,8 @@ from typing import Any
 
 import psycopg
 from psycopg.errors import Diagnostic
+
+from ..core.randomness import chance
 
 __all__ = [
     "CANCEL_SECONDS",
@@ -77,7 +78,7 @@ def backoff_delay(
     """Seconds to wait after ``attempt`` consecutive failures (0-based):
     ``base · 2^attempt``, capped, jittered down to half."""
     ceiling = min(cap, base * 2.0 ** min(attempt, 30))
-    return ceiling * (0.5 + random.random() / 2)
+    return ceiling * (0.5 + chance.random() / 2)
 
 
 class Cutoff:

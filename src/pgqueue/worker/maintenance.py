@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 
 from ..core import archive, history, workers
+from ..core.randomness import chance
 from ..core.reads import forget_waits
 from ..core.settings import Settings
 from ..core.transitions import age_priorities, prune, reap
@@ -75,7 +75,7 @@ class Maintenance:
         if s.priority_aging_seconds:
             chores.append((s.priority_aging_seconds / 2, self.age_priorities))
         now = time.monotonic()
-        due = [now + random.uniform(0, interval) for interval, _ in chores]
+        due = [now + chance.uniform(0, interval) for interval, _ in chores]
         backoff = Backoff(self.events, "maintenance")
         while True:
             await asyncio.sleep(max(0.0, min(due) - time.monotonic()))
@@ -83,7 +83,7 @@ class Maintenance:
             try:
                 for i, (interval, chore) in enumerate(chores):
                     if now >= due[i]:
-                        due[i] = now + interval * random.uniform(0.8, 1.2)
+                        due[i] = now + interval * chance.uniform(0.8, 1.2)
                         await chore()
             except WAIT_OUT as exc:
                 backoff.note(exc)  # the next round is the retry
