@@ -28,6 +28,13 @@ __all__ = ["NO_TRANSACTION", "migrate", "require_supported", "statements"]
 
 log = logging.getLogger("pgqueue.migrate")
 
+# How long a migration's statement may wait for a lock before the migration
+# is rolled back and tried again (RETRY_*: the pause before the next try,
+# doubling). The queue's own statements that arrive meanwhile wait behind it.
+LOCK_TIMEOUT = "1s"
+RETRY_FIRST_SECONDS = 0.5
+RETRY_MAX_SECONDS = 10.0
+
 NO_TRANSACTION = "-- pgqueue: no-transaction"
 # The statements a no-transaction file may hold: each re-runnable.
 ALLOWED = re.compile(
@@ -95,12 +102,33 @@ def _pending(conn: psycopg.Connection[Any], version: str) -> bool:
 
 
 def _apply(conn: psycopg.Connection[Any], version: str, text: LiteralString) -> bool:
-    with _locked(conn):
-        if not _pending(conn, version):
-            return False
-        conn.execute(text)
-        conn.execute(QUERIES["migration_record"], {"version": version})
-    return True
+    """Apply ``version`` in a transaction whose lock waits end after
+    LOCK_TIMEOUT: then it is rolled back and tried again a little later, so
+    that a transaction holding a lock the migration needs (a long report
+    reading the jobs) never holds the queue's own statements behind the
+    migration's wait for longer than that."""
+    delay = RETRY_FIRST_SECONDS
+    while True:
+        try:
+            with _locked(conn):
+                if not _pending(conn, version):
+                    return False
+                conn.execute(QUERIES["migration_timeouts"], {"lock_timeout": LOCK_TIMEOUT})
+                conn.execute(text)
+                conn.execute(QUERIES["migration_record"], {"version": version})
+            return True
+        except psycopg.errors.LockNotAvailable as exc:
+            log.warning(
+                "migration %s waited %s for a lock that another transaction holds (%s); "
+                "trying again in %.1f s (pgqueue doctor lists long transactions)",
+                version,
+                LOCK_TIMEOUT,
+                str(exc).strip().splitlines()[0],
+                delay,
+                extra={"action": "migrate"},
+            )
+            time.sleep(delay)
+            delay = min(2 * delay, RETRY_MAX_SECONDS)
 
 
 def _apply_concurrently(url: str, conn: psycopg.Connection[Any], version: str, text: str) -> bool:

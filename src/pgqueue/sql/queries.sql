@@ -2184,6 +2184,16 @@ LISTEN pgqueue_progress;
 -- for it.
 SELECT pg_try_advisory_xact_lock(hashtext('pgqueue.migrate')) AS locked;
 
+-- name: migration_timeouts
+-- For this migration's transaction only (so also through a transaction-mode
+-- pooler): its waits for a lock end after `lock_timeout` (a statement
+-- waiting for a table's lock holds every later statement on that table
+-- behind it: behind a long transaction, the whole queue), and no statement
+-- of it is cut short by a statement_timeout the role or database sets (a
+-- migration runs to its end or not at all).
+SELECT set_config('lock_timeout', %(lock_timeout)s, true),
+       set_config('statement_timeout', '0', true);
+
 -- name: migration_table
 -- The record of applied migrations.
 CREATE TABLE IF NOT EXISTS pgqueue_migrations (

@@ -1,0 +1,94 @@
+"""A migration that needs a lock another transaction holds does not hold
+the queue behind its wait: it gives up after migrate.LOCK_TIMEOUT, lets the
+statements queued behind it through, and tries again until it applies. And
+a statement_timeout of the database's does not cut a migration's
+transaction short (the index builds of no-transaction files, outside any
+transaction, are not covered: docs/howto/deploying.md)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgqueue import migrate
+from pgqueue.db import migrate as migrating
+from pgqueue.sql import migration_files
+
+# A migration of the kind a release may bring: it needs pgqueue_jobs alone
+# for a moment (ACCESS EXCLUSIVE), which every claim and enqueue conflict with.
+PROBE = ("9999_lock_probe", "ALTER TABLE pgqueue_jobs ADD COLUMN lock_probe integer;")
+
+
+@pytest.fixture
+def with_probe(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """migrate() sees one more migration file after the real ones."""
+    files = [*migration_files(), PROBE]
+    monkeypatch.setattr(migrating, "migration_files", lambda: files)
+    yield
+
+
+def _column_exists(url: str) -> bool:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_attribute"
+            " WHERE attrelid = 'pgqueue_jobs'::regclass AND attname = 'lock_probe'"
+        ).fetchone()
+    return bool(row and row[0])
+
+
+def test_a_migration_behind_a_long_transaction_lets_the_queue_through_then_applies(
+    db_url: str, with_probe: None
+) -> None:
+    holder = psycopg.connect(db_url)
+    holder.execute("SELECT count(*) FROM pgqueue_jobs")  # a report's lock, held open
+    failure: list[BaseException] = []
+
+    def migrating_thread() -> None:
+        try:
+            migrate(db_url)
+        except BaseException as exc:  # reported below
+            failure.append(exc)
+
+    thread = threading.Thread(target=migrating_thread, daemon=True)
+    thread.start()
+    try:
+        with psycopg.connect(db_url, autocommit=True) as producer:
+            # Each enqueue is bounded: one held behind the migration's wait
+            # for as long as the report lasts fails here.
+            producer.execute("SET statement_timeout = '5s'")
+            for _ in range(5):
+                producer.execute("INSERT INTO pgqueue_jobs (task) VALUES ('while migrating')")
+                time.sleep(0.3)
+        assert thread.is_alive() and not _column_exists(db_url), "it waited for the report"
+    finally:
+        holder.rollback()
+        holder.close()
+    thread.join(timeout=30)
+    assert not thread.is_alive() and not failure, failure
+    assert _column_exists(db_url)
+
+
+def test_a_statement_timeout_of_the_database_does_not_cut_a_migration_short(
+    pg_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A migration's statement longer than the database's statement_timeout
+    (a release's rewrite of a large table) runs to its end."""
+    slow = ("9999_slow_probe", "SELECT pg_sleep(1.5);")
+    files = [*migration_files(), slow]
+    monkeypatch.setattr(migrating, "migration_files", lambda: files)
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server.url, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+        admin.execute(f"ALTER DATABASE {name} SET statement_timeout = '1s'")
+    url = pg_server.url.rsplit("/", 1)[0] + "/" + name
+    try:
+        assert migrate(url) == [version for version, _ in files]
+    finally:
+        with psycopg.connect(pg_server.url, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
