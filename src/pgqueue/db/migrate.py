@@ -29,9 +29,10 @@ __all__ = ["NO_TRANSACTION", "migrate", "require_supported", "statements"]
 log = logging.getLogger("pgqueue.migrate")
 
 # How long a migration's statement may wait for a lock before the migration
-# is rolled back and tried again (RETRY_*: the pause before the next try,
-# doubling). The queue's own statements that arrive meanwhile wait behind it.
-LOCK_TIMEOUT = "1s"
+# is rolled back and tried again (set by the migration_timeouts query;
+# RETRY_*: the pause before the next try, doubling). The queue's own
+# statements that arrive meanwhile wait behind it.
+LOCK_TIMEOUT_SECONDS = 1.0
 RETRY_FIRST_SECONDS = 0.5
 RETRY_MAX_SECONDS = 10.0
 
@@ -103,7 +104,7 @@ def _pending(conn: psycopg.Connection[Any], version: str) -> bool:
 
 def _apply(conn: psycopg.Connection[Any], version: str, text: LiteralString) -> bool:
     """Apply ``version`` in a transaction whose lock waits end after
-    LOCK_TIMEOUT: then it is rolled back and tried again a little later, so
+    LOCK_TIMEOUT_SECONDS: then it is rolled back and tried again a little later, so
     that a transaction holding a lock the migration needs (a long report
     reading the jobs) never holds the queue's own statements behind the
     migration's wait for longer than that."""
@@ -113,16 +114,16 @@ def _apply(conn: psycopg.Connection[Any], version: str, text: LiteralString) -> 
             with _locked(conn):
                 if not _pending(conn, version):
                     return False
-                conn.execute(QUERIES["migration_timeouts"], {"lock_timeout": LOCK_TIMEOUT})
+                conn.execute(QUERIES["migration_timeouts"])
                 conn.execute(text)
                 conn.execute(QUERIES["migration_record"], {"version": version})
             return True
         except psycopg.errors.LockNotAvailable as exc:
             log.warning(
-                "migration %s waited %s for a lock that another transaction holds (%s); "
+                "migration %s waited %g s for a lock that another transaction holds (%s); "
                 "trying again in %.1f s (pgqueue doctor lists long transactions)",
                 version,
-                LOCK_TIMEOUT,
+                LOCK_TIMEOUT_SECONDS,
                 str(exc).strip().splitlines()[0],
                 delay,
                 extra={"action": "migrate"},
@@ -139,6 +140,7 @@ def _apply_concurrently(url: str, conn: psycopg.Connection[Any], version: str, t
     with _connect(url) as holder, _locked(holder):
         if not _pending(holder, version):
             return False
+        holder.execute(QUERIES["migration_timeouts"])
         for statement in statements(text):
             _drop_if_invalid(conn, statement)
             conn.execute(statement)

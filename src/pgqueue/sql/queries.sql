@@ -2188,11 +2188,18 @@ SELECT pg_try_advisory_xact_lock(hashtext('pgqueue.migrate')) AS locked;
 -- For this migration's transaction only (so also through a transaction-mode
 -- pooler): its waits for a lock end after `lock_timeout` (a statement
 -- waiting for a table's lock holds every later statement on that table
--- behind it: behind a long transaction, the whole queue), and no statement
--- of it is cut short by a statement_timeout the role or database sets (a
--- migration runs to its end or not at all).
-SELECT set_config('lock_timeout', %(lock_timeout)s, true),
-       set_config('statement_timeout', '0', true);
+-- behind it: behind a long transaction, the whole queue), and neither a
+-- statement_timeout nor an idle_in_transaction_session_timeout the role or
+-- database sets cuts it short (a migration runs to its end or not at all;
+-- the transaction holding the lock of a no-transaction file's index builds
+-- is idle while they run). Without parameters, so that it goes by the
+-- simple protocol: an extended-protocol query leaves its portal, and with
+-- it a snapshot, open until the next query, and a CREATE INDEX
+-- CONCURRENTLY waits for that lock holder's snapshot (db/migrate.py).
+-- The lock timeout is db/migrate.py's LOCK_TIMEOUT_SECONDS.
+SELECT set_config('lock_timeout', '1s', true),
+       set_config('statement_timeout', '0', true),
+       set_config('idle_in_transaction_session_timeout', '0', true);
 
 -- name: migration_table
 -- The record of applied migrations.

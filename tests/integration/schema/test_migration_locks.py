@@ -18,7 +18,7 @@ import pytest
 
 from pgqueue import migrate
 from pgqueue.db import migrate as migrating
-from pgqueue.sql import migration_files
+from pgqueue.sql import QUERIES, migration_files
 
 # A migration of the kind a release may bring: it needs pgqueue_jobs alone
 # for a moment (ACCESS EXCLUSIVE), which every claim and enqueue conflict with.
@@ -92,3 +92,46 @@ def test_a_statement_timeout_of_the_database_does_not_cut_a_migration_short(
     finally:
         with psycopg.connect(pg_server.url, autocommit=True) as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def test_an_idle_in_transaction_timeout_does_not_end_a_migrations_index_build(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The transaction holding the migrators' lock is idle while a
+    no-transaction file's index is built: a database's
+    idle_in_transaction_session_timeout shorter than the build does not
+    end it (and with it the migration)."""
+    build = (
+        "9999_build_probe",
+        "-- pgqueue: no-transaction\n"
+        "CREATE INDEX CONCURRENTLY IF NOT EXISTS pgqueue_jobs_build_probe ON pgqueue_jobs (task);",
+    )
+    files = [*migration_files(), build]
+    monkeypatch.setattr(migrating, "migration_files", lambda: files)
+    with psycopg.connect(db_url, autocommit=True) as admin:
+        database = admin.info.dbname
+        admin.execute(
+            f"ALTER DATABASE {database} SET idle_in_transaction_session_timeout = '200ms'"
+        )
+    # A writer whose transaction the build waits for, for longer than that.
+    writer = psycopg.connect(db_url, autocommit=True)
+    writer.execute("SET idle_in_transaction_session_timeout = 0")
+    writer.execute("BEGIN")
+    writer.execute("INSERT INTO pgqueue_jobs (task) VALUES ('writing')")
+    ending = threading.Timer(0.8, writer.execute, ["COMMIT"])
+    ending.start()
+    try:
+        assert migrate(db_url) == ["9999_build_probe"]
+    finally:
+        ending.join()
+        writer.close()
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute(
+            "SELECT indisvalid FROM pg_index"
+            " WHERE indexrelid = 'pgqueue_jobs_build_probe'::regclass"
+        ).fetchone()
+    assert row == (True,)
+
+
+def test_the_lock_timeout_set_is_the_one_the_retries_name() -> None:
+    assert f"'lock_timeout', '{migrating.LOCK_TIMEOUT_SECONDS:g}s'" in QUERIES["migration_timeouts"]
