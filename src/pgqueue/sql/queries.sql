@@ -1550,29 +1550,9 @@ SELECT count(*) AS pruned FROM pruned;
 -- to its leases. Cost: one pass over the backends (the pg_stat_get_backend_*
 -- functions, cheaper than pg_stat_activity) hashed against the registry; the
 -- jobs are read only when some worker is dead.
-WITH sessions AS (
-    SELECT pg_stat_get_backend_pid(b) AS pid, pg_stat_get_backend_start(b) AS backend_start
-    FROM pg_stat_get_backend_idset() b
-), dead AS (
-    UPDATE pgqueue_workers w
-    SET expires_at = least(w.expires_at, now()),
-        session_pid = NULL, session_start = NULL, server_start = NULL
-    WHERE w.session_pid IS NOT NULL AND w.name <> %(worker)s
-      AND w.server_start = pg_postmaster_start_time()
-      AND NOT EXISTS (
-          SELECT 1 FROM sessions a
-          WHERE a.pid = w.session_pid
-            AND (a.backend_start IS NULL OR a.backend_start = w.session_start))
-    RETURNING w.name
-), released AS (
-    UPDATE pgqueue_jobs j
-    SET lease_expires_at = 'epoch'
-    FROM dead
-    WHERE j.state = 'running' AND j.worker = dead.name
-    RETURNING j.worker
-)
-SELECT d.name, (SELECT count(*) FROM released r WHERE r.worker = d.name) AS jobs
-FROM dead d;
+-- The statement is pgqueue_reap_dead_workers's (migration 0046), planned
+-- without sequential scans whatever the statistics say.
+SELECT name, jobs FROM pgqueue_reap_dead_workers(%(worker)s::text);
 
 -- name: worker_list
 -- The registry, with what the rows do not say themselves: whether each

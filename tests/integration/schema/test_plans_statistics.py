@@ -27,7 +27,7 @@ import psycopg
 import pytest
 
 from pgqueue import Job, Queue, Settings, migrate
-from pgqueue.core import archive, sleeps
+from pgqueue.core import archive, sleeps, workers
 from pgqueue.core import transitions as t
 from pgqueue.core.enqueue import debounce
 from pgqueue.core.flows import Flow, Statement
@@ -502,3 +502,25 @@ def test_prune_walks_the_finished_index(loaded: str) -> None:
         ).fetchone()
         sql.rollback()
     assert (pruned, left) == (BATCH, (0, 0))
+
+
+def test_the_jobs_of_a_dead_worker_are_found_among_the_running_ones(loaded: str) -> None:
+    """A worker whose session is gone holds 100 of 20,000 jobs: ending their
+    leases (worker_reap_dead) reads the running jobs by pgqueue_jobs_reap,
+    not the table."""
+    with Queue(loaded) as queue:
+        queue.claim(100, worker="gone", queues=["default"])
+    with psycopg.connect(loaded, autocommit=True) as sql:
+        sql.execute(
+            "INSERT INTO pgqueue_workers (name, host, pid, version, concurrency, expires_at,"
+            " session_pid, session_start, server_start)"
+            " VALUES ('gone', 'h', 1, 'v', 100, now() + interval '1 minute',"
+            " 2147483647, now(), pg_postmaster_start_time())"
+        )
+    statement = _first(workers.reap_dead("alive"))
+    reaped = {"Index Scan pgqueue_jobs_reap", "Bitmap Heap Scan"}  # of it: running jobs only
+    _assert_bounded(statement, loaded, 100, BY_ID | reaped, nested=True)
+    with psycopg.connect(loaded) as sql:
+        rows = sql.execute(QUERIES[statement.name], statement.params).fetchall()
+        sql.rollback()
+    assert rows == [("gone", 100)]
