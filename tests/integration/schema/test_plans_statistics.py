@@ -33,7 +33,7 @@ from pgqueue.core.enqueue import debounce
 from pgqueue.core.flows import Flow, Statement
 from pgqueue.core.job_spec import JobSpec
 from pgqueue.core.outcomes import Outcome, attempt_token
-from pgqueue.core.reads import next_wake, start_lags
+from pgqueue.core.reads import next_wake, queues_with_jobs, start_lags
 from pgqueue.db.embedded import EmbeddedPostgres
 from pgqueue.sql import QUERIES
 from tests.conftest import TEMPLATE
@@ -524,3 +524,20 @@ def test_the_jobs_of_a_dead_worker_are_found_among_the_running_ones(loaded: str)
         rows = sql.execute(QUERIES[statement.name], statement.params).fetchall()
         sql.rollback()
     assert rows == [("gone", 100)]
+
+
+def test_the_queues_with_jobs_are_found_by_a_skip_over_the_claim_index(loaded: str) -> None:
+    """A worker of every queue asks which queues have queued jobs
+    (queue_names_queued) before each claim: the 20,000 jobs of `default`
+    and 9 other queues of 10 jobs each are found by one probe of
+    pgqueue_jobs_claim_queue per queue, not by reading the jobs."""
+    with psycopg.connect(loaded, autocommit=True) as sql:
+        sql.execute(
+            "INSERT INTO pgqueue_jobs (task, queue)"
+            " SELECT 'noop', 'q' || (i % 9) FROM generate_series(1, 90) i"
+        )
+    with psycopg.connect(loaded) as sql:
+        reads = plan_reads(sql, "queue_names_queued", _first(queues_with_jobs()).params)
+        sql.rollback()
+    assert reads.scans <= {"Index Only Scan pgqueue_jobs_claim_queue"}, reads.scans
+    assert reads.rows <= 10 * 10 and reads.buffers <= 10 * 20, reads
