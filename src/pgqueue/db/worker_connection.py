@@ -83,7 +83,11 @@ class Connection:
         self.url = url
         self.prepare = prepare
         self.bound_seconds = bound_seconds
-        self.setup = ["session_utc", *(["session_commit_local"] if commit_locally else [])]
+        self.setup = [
+            "session_utc",
+            *(["session_read_committed"] if prepare else []),
+            *(["session_commit_local"] if commit_locally else []),
+        ]
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._session: driver.AsyncCursorSession | None = None
         self._lock = asyncio.Lock()

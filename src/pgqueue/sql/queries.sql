@@ -2101,6 +2101,17 @@ ALTER ROLE postgres PASSWORD %(verifier)s;
 -- instants; only their zone differs.
 SET TIME ZONE 'UTC';
 
+-- name: session_read_committed
+-- The worker's sessions run at READ COMMITTED whatever the server, role or
+-- database sets as default_transaction_isolation: the claim relies on it
+-- (a row another claim took since the statement began is re-checked on its
+-- newest version and skipped), where REPEATABLE READ or SERIALIZABLE fail
+-- the statement instead ("could not serialize access"), and a drain ran at
+-- half its rate with errors. Not set behind a transaction-mode pooler (the
+-- setting would stay with a server session other clients get next): there,
+-- set it for the worker's role (docs/howto/pgbouncer.md).
+SET default_transaction_isolation = 'read committed';
+
 -- name: session_commit_local
 -- The worker's upkeep session (heartbeats, the workers registry,
 -- maintenance, schedules) commits without waiting for a synchronous
