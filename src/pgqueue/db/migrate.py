@@ -79,7 +79,14 @@ def require_supported(server_version: int) -> None:
 
 
 def _connect(url: str) -> psycopg.Connection[Any]:
-    return psycopg.connect(url, autocommit=True, prepare_threshold=None)
+    conn = psycopg.connect(url, autocommit=True, prepare_threshold=None)
+    # READ COMMITTED whatever the database's default_transaction_isolation:
+    # a REPEATABLE READ or SERIALIZABLE transaction keeps its first
+    # statement's snapshot to its end, and the lock holder's, idle while a
+    # no-transaction file's indexes are built, would be waited for by those
+    # builds (CREATE INDEX CONCURRENTLY waits for older snapshots) for ever.
+    conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+    return conn
 
 
 @contextlib.contextmanager

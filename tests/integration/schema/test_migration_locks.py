@@ -135,3 +135,24 @@ def test_an_idle_in_transaction_timeout_does_not_end_a_migrations_index_build(
 
 def test_the_lock_timeout_set_is_the_one_the_retries_name() -> None:
     assert f"'lock_timeout', '{migrating.LOCK_TIMEOUT_SECONDS:g}s'" in QUERIES["migration_timeouts"]
+
+
+def test_a_database_that_defaults_to_serializable_is_migrated(pg_server: Any) -> None:
+    """The migrators' transactions are READ COMMITTED whatever the
+    database's default: at SERIALIZABLE the lock holder kept its snapshot
+    while a no-transaction file's index was built, and the build waited
+    for it for ever."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server.url, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+        admin.execute(f"ALTER DATABASE {name} SET default_transaction_isolation = 'serializable'")
+    url = pg_server.url.rsplit("/", 1)[0] + "/" + name
+    applied: list[list[str]] = []
+    thread = threading.Thread(target=lambda: applied.append(migrate(url)), daemon=True)
+    thread.start()
+    thread.join(timeout=60)
+    try:
+        assert applied == [[version for version, _ in migration_files()]]
+    finally:
+        with psycopg.connect(pg_server.url, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
