@@ -3,7 +3,7 @@ ANALYZE, spawn, clock. pgqueue and PgQueuer in the same run.
 
     python -m bench.perf.outside_harness [--jobs 20000] [--repeats 5]
         [--before DIR] [--venv-dir DIR] [--no-pgqueuer] [--uncompiled]
-        [--slow-commits] [--page-cost N] [--out PATH]
+        [--slow-commits] [--page-cost N] [--serializable] [--out PATH]
     (or python -m bench.perf.worker_throughput --outside-harness ...)
 
 Each measurement: empty the queue, enqueue JOBS no-op jobs in one call (the
@@ -21,7 +21,9 @@ commits, one after another: the file's commit_latency_ms). With
 slow disk would: where the worker's second claim and ack connections pay.
 With --page-cost 4 the server plans at PostgreSQL's default
 random_page_cost, as a server of the user's own does (the embedded
-server's is 1.1).
+server's is 1.1). With --serializable the server's
+default_transaction_isolation is serializable, as a database may set it for
+its applications: every session that does not set its own runs at it.
 
 Scenarios (rounds interleave them, so that the shared machine's drift hits
 all alike; each ratio is taken within a round, then the median):
@@ -115,6 +117,9 @@ def pgqueue_drain(
     with Queue(url, settings=Settings(database_url=url)) as queue:
         queue.enqueue_many([{"task": "noop"}] * jobs)
     with psycopg.connect(url, autocommit=True) as conn:
+        # The watcher's polls are not the system's: at the server's default
+        # isolation (--serializable) they could fail as a serializable read.
+        conn.execute("SET default_transaction_isolation = 'read committed'")
         conn.execute("VACUUM ANALYZE pgqueue_jobs")
         conn.execute("CHECKPOINT")
         if byte_compiled:
@@ -235,6 +240,11 @@ def main(argv: list[str] | None = None) -> ResultRecord:
         help="a server whose every commit waits 2 ms more (commit_delay), as on a slow disk",
     )
     add_page_cost_option(parser)
+    parser.add_argument(
+        "--serializable",
+        action="store_true",
+        help="a server whose default_transaction_isolation is serializable",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
 
@@ -268,6 +278,8 @@ def main(argv: list[str] | None = None) -> ResultRecord:
     runs: dict[str, list[float]] = {name: [] for name in scenarios}
     commits: list[dict[str, float]] = []
     options = (SLOW_COMMITS if args.slow_commits else {}) | page_cost_options(args.page_cost)
+    if args.serializable:
+        options["default_transaction_isolation"] = "serializable"
     with bench_database("outside_harness", options or None) as url:
         info = server_info(url)
         for repeat in range(args.repeats):

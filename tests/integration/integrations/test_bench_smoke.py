@@ -565,6 +565,21 @@ def test_outside_harness_smoke_analyzes_the_loaded_table_before_each_drain(
     assert analyzes() - before >= 2 * len(rates)
 
 
+def test_outside_harness_on_a_serializable_server_smoke(
+    out_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--serializable: its own server defaults to SERIALIZABLE, recorded."""
+    from bench.perf import outside_harness
+
+    monkeypatch.delenv("DATABASE_URL", raising=False)  # a server option
+    out = out_dir / "outside_harness_serializable.json"
+    args = ["--jobs", "200", "--repeats", "1", "--no-pgqueuer", "--serializable"]
+    outside_harness.main([*args, "--out", str(out)])
+    record = _read(out, "outside_harness", "bench.perf.outside_harness")
+    assert record.parameters["server_options"] == {"default_transaction_isolation": "serializable"}
+    assert all(r["median"] > 0 for r in record.results["rates_jobs_per_second"].values())
+
+
 def test_long_transaction_smoke_holds_back_vacuum_only_while_its_snapshot_is_open(
     bench_url: str, out_dir: Path
 ) -> None:
