@@ -106,15 +106,18 @@ def bench_server(name: str, options: dict[str, str] | None = None) -> Iterator[E
 
 
 @contextlib.contextmanager
-def bench_database(name: str = "bench", options: dict[str, str] | None = None) -> Iterator[str]:
+def bench_database(
+    name: str = "bench", options: dict[str, str] | None = None, *, required: bool = True
+) -> Iterator[str]:
     """A migrated database on a fresh bench_server (with ``options``), for one run.
 
     DATABASE_URL, when set, is used instead (the database must be empty or
     disposable: reset_database empties it); its server must already run with
-    ``options``, or the run stops saying which differ."""
+    ``options``, or the run stops saying which differ (``required`` False:
+    the benchmark makes do without them, and the server is taken as it is)."""
     if os.environ.get("DATABASE_URL"):
         url = os.environ["DATABASE_URL"]
-        if differ := options_not_in_effect(url, options or {}):
+        if required and (differ := options_not_in_effect(url, options or {})):
             raise SystemExit(
                 f"DATABASE_URL's server does not run with {differ}, which this benchmark "
                 "needs: set them on that server, or unset DATABASE_URL to run on a server "
