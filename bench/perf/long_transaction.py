@@ -53,17 +53,15 @@ PROCESSES = 2
 # What the snapshot's holder runs: nothing that locks a queue table (a
 # TRUNCATE or index build would wait on it), only what pins the snapshot.
 HOLD = "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pg_class"
-HELD_BACK = (
-    "SELECT coalesce(max(n_dead_tup), 0) FROM pg_stat_user_tables WHERE relname = %s",
-    "SELECT backend_xmin::text FROM pg_stat_activity WHERE pid = %s",
-)
+DEAD_VERSIONS = "SELECT coalesce(max(n_dead_tup), 0) FROM pg_stat_user_tables WHERE relname = %s"
+SNAPSHOT_XMIN = "SELECT backend_xmin::text FROM pg_stat_activity WHERE pid = %s"
 
 Drain = Callable[[str, bool], float]
 
 
 def dead_versions(url: str, table: str) -> int:
     with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(HELD_BACK[0], (table,)).fetchone()
+        row = conn.execute(DEAD_VERSIONS, (table,)).fetchone()
     return int(row[0]) if row else 0
 
 
@@ -79,7 +77,7 @@ def sequence(url: str, drain: Drain, table: str, rounds: int, hold: bool) -> dic
     try:
         if holder is not None:
             holder.execute(HOLD)
-            row = holder.execute(HELD_BACK[1], (holder.info.backend_pid,)).fetchone()
+            row = holder.execute(SNAPSHOT_XMIN, (holder.info.backend_pid,)).fetchone()
             xmin = row[0] if row else None
         for _ in range(rounds):
             rates.append(drain(url, True))

@@ -68,7 +68,9 @@ class Connection:
     server that stopped answering. It fails as a lost connection would
     (the parts wait it out and try again), or, when the cancel ended a wait
     for the standby, it succeeds: PostgreSQL committed it locally. Either
-    way the connection is made again. ``commit_locally``: its commits do not
+    way the connection is made again. A connection that prepares (not behind
+    a pooler) also sets its session to READ COMMITTED (``session_read_committed``),
+    which a pooled one cannot keep. ``commit_locally``: its commits do not
     wait for a synchronous standby (the upkeep connection: see
     ``session_commit_local``)."""
 
